@@ -1,0 +1,101 @@
+"""Every workflow of the monorepo: tests, lint, typecheck, docs, demo, bench.
+
+Every session installs through ``constraints.txt`` (torch==2.13.0 is the local CPU wheel; a looser
+requirement would pull a multi-GB CUDA build) and installs our own packages from their folders in
+one pip call, so the unrelated ``gang`` distribution on the registry is never chosen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
+
+# A package joins the suite by appearing here: (folder, pip extras it needs for its tests).
+PACKAGES: dict[str, list[str]] = {
+    "gang": [],
+}
+# Cross-package tests in tests/ need every package.
+TEST_TARGETS = [*PACKAGES, "integration"]
+
+nox.options.sessions = ["lint", "typecheck", "tests", "docs"]
+nox.options.reuse_existing_virtualenvs = False
+nox.options.error_on_missing_interpreters = True
+
+
+def install(session: nox.Session, *extra: str, packages: list[str] | None = None) -> None:
+    """Install our packages (editable, from their folders) and ``extra`` under the constraints."""
+    session.env["PIP_NO_COMPILE"] = "1"
+    session.env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    names = list(PACKAGES) if packages is None else packages
+    local = [arg for name in names for arg in ("-e", str(ROOT / "packages" / name))]
+    session.install(*CONSTRAINTS, *local, *extra)
+    # Prove that `gang` is ours, not the registry's unrelated 0.0.x distribution.
+    session.run(
+        "python",
+        "-c",
+        "import gang, importlib.metadata as m, pathlib; "
+        "v = m.version('gang'); assert v.startswith('0.1'), v; "
+        f"assert pathlib.Path(gang.__file__).is_relative_to({str(ROOT)!r}), gang.__file__",
+        silent=True,
+    )
+
+
+@nox.session
+@nox.parametrize("target", TEST_TARGETS)
+def tests(session: nox.Session, target: str) -> None:
+    """Run one package's tests (or the cross-package tests in ``tests/``) on real local processes."""
+    if target == "integration":
+        install(session, "pytest", "pytest-timeout")
+        path = ROOT / "tests"
+    else:
+        install(session, "pytest", "pytest-timeout", packages=[target, *PACKAGES[target]])
+        path = ROOT / "packages" / target / "tests"
+    session.run("pytest", str(path), "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Ruff lint and format check."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over every package, its tests, the examples and the benchmarks."""
+    install(session, "mypy", "pytest", "nox")
+    targets = [str(ROOT / "packages" / name / "src") for name in PACKAGES]
+    session.run("mypy", *targets, str(ROOT / "examples"), str(ROOT / "noxfile.py"))
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the Sphinx site warning-free, run its doctests, and run every example."""
+    install(session, "sphinx")
+    build = ROOT / "docs" / "_build"
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build / "html"))
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "doctest", "docs", str(build / "doctest"))
+    for example in sorted((ROOT / "examples").glob("*.py")):
+        if example.name.startswith("_"):
+            continue
+        session.run("python", str(example), env={"OMP_NUM_THREADS": "1"})
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: a tour of the library on 4 local CPU ranks launched by torchrun."""
+    install(session)
+    session.run(
+        "torchrun",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        str(ROOT / "examples" / "demo" / "tour.py"),
+        env={"OMP_NUM_THREADS": "1"},
+        external=False,
+    )

@@ -1,0 +1,127 @@
+"""A gang that simulates collectives in a single process."""
+
+from __future__ import annotations
+
+from typing import final
+
+import torch
+from torch import Tensor
+from torch.distributed import ProcessGroup
+from typing_extensions import override
+
+from gang.errors import NotSupportedError
+from gang.gang import Gang, ReduceOperation, _pickle
+
+
+@final
+class FakeGang(Gang):
+    """Runs single-process code as if it were rank ``rank`` of a gang of ``size`` processes.
+
+    It assumes every simulated rank holds the same data as this one, so a ``SUM`` all-reduce
+    multiplies by ``size``, ``PRODUCT`` raises to the power ``size``, and ``MEAN``, ``MIN`` and
+    ``MAX`` leave the tensor unchanged; gathers replicate the input; broadcasts are no-ops.
+    Arguments are checked exactly as on a real gang.
+
+    :param device: The device of the simulated gang (not ``meta``).
+    :param rank: The simulated rank, in ``[0, size)``.
+    :param size: The simulated gang size, at least 1.
+    :raises ValueError: If ``size <= 0``, ``rank`` is out of range or ``device`` is ``meta``.
+    :raises TypeError: If an argument has the wrong type.
+    """
+
+    def __init__(self, device: torch.device, *, rank: int = 0, size: int = 1) -> None:
+        super().__init__()
+        if not isinstance(device, torch.device):
+            raise TypeError(f"`device` must be a `torch.device`, but is {device!r} instead.")
+        if device.type == "meta":
+            raise ValueError("`device` must be a real device, but is `meta` instead.")
+        for name, value in (("size", size), ("rank", rank)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"`{name}` must be an `int`, but is {value!r} instead.")
+        if size <= 0:
+            raise ValueError(f"`size` must be greater than 0, but is {size} instead.")
+        if not 0 <= rank < size:
+            raise ValueError(f"`rank` must be in the range [0, {size}), but is {rank} instead.")
+        self._rank = rank
+        self._size = size
+        self._device = device
+
+    @property
+    @override
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    @override
+    def size(self) -> int:
+        return self._size
+
+    @property
+    @override
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    @override
+    def supports_process_group(self) -> bool:
+        return False
+
+    @override
+    def _split(self, groups: list[list[int]]) -> Gang | None:
+        for group in groups:
+            if self._rank in group:
+                return FakeGang(self._device, rank=group.index(self._rank), size=len(group))
+        return None
+
+    @override
+    def _as_process_group(self) -> ProcessGroup:
+        raise NotSupportedError("`FakeGang` has no process group.")
+
+    @override
+    def _barrier(self) -> None:
+        pass
+
+    def _reduce_copies(self, tensor: Tensor, op: ReduceOperation) -> None:
+        """Reduce ``size`` identical copies of ``tensor`` into ``tensor``."""
+        if op is ReduceOperation.SUM:
+            tensor.mul_(self._size)
+        elif op is ReduceOperation.PRODUCT:
+            tensor.copy_(torch.pow(tensor, self._size))
+        # MEAN, MIN and MAX of identical values are the value itself.
+
+    @override
+    def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
+        self._reduce_copies(tensor, op)
+
+    @override
+    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+        output_tensor.copy_(input_tensor.unsqueeze(0).expand_as(output_tensor))
+
+    @override
+    def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
+        for output in output_tensors:
+            output.copy_(input_tensor)
+
+    @override
+    def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
+        output_tensor.copy_(input_tensor[self._rank])
+        self._reduce_copies(output_tensor, op)
+
+    @override
+    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+        # Row i comes from rank i, which (holding the same data) sends its row `rank`.
+        output_tensor.copy_(input_tensor[self._rank].unsqueeze(0).expand_as(output_tensor))
+
+    @override
+    def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
+        pass
+
+    @override
+    def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:
+        _, error = _pickle(objects, "objects")
+        if error:
+            raise ValueError(error)
+
+    @override
+    def _close(self) -> None:
+        pass

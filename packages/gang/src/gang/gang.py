@@ -1,0 +1,443 @@
+"""The :class:`Gang` interface and :class:`ReduceOperation`.
+
+Every public method of :class:`Gang` checks its arguments (the same checks for every kind of
+gang) **before** any communication, then calls a protected method that a concrete gang
+implements. So a bug that :class:`~gang.FakeGang` catches in a unit test is the bug a real gang
+would catch on the cluster, with the same message.
+"""
+
+from __future__ import annotations
+
+import pickle
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from enum import Enum
+from types import TracebackType
+from typing import Any, final
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.distributed import ProcessGroup
+from typing_extensions import Self
+
+from gang.errors import InvalidOperationError
+
+
+class ReduceOperation(Enum):
+    """The reductions of :meth:`Gang.all_reduce` and :meth:`Gang.reduce_scatter`."""
+
+    SUM = 1
+    MEAN = 2
+    PRODUCT = 3
+    MIN = 4
+    MAX = 5
+
+
+TensorLike = Tensor | np.ndarray[Any, Any]
+"""A ``torch.Tensor``, or a NumPy array that is used in place through :func:`torch.from_numpy`."""
+
+
+class Gang(ABC):
+    """A set of processes that run collective operations together.
+
+    Ranks are always ranks of *this* gang, in ``[0, size)``. Collectives update tensors in place.
+    A gang is a context manager that closes it on exit.
+    """
+
+    def __init__(self) -> None:
+        self._closed = False
+        self._children: list[Gang] = []
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def rank(self) -> int:
+        """The rank of this process in the gang."""
+
+    @property
+    @abstractmethod
+    def size(self) -> int:
+        """The number of processes in the gang."""
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device:
+        """The device the gang's collectives run on."""
+
+    @property
+    @abstractmethod
+    def supports_process_group(self) -> bool:
+        """Whether :meth:`as_process_group` returns a torch process group."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    # -- public API (checks first, then the implementation) ---------------------------------
+
+    @final
+    def create_gang(self, ranks: Sequence[int]) -> Gang | None:
+        """Create a sub-gang of the listed ranks of this gang.
+
+        Every member of this gang calls it with the same ``ranks``. Members of the new gang are
+        ordered by their rank in this gang. The sub-gang inherits this gang's timeout.
+
+        :param ranks: Ranks of *this* gang (not global ranks), unique and in ``[0, size)``.
+        :returns: The new gang, or ``None`` if this process is not in ``ranks``.
+        :raises ValueError: If ``ranks`` is empty, has duplicates or a rank outside ``[0, size)``.
+        :raises TypeError: If ``ranks`` is not a sequence of ``int``.
+        :raises GangError: If the backend fails to create the gang.
+        """
+        self._check_open("create_gang")
+        group = self._check_ranks("ranks", ranks)
+        return self._register(self._split([group]))
+
+    @final
+    def split(self, groups: Sequence[Sequence[int]]) -> Gang | None:
+        """Split this gang into disjoint sub-gangs at once and return the one holding this process.
+
+        Every member of this gang calls it with the same ``groups``. This is what the factories
+        use: one call builds every tensor-parallel (or data-parallel, …) gang of a layout.
+
+        :param groups: Disjoint lists of ranks of this gang.
+        :returns: The sub-gang that holds this process, or ``None`` if no group holds it.
+        :raises ValueError: If a group is empty, or ranks repeat or are out of range.
+        :raises TypeError: If ``groups`` is not a sequence of sequences of ``int``.
+        :raises GangError: If the backend fails to create the gangs.
+        """
+        self._check_open("split")
+        if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence):
+            raise TypeError(f"`groups` must be a sequence of rank lists, but is {groups!r} instead.")
+        checked = [self._check_ranks(f"groups[{i}]", group) for i, group in enumerate(groups)]
+        if not checked:
+            raise ValueError("`groups` must not be empty.")
+        seen: set[int] = set()
+        for group in checked:
+            if seen.intersection(group):
+                raise ValueError(
+                    f"`groups` must be disjoint, but rank(s) {sorted(seen.intersection(group))} "
+                    f"appear in more than one group of {[list(g) for g in groups]}."
+                )
+            seen.update(group)
+        return self._register(self._split(checked))
+
+    @final
+    def as_process_group(self) -> ProcessGroup:
+        """Return the underlying torch process group.
+
+        :raises NotSupportedError: If this kind of gang has none.
+        """
+        self._check_open("as_process_group")
+        return self._as_process_group()
+
+    @final
+    def barrier(self) -> None:
+        """Block until every process of the gang reaches this call.
+
+        :raises GangError: If the collective fails or times out.
+        """
+        self._check_open("barrier")
+        self._barrier()
+
+    @final
+    def all_reduce(self, tensor: TensorLike, op: ReduceOperation) -> None:
+        """Reduce ``tensor`` over every process, in place.
+
+        :param tensor: The tensor to reduce; it holds the result afterwards.
+        :param op: The reduction. ``MEAN`` needs a floating-point tensor.
+        :raises ValueError: If ``tensor`` is not contiguous, not on the gang's device, or ``op`` is
+            ``MEAN`` and ``tensor`` is not floating point.
+        :raises TypeError: If ``tensor`` is not a tensor or ``op`` not a :class:`ReduceOperation`.
+        :raises GangError: If the collective fails or times out.
+        """
+        self._check_open("all_reduce")
+        t = self._check_tensor("tensor", tensor, contiguous=True)
+        self._check_op("op", op, t)
+        self._all_reduce(t, op)
+
+    @final
+    def all_gather(self, output_tensor: TensorLike, input_tensor: TensorLike) -> None:
+        """Gather ``input_tensor`` of every process into ``output_tensor``.
+
+        :param output_tensor: Contiguous, of shape ``[size, *input_tensor.shape]``; row ``i``
+            receives rank ``i``'s input.
+        :param input_tensor: This process's contribution.
+        :raises ValueError: On a shape, dtype, device or contiguity mismatch.
+        :raises TypeError: If an argument is not a tensor.
+        :raises GangError: If the collective fails or times out.
+        """
+        self._check_open("all_gather")
+        out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
+        inp = self._check_tensor("input_tensor", input_tensor)
+        self._check_same_dtype("output_tensor", out, inp)
+        self._check_shape("output_tensor", out, (self.size, *inp.shape))
+        self._all_gather(out, inp.contiguous())
+
+    @final
+    def all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: TensorLike) -> None:
+        """Gather ``input_tensor`` of every process into the list ``output_tensors``.
+
+        :param output_tensors: ``size`` tensors shaped like ``input_tensor``; entry ``i``
+            receives rank ``i``'s input.
+        :param input_tensor: This process's contribution.
+        :raises ValueError: On a length, shape, dtype or device mismatch.
+        :raises TypeError: If ``output_tensors`` is not a list of tensors.
+        :raises GangError: If the collective fails or times out.
+        """
+        self._check_open("all_gather_to_list")
+        if not isinstance(output_tensors, list):
+            raise TypeError(
+                f"`output_tensors` must be a `list` of tensors, but is of type `{type(output_tensors).__name__}` instead."
+            )
+        inp = self._check_tensor("input_tensor", input_tensor)
+        if len(output_tensors) != self.size:
+            raise ValueError(
+                f"`output_tensors` must have {self.size} entries (the gang size), "
+                f"but has {len(output_tensors)} instead."
+            )
+        outs = []
+        for i, out in enumerate(output_tensors):
+            name = f"output_tensors[{i}]"
+            o = self._check_tensor(name, out, contiguous=True)
+            self._check_same_dtype(name, o, inp)
+            self._check_shape(name, o, tuple(inp.shape))
+            outs.append(o)
+        self._all_gather_to_list(outs, inp.contiguous())
+
+    @final
+    def reduce_scatter(self, output_tensor: TensorLike, input_tensor: TensorLike, op: ReduceOperation) -> None:
+        """Reduce row ``i`` of every process's ``input_tensor`` into rank ``i``'s ``output_tensor``.
+
+        :param output_tensor: Contiguous; receives the reduction of row ``rank`` of every input.
+        :param input_tensor: Of shape ``[size, *output_tensor.shape]``.
+        :param op: The reduction. ``MEAN`` needs floating-point tensors.
+        :raises ValueError: On a shape, dtype, device or contiguity mismatch, or ``MEAN`` on integers.
+        :raises TypeError: If an argument has the wrong type.
+        :raises GangError: If the collective fails or times out.
+        """
+        self._check_open("reduce_scatter")
+        out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
+        inp = self._check_tensor("input_tensor", input_tensor)
+        self._check_same_dtype("input_tensor", inp, out)
+        self._check_shape("input_tensor", inp, (self.size, *out.shape))
+        self._check_op("op", op, out)
+        self._reduce_scatter(out, inp.contiguous(), op)
+
+    @final
+    def all_to_all(self, output_tensor: TensorLike, input_tensor: TensorLike) -> None:
+        """Send row ``j`` of ``input_tensor`` to rank ``j``; row ``i`` of ``output_tensor`` comes from rank ``i``.
+
+        :param output_tensor: Contiguous, same shape and dtype as ``input_tensor``.
+        :param input_tensor: Of shape ``[size, ...]``.
+        :raises ValueError: On a shape, dtype, device or contiguity mismatch.
+        :raises TypeError: If an argument is not a tensor.
+        :raises GangError: If the collective fails or times out.
+        """
+        self._check_open("all_to_all")
+        out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
+        inp = self._check_tensor("input_tensor", input_tensor)
+        self._check_same_dtype("output_tensor", out, inp)
+        if inp.dim() == 0 or inp.shape[0] != self.size:
+            raise ValueError(
+                f"`input_tensor` must have shape [{self.size}, ...] (the gang size first), "
+                f"but has shape {list(inp.shape)} instead."
+            )
+        self._check_shape("output_tensor", out, tuple(inp.shape))
+        self._all_to_all(out, inp.contiguous())
+
+    @final
+    def broadcast(self, tensor: TensorLike, source_rank: int = 0) -> None:
+        """Copy ``tensor`` of ``source_rank`` into ``tensor`` of every other process.
+
+        :param tensor: Contiguous; sent on the source, overwritten elsewhere.
+        :param source_rank: A rank of *this* gang (never a global rank).
+        :raises ValueError: If ``source_rank`` is outside ``[0, size)`` or ``tensor`` is invalid.
+        :raises TypeError: If ``source_rank`` is not an ``int`` or ``tensor`` not a tensor.
+        :raises GangError: If the collective fails or times out.
+        """
+        self._check_open("broadcast")
+        t = self._check_tensor("tensor", tensor, contiguous=True)
+        self._check_source_rank(source_rank)
+        self._broadcast(t, source_rank)
+
+    @final
+    def broadcast_objects(self, objects: list[object], source_rank: int = 0) -> None:
+        """Replace the contents of ``objects`` with those of ``source_rank``'s list.
+
+        The source pickles its list before anything is sent. If it cannot, every rank raises the
+        same :class:`ValueError` (after a short status exchange), so no rank is left waiting.
+        Receivers unpickle what the source sends: only use it between processes you trust.
+
+        :param objects: A list of picklable objects; replaced in place on non-source ranks.
+        :param source_rank: A rank of *this* gang.
+        :raises ValueError: If ``source_rank`` is out of range, or the source's objects cannot be pickled.
+        :raises TypeError: If ``objects`` is not a list or ``source_rank`` not an ``int``.
+        :raises GangError: If the collective fails or times out.
+        """
+        self._check_open("broadcast_objects")
+        if not isinstance(objects, list):
+            raise TypeError(f"`objects` must be a `list`, but is of type `{type(objects).__name__}` instead.")
+        self._check_source_rank(source_rank)
+        self._broadcast_objects(objects, source_rank)
+
+    @final
+    def close(self) -> None:
+        """Close the gang and every sub-gang created from it (sub-gangs first). Idempotent.
+
+        Any collective on a closed gang raises :class:`~gang.InvalidOperationError`.
+        """
+        if self._closed:
+            return
+        for child in reversed(self._children):
+            child.close()
+        self._children.clear()
+        self._closed = True
+        self._close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, size={self.size}, device={self.device})"
+
+    # -- what a concrete gang implements -----------------------------------------------------
+
+    @abstractmethod
+    def _split(self, groups: list[list[int]]) -> Gang | None:
+        """Create the sub-gangs ``groups`` (validated, sorted, disjoint); return this process's."""
+
+    @abstractmethod
+    def _as_process_group(self) -> ProcessGroup: ...
+
+    @abstractmethod
+    def _barrier(self) -> None: ...
+
+    @abstractmethod
+    def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None: ...
+
+    @abstractmethod
+    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None: ...
+
+    @abstractmethod
+    def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None: ...
+
+    @abstractmethod
+    def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None: ...
+
+    @abstractmethod
+    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None: ...
+
+    @abstractmethod
+    def _broadcast(self, tensor: Tensor, source_rank: int) -> None: ...
+
+    @abstractmethod
+    def _close(self) -> None: ...
+
+    def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:
+        """Send the pickled list as a length header and a byte tensor over :meth:`_broadcast`."""
+        payload, error = b"", ""
+        if self.rank == source_rank:
+            payload, error = _pickle(objects, "objects")
+        header = torch.tensor([len(payload) if not error else -1], dtype=torch.int64, device=self.device)
+        self._broadcast(header, source_rank)
+        length = int(header.item())
+        if length < 0:
+            raise ValueError(
+                error or f"`objects` on source rank {source_rank} must be picklable, but pickling failed there."
+            )
+        if self.rank == source_rank:
+            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
+        else:
+            data = torch.empty(length, dtype=torch.uint8, device=self.device)
+        if length > 0:
+            self._broadcast(data, source_rank)
+        if self.rank != source_rank:
+            objects[:] = pickle.loads(data.cpu().numpy().tobytes())
+
+    # -- shared checks -------------------------------------------------------------------------
+
+    def _register(self, child: Gang | None) -> Gang | None:
+        if child is not None and child is not self:
+            self._children.append(child)
+        return child
+
+    def _check_open(self, operation: str) -> None:
+        if self._closed:
+            raise InvalidOperationError(f"`{operation}` cannot be called on a closed gang ({self!r}).")
+
+    def _check_ranks(self, name: str, ranks: Sequence[int]) -> list[int]:
+        if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
+            raise TypeError(f"`{name}` must be a sequence of `int`, but is {ranks!r} instead.")
+        for r in ranks:
+            if not isinstance(r, int) or isinstance(r, bool):
+                raise TypeError(f"`{name}` must contain only `int` ranks, but contains {r!r} instead.")
+        if len(ranks) == 0:
+            raise ValueError(f"`{name}` must not be empty.")
+        if len(set(ranks)) != len(ranks):
+            duplicates = sorted({r for r in ranks if list(ranks).count(r) > 1})
+            raise ValueError(f"`{name}` must be unique, but has duplicates {duplicates} in {list(ranks)} instead.")
+        bad = [r for r in ranks if not 0 <= r < self.size]
+        if bad:
+            raise ValueError(
+                f"`{name}` must be ranks of this gang in the range [0, {self.size}), "
+                f"but has {bad} in {list(ranks)} instead."
+            )
+        return sorted(ranks)
+
+    def _check_source_rank(self, source_rank: int) -> None:
+        if not isinstance(source_rank, int) or isinstance(source_rank, bool):
+            raise TypeError(
+                f"`source_rank` must be an `int`, but is {source_rank!r} of type `{type(source_rank).__name__}` instead."
+            )
+        if not 0 <= source_rank < self.size:
+            raise ValueError(f"`source_rank` must be in the range [0, {self.size}), but is {source_rank} instead.")
+
+    def _check_tensor(self, name: str, value: object, *, contiguous: bool = False) -> Tensor:
+        if isinstance(value, np.ndarray):
+            if self.device.type != "cpu":
+                raise TypeError(f"`{name}` must be a `torch.Tensor` on {self.device}, but is a NumPy array instead.")
+            if not value.flags.writeable:
+                raise ValueError(f"`{name}` must be a writeable NumPy array, but is read-only.")
+            value = torch.from_numpy(value)
+        if not isinstance(value, Tensor):
+            raise TypeError(f"`{name}` must be a `torch.Tensor`, but is of type `{type(value).__name__}` instead.")
+        if value.device != self.device:
+            raise ValueError(f"`{name}` must be on the gang's device {self.device}, but is on {value.device} instead.")
+        if contiguous and not value.is_contiguous():
+            raise ValueError(f"`{name}` must be contiguous, but is not (strides {list(value.stride())}).")
+        return value
+
+    @staticmethod
+    def _check_same_dtype(name: str, value: Tensor, reference: Tensor) -> None:
+        if value.dtype != reference.dtype:
+            raise ValueError(f"`{name}` must have dtype {reference.dtype}, but has {value.dtype} instead.")
+
+    @staticmethod
+    def _check_shape(name: str, value: Tensor, shape: tuple[int, ...]) -> None:
+        if tuple(value.shape) != shape:
+            raise ValueError(f"`{name}` must have shape {list(shape)}, but has shape {list(value.shape)} instead.")
+
+    @staticmethod
+    def _check_op(name: str, op: object, tensor: Tensor) -> None:
+        if not isinstance(op, ReduceOperation):
+            raise TypeError(f"`{name}` must be a `ReduceOperation`, but is {op!r} instead.")
+        if op is ReduceOperation.MEAN and not (tensor.is_floating_point() or tensor.is_complex()):
+            raise ValueError(
+                f"`{name}` is `ReduceOperation.MEAN`, which needs a floating-point tensor, "
+                f"but the tensor has dtype {tensor.dtype} instead."
+            )
+
+
+def _pickle(obj: object, name: str) -> tuple[bytes, str]:
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), ""
+    except Exception as ex:  # noqa: BLE001 - any pickling failure is reported as bad input
+        return b"", f"`{name}` must be picklable, but pickling failed with {type(ex).__name__}: {ex}"

@@ -1,0 +1,284 @@
+"""A gang over a ``torch.distributed`` process group (gloo on CPU, NCCL on CUDA)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import final
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed import ProcessGroup
+from typing_extensions import override
+
+from gang.env import get_master_address, get_rank, get_world_size
+from gang.errors import GangError, InvalidOperationError, NotSupportedError
+from gang.gang import Gang, ReduceOperation
+
+DEFAULT_TIMEOUT = timedelta(minutes=15)
+"""The collective timeout of :meth:`ProcessGroupGang.create_default_process_group` when none is given."""
+
+_REDUCE_OPS = {
+    ReduceOperation.SUM: dist.ReduceOp.SUM,
+    ReduceOperation.MEAN: dist.ReduceOp.AVG,
+    ReduceOperation.PRODUCT: dist.ReduceOp.PRODUCT,
+    ReduceOperation.MIN: dist.ReduceOp.MIN,
+    ReduceOperation.MAX: dist.ReduceOp.MAX,
+}
+
+# One store per rendezvous address, kept for the life of the process, and a generation counter.
+# Each initialisation of the default group writes its keys under a fresh prefix, so a second
+# round after `close()` never reads the first round's stale keys (raw torch does, under torchrun).
+_stores: dict[tuple[str, int], dist.Store] = {}
+_generation = 0
+
+
+@final
+class ProcessGroupGang(Gang):
+    """A gang that wraps a ``torch.distributed`` process group.
+
+    Create the root with :meth:`create_default_process_group` or wrap a group you already have
+    with :meth:`from_process_group`. Every backend failure is raised as :class:`~gang.GangError`
+    naming the operation, this process's rank and the gang size, with the cause chained.
+    """
+
+    def __init__(
+        self, pg: ProcessGroup, device: torch.device, *, timeout: timedelta | None, owns_group: bool, is_default: bool
+    ) -> None:
+        super().__init__()
+        self._pg = pg
+        self._device = device
+        self._timeout = timeout
+        self._owns_group = owns_group
+        self._is_default = is_default
+        self._rank = dist.get_rank(pg)
+        self._size = dist.get_world_size(pg)
+        self._global_ranks = tuple(dist.get_process_group_ranks(pg))
+
+    @classmethod
+    def create_default_process_group(
+        cls, device: torch.device, *, timeout: timedelta | None = None, high_priority: bool = False
+    ) -> ProcessGroupGang:
+        """Initialise torch's default process group from the environment and wrap it as a gang.
+
+        Works under torchrun, SLURM and Open MPI (see :mod:`gang.env`). gloo is used for a CPU
+        device and NCCL for a CUDA device. Closing the gang destroys every group; initialising
+        again afterwards in the same process works.
+
+        :param device: ``cpu`` or ``cuda[:N]``.
+        :param timeout: The timeout of every collective of this gang and its sub-gangs (default
+            15 minutes); also bounds the rendezvous.
+        :param high_priority: Use high-priority CUDA streams (NCCL only; ignored by gloo).
+        :raises ValueError: If ``device`` is neither CPU nor CUDA, or the environment is malformed.
+        :raises TypeError: If ``device`` is not a ``torch.device`` or ``timeout`` not a ``timedelta``.
+        :raises InvalidOperationError: If the default process group already exists.
+        :raises NotSupportedError: If ``torch.distributed`` is not available.
+        :raises GangError: If the rendezvous fails or times out.
+        """
+        global _generation
+        if not isinstance(device, torch.device):
+            raise TypeError(f"`device` must be a `torch.device`, but is {device!r} instead.")
+        if device.type == "cpu":
+            backend = "gloo"
+        elif device.type == "cuda":
+            backend = "nccl"
+        else:
+            raise ValueError(f"`device` must be of type `cpu` or `cuda`, but is of type `{device.type}` instead.")
+        if timeout is None:
+            timeout = DEFAULT_TIMEOUT
+        if not isinstance(timeout, timedelta):
+            raise TypeError(f"`timeout` must be a `datetime.timedelta`, but is {timeout!r} instead.")
+        if timeout.total_seconds() <= 0:
+            raise ValueError(f"`timeout` must be positive, but is {timeout} instead.")
+        if not dist.is_available():
+            raise NotSupportedError("`torch.distributed` is not available in this build of PyTorch.")
+        if dist.is_initialized():
+            raise InvalidOperationError("The default process group is already initialised.")
+
+        rank, world_size = get_rank(), get_world_size()
+        host, port = get_master_address()
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+
+        pg_options = None
+        if backend == "nccl" and high_priority:
+            pg_options = dist.ProcessGroupNCCL.Options()
+            pg_options.is_high_priority_stream = True
+
+        what = f"rendezvous at {host}:{port} as rank {rank} of {world_size}"
+        try:
+            store = _stores.get((host, port))
+            if store is None:
+                agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+                store = dist.TCPStore(
+                    host,
+                    port,
+                    world_size,
+                    is_master=rank == 0 and not agent_store,
+                    timeout=timeout,
+                    wait_for_workers=False,
+                )
+                _stores[(host, port)] = store
+            _generation += 1
+            prefixed = dist.PrefixStore(f"gang/{_generation}", store)
+            dist.init_process_group(
+                backend,
+                store=prefixed,
+                rank=rank,
+                world_size=world_size,
+                timeout=timeout,
+                pg_options=pg_options,
+                device_id=device if device.type == "cuda" else None,
+            )
+        except Exception as ex:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            raise GangError(f"`create_default_process_group` failed during the {what}: {ex}") from ex
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        pg = dist.group.WORLD
+        assert pg is not None
+        return cls(pg, device, timeout=timeout, owns_group=True, is_default=True)
+
+    @classmethod
+    def from_process_group(
+        cls, pg: ProcessGroup, device: torch.device, *, timeout: timedelta | None = None
+    ) -> ProcessGroupGang:
+        """Wrap a process group the caller already has.
+
+        Closing the returned gang does not destroy ``pg`` (the caller owns it), but does destroy
+        the sub-gangs created from it.
+
+        :param pg: A process group this process is a member of.
+        :param device: The device its collectives run on.
+        :param timeout: The timeout given to sub-gangs (``None``: the backend's default).
+        :raises TypeError: If ``pg`` is not a ``ProcessGroup`` or ``device`` not a ``torch.device``.
+        :raises ValueError: If this process is not a member of ``pg``.
+        """
+        if not isinstance(pg, ProcessGroup):
+            raise TypeError(f"`pg` must be a `ProcessGroup`, but is {pg!r} instead.")
+        if not isinstance(device, torch.device):
+            raise TypeError(f"`device` must be a `torch.device`, but is {device!r} instead.")
+        if dist.get_rank(pg) < 0:
+            raise ValueError("`pg` must be a process group this process is a member of, but it is not.")
+        return cls(pg, device, timeout=timeout, owns_group=False, is_default=pg is dist.group.WORLD)
+
+    @property
+    @override
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    @override
+    def size(self) -> int:
+        return self._size
+
+    @property
+    @override
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    @override
+    def supports_process_group(self) -> bool:
+        return True
+
+    @property
+    def timeout(self) -> timedelta | None:
+        """The collective timeout of this gang (inherited by its sub-gangs)."""
+        return self._timeout
+
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        """The global rank of each member, in gang rank order."""
+        return self._global_ranks
+
+    @contextmanager
+    def _translate(self, operation: str) -> Iterator[None]:
+        try:
+            yield
+        except (RuntimeError, ValueError, OSError) as ex:  # DistError and its kin derive from RuntimeError
+            raise GangError(
+                f"`{operation}` failed on rank {self._rank} of a gang of size {self._size}: {ex}"
+            ) from ex
+
+    def _can_split(self) -> bool:
+        default = dist.group.WORLD
+        if default is None or default.bound_device_id is None:
+            return False
+        try:
+            return bool(self._pg._get_backend(self._device).supports_splitting)
+        except RuntimeError:
+            return False
+
+    @override
+    def _split(self, groups: list[list[int]]) -> Gang | None:
+        global_groups = [[self._global_ranks[r] for r in group] for group in groups]
+        with self._translate("create_gang"):
+            if self._can_split():
+                pg = dist.split_group(self._pg, global_groups, timeout=self._timeout)
+            else:
+                mine = [g for g in global_groups if self._global_ranks[self._rank] in g]
+                if not mine:
+                    return None
+                pg = dist.new_group(mine[0], timeout=self._timeout, use_local_synchronization=True)
+        if pg is None or dist.get_rank(pg) < 0:
+            return None
+        return ProcessGroupGang(pg, self._device, timeout=self._timeout, owns_group=True, is_default=False)
+
+    @override
+    def _as_process_group(self) -> ProcessGroup:
+        return self._pg
+
+    @override
+    def _barrier(self) -> None:
+        with self._translate("barrier"):
+            if self._device.type == "cuda":
+                dist.barrier(group=self._pg, device_ids=[self._device.index])
+            else:
+                dist.barrier(group=self._pg)
+
+    @override
+    def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
+        with self._translate("all_reduce"):
+            dist.all_reduce(tensor, _REDUCE_OPS[op], group=self._pg)
+
+    @override
+    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+        with self._translate("all_gather"):
+            dist.all_gather_single(output_tensor.view(-1), input_tensor.view(-1), group=self._pg)
+
+    @override
+    def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
+        with self._translate("all_gather_to_list"):
+            dist.all_gather(output_tensors, input_tensor, group=self._pg)
+
+    @override
+    def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
+        with self._translate("reduce_scatter"):
+            dist.reduce_scatter_single(output_tensor.view(-1), input_tensor.view(-1), _REDUCE_OPS[op], group=self._pg)
+
+    @override
+    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+        with self._translate("all_to_all"):
+            dist.all_to_all_single(output_tensor.view(-1), input_tensor.view(-1), group=self._pg)
+
+    @override
+    def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
+        with self._translate("broadcast"):
+            dist.broadcast(tensor, group=self._pg, group_src=source_rank)
+
+    @override
+    def _close(self) -> None:
+        if not self._owns_group or not dist.is_initialized():
+            return
+        if self._is_default:
+            dist.destroy_process_group()
+        else:
+            try:
+                dist.destroy_process_group(self._pg)
+            except (RuntimeError, ValueError):
+                pass  # Already destroyed together with the default group.

@@ -1,0 +1,312 @@
+"""Run functions on real local processes: what users need to test their own distributed code.
+
+:func:`spawn` runs ``fn(gang, *args)`` once on ``world_size`` fresh processes, each holding a real
+gloo :class:`~gang.ProcessGroupGang` on the CPU. :class:`World` keeps such processes alive so that
+many functions can run on them one after another (much faster in a test suite). :func:`launch`
+runs ``fn(*args)`` with torchrun's environment but no gang, for code that creates its own.
+
+``fn`` and its arguments travel by pickle, so ``fn`` must be a module-level function of an
+importable module. A failure on any rank is re-raised in the caller as the same exception type,
+with the rank and the remote traceback attached; every other rank is then stopped, and no process
+outlives the call (or the :class:`World`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import pickle
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from datetime import timedelta
+from multiprocessing.connection import Connection, wait
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["RemoteTraceback", "World", "WorkerDiedError", "launch", "spawn"]
+
+DEFAULT_TIMEOUT = 120.0
+"""Seconds a single :meth:`World.run` (or :func:`spawn`) may take before every rank is stopped."""
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised on another process; chained as ``__cause__``."""
+
+    def __init__(self, rank: int, text: str) -> None:
+        super().__init__(f"\n\nTraceback on rank {rank}:\n{text}")
+        self.rank = rank
+        self.text = text
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process exited (or was killed) while a function was running on it."""
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+
+def _worker_main(conn: Connection, env: dict[str, str], init_gang: bool, gang_timeout: float, parent: int) -> None:
+    os.environ.update(env)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    torch.set_num_threads(1)
+    gang = None
+    try:
+        if init_gang:
+            from gang.process_group import ProcessGroupGang
+
+            gang = ProcessGroupGang.create_default_process_group(
+                torch.device("cpu"), timeout=timedelta(seconds=gang_timeout)
+            )
+        conn.send_bytes(pickle.dumps(("ok", None)))
+    except BaseException as ex:  # noqa: BLE001 - reported to the parent
+        conn.send_bytes(_error_reply(ex))
+        return
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):
+            break
+        if not message:
+            break
+        try:
+            fn, args = pickle.loads(message)
+            result = fn(gang, *args) if init_gang else fn(*args)
+            reply = pickle.dumps(("ok", result))
+        except BaseException as ex:  # noqa: BLE001 - reported to the parent
+            reply = _error_reply(ex)
+        conn.send_bytes(reply)
+    if gang is not None:
+        gang.close()
+    elif dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _error_reply(ex: BaseException) -> bytes:
+    text = "".join(traceback.format_exception(ex))
+    try:
+        blob = pickle.dumps(ex)
+        pickle.loads(blob)
+    except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text
+        blob = b""
+    return pickle.dumps(("error", (type(ex).__name__, str(ex), blob, text)))
+
+
+
+_WORLDS: weakref.WeakSet[World] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_worlds() -> None:
+    for world in list(_WORLDS):
+        world.close()
+
+
+class World:
+    """``world_size`` local processes that stay alive and run functions on request.
+
+    Each process holds a gloo :class:`~gang.ProcessGroupGang` over all of them (or no gang with
+    ``init_gang=False``), created once. After a failure or a timeout on any rank the world stops
+    every process and becomes unusable (:attr:`alive` is ``False``): create a new one.
+
+    :param world_size: The number of processes, at least 1.
+    :param gang_timeout: The timeout of the gangs' collectives, in seconds.
+    :param init_gang: Whether each process creates the default gang.
+    :param start_timeout: Seconds the processes may take to start.
+    :param env: Extra environment variables for the processes.
+    :raises ValueError: If ``world_size`` or a timeout is not positive.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        gang_timeout: float = 60.0,
+        init_gang: bool = True,
+        start_timeout: float = 120.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        if not isinstance(world_size, int) or isinstance(world_size, bool):
+            raise TypeError(f"`world_size` must be an `int`, but is {world_size!r} instead.")
+        if world_size <= 0:
+            raise ValueError(f"`world_size` must be greater than 0, but is {world_size} instead.")
+        if gang_timeout <= 0:
+            raise ValueError(f"`gang_timeout` must be positive, but is {gang_timeout} instead.")
+        self.world_size = world_size
+        self.init_gang = init_gang
+        self._store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+        ctx = mp.get_context("spawn")
+        self._conns: list[Connection] = []
+        self._procs: list[Any] = []
+        base_env = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(self._store.port),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "OMP_NUM_THREADS": "1",
+            **(env or {}),
+        }
+        _WORLDS.add(self)
+        for rank in range(world_size):
+            parent_conn, child_conn = ctx.Pipe()
+            proc_env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            proc = ctx.Process(
+                target=_worker_main,
+                args=(child_conn, proc_env, init_gang, gang_timeout, os.getpid()),
+                daemon=True,
+                name=f"gang-rank-{rank}",
+            )
+            proc.start()
+            child_conn.close()
+            self._conns.append(parent_conn)
+            self._procs.append(proc)
+        self._alive = True
+        self._collect("starting the world", start_timeout)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the processes are running and can take another function."""
+        return self._alive
+
+    @property
+    def store_port(self) -> int:
+        """The port of the rendezvous store this world's processes use."""
+        return int(self._store.port)
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = DEFAULT_TIMEOUT) -> list[Any]:
+        """Run ``fn(gang, *args)`` (``fn(*args)`` without a gang) on every rank; return results in rank order.
+
+        :raises ValueError: If ``fn`` or ``args`` cannot be pickled.
+        :raises RuntimeError: If the world is no longer alive.
+        :raises TimeoutError: If a rank does not finish within ``timeout`` seconds.
+        :raises WorkerDiedError: If a worker process dies.
+        :raises Exception: The exception of the failing rank, with the remote traceback as cause.
+        """
+        if not self._alive:
+            raise RuntimeError("This `World` was stopped after an earlier failure; create a new one.")
+        try:
+            message = pickle.dumps((fn, args))
+        except Exception as ex:
+            raise ValueError(
+                f"`fn` and `args` must be picklable (a module-level function), but pickling failed: {ex}"
+            ) from ex
+        for conn in self._conns:
+            conn.send_bytes(message)
+        return self._collect(getattr(fn, "__qualname__", repr(fn)), timeout)
+
+    def _collect(self, what: str, timeout: float) -> list[Any]:
+        results: dict[int, Any] = {}
+        errors: list[tuple[int, tuple[str, str, bytes, str]]] = []
+        pending = {conn: rank for rank, conn in enumerate(self._conns)}
+        deadline = time.monotonic() + timeout
+        died: list[int] = []
+        while pending:
+            remaining = deadline - time.monotonic()
+            if (errors or died) and remaining > 1.0:
+                # After the first failure, give the other ranks a moment to report theirs, then stop.
+                deadline = time.monotonic() + 1.0
+                remaining = 1.0
+            if remaining <= 0:
+                break
+            for conn in wait(list(pending), timeout=remaining):
+                rank = pending.pop(conn)  # type: ignore[call-overload]
+                try:
+                    status, payload = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    died.append(rank)
+                    continue
+                if status == "ok":
+                    results[rank] = payload
+                else:
+                    errors.append((rank, payload))
+        if errors:
+            self.close(force=True)
+            rank, (name, message, blob, text) = errors[0]
+            ex: BaseException
+            if blob:
+                ex = pickle.loads(blob)
+            else:
+                ex = RuntimeError(f"{name}: {message}")
+            ex.add_note(f"(raised on rank {rank} of {self.world_size} while running {what})")
+            raise ex from RemoteTraceback(rank, text)
+        if died:
+            codes = {}
+            self.close(force=True)
+            for rank in died:
+                codes[rank] = self._procs[rank].exitcode
+            raise WorkerDiedError(f"Rank(s) {sorted(died)} died while running {what} (exit codes {codes}).")
+        if pending:
+            stuck = sorted(pending.values())
+            self.close(force=True)
+            raise TimeoutError(f"Rank(s) {stuck} did not finish {what} within {timeout} seconds; all ranks were stopped.")
+        return [results[rank] for rank in range(self.world_size)]
+
+    def close(self, *, force: bool = False) -> None:
+        """Stop every process (politely if idle, by force otherwise, or at once with ``force``). Idempotent."""
+        if not getattr(self, "_alive", False) and not getattr(self, "_procs", None):
+            return
+        self._alive = False
+        for conn in self._conns:
+            try:
+                conn.send_bytes(b"")
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + (0.0 if force else 2.0)
+        for proc in self._procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5.0)
+        for conn in self._conns:
+            conn.close()
+        self._procs = []
+        self._conns = []
+        _WORLDS.discard(self)
+
+    def __enter__(self) -> World:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def spawn(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_TIMEOUT, gang_timeout: float = 60.0
+) -> list[Any]:
+    """Run ``fn(gang, *args)`` on ``world_size`` new local processes and return the results in rank order.
+
+    Each process gets a real gloo :class:`~gang.ProcessGroupGang` on the CPU (a fresh rendezvous
+    port every time). A failure on any rank is re-raised here with the rank and the remote
+    traceback; every other rank is stopped, and no process outlives the call.
+
+    :param fn: A module-level function taking the gang first.
+    :param world_size: The number of processes.
+    :param timeout: Seconds the whole run may take (start-up excluded).
+    :param gang_timeout: The collective timeout of the gangs, in seconds.
+    """
+    with World(world_size, gang_timeout=gang_timeout) as world:
+        return world.run(fn, *args, timeout=timeout)
+
+
+def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_TIMEOUT) -> list[Any]:
+    """Run ``fn(*args)`` on ``world_size`` new processes with torchrun's environment but no gang.
+
+    For code that creates its own gang, e.g. with :func:`gang.create_default_gang`. The
+    rendezvous store is hosted by the caller, as torchrun's agent does.
+    """
+    with World(world_size, init_gang=False) as world:
+        return world.run(fn, *args, timeout=timeout)
