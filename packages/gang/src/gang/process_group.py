@@ -14,6 +14,7 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import override
 
+from gang._torch_groups import new_named_group
 from gang.env import get_master_address, get_rank, get_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
 from gang.gang import Gang, ReduceOperation
@@ -34,6 +35,7 @@ _REDUCE_OPS = {
 # round after `close()` never reads the first round's stale keys (raw torch does, under torchrun).
 _stores: dict[tuple[str, int], dist.Store] = {}
 _generation = 0
+_wrap_counts: dict[str, int] = {}
 
 
 @final
@@ -46,7 +48,14 @@ class ProcessGroupGang(Gang):
     """
 
     def __init__(
-        self, pg: ProcessGroup, device: torch.device, *, timeout: timedelta | None, owns_group: bool, is_default: bool
+        self,
+        pg: ProcessGroup,
+        device: torch.device,
+        *,
+        timeout: timedelta | None,
+        owns_group: bool,
+        is_default: bool,
+        name: str | None = None,
     ) -> None:
         super().__init__()
         self._pg = pg
@@ -57,6 +66,8 @@ class ProcessGroupGang(Gang):
         self._rank = dist.get_rank(pg)
         self._size = dist.get_world_size(pg)
         self._global_ranks = tuple(dist.get_process_group_ranks(pg))
+        self._name = name
+        self._splits = 0
 
     @classmethod
     def create_default_process_group(
@@ -141,7 +152,7 @@ class ProcessGroupGang(Gang):
             torch.cuda.set_device(device)
         pg = dist.group.WORLD
         assert pg is not None
-        return cls(pg, device, timeout=timeout, owns_group=True, is_default=True)
+        return cls(pg, device, timeout=timeout, owns_group=True, is_default=True, name=f"gang{_generation}")
 
     @classmethod
     def from_process_group(
@@ -164,7 +175,12 @@ class ProcessGroupGang(Gang):
             raise TypeError(f"`device` must be a `torch.device`, but is {device!r} instead.")
         if dist.get_rank(pg) < 0:
             raise ValueError("`pg` must be a process group this process is a member of, but it is not.")
-        return cls(pg, device, timeout=timeout, owns_group=False, is_default=pg is dist.group.WORLD)
+        # Members wrap the same group in the same order, so this name is the same on all of them.
+        base = dist.get_process_group_ranks(pg)
+        key = pg.group_name
+        _wrap_counts[key] = _wrap_counts.get(key, 0) + 1
+        name = f"wrap{_generation}:{key}:{_wrap_counts[key]}:{len(base)}"
+        return cls(pg, device, timeout=timeout, owns_group=False, is_default=pg is dist.group.WORLD, name=name)
 
     @property
     @override
@@ -217,17 +233,22 @@ class ProcessGroupGang(Gang):
     @override
     def _split(self, groups: list[list[int]]) -> Gang | None:
         global_groups = [[self._global_ranks[r] for r in group] for group in groups]
+        split_index = self._splits
+        self._splits += 1
+        mine = [i for i, g in enumerate(global_groups) if self._global_ranks[self._rank] in g]
         with self._translate("create_gang"):
             if self._can_split():
                 pg = dist.split_group(self._pg, global_groups, timeout=self._timeout)
+            elif not mine:
+                return None
+            elif self._name is None:
+                pg = dist.new_group(global_groups[mine[0]], timeout=self._timeout, use_local_synchronization=True)
             else:
-                mine = [g for g in global_groups if self._global_ranks[self._rank] in g]
-                if not mine:
-                    return None
-                pg = dist.new_group(mine[0], timeout=self._timeout, use_local_synchronization=True)
+                pg = new_named_group(global_groups[mine[0]], f"{self._name}.{split_index}.{mine[0]}", self._timeout)
         if pg is None or dist.get_rank(pg) < 0:
             return None
-        return ProcessGroupGang(pg, self._device, timeout=self._timeout, owns_group=True, is_default=False)
+        name = None if self._name is None or not mine else f"{self._name}.{split_index}.{mine[0]}"
+        return ProcessGroupGang(pg, self._device, timeout=self._timeout, owns_group=True, is_default=False, name=name)
 
     @override
     def _as_process_group(self) -> ProcessGroup:

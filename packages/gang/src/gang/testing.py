@@ -46,7 +46,15 @@ class RemoteTraceback(Exception):
 
 
 class WorkerDiedError(RuntimeError):
-    """A worker process exited (or was killed) while a function was running on it."""
+    """A worker process exited (or was killed) while a function was running on it.
+
+    :attr:`results` holds what the other ranks returned before the world was stopped, by rank,
+    so a test can check how the survivors saw the death.
+    """
+
+    def __init__(self, message: str, results: dict[int, Any]) -> None:
+        super().__init__(message)
+        self.results = results
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -144,6 +152,7 @@ class World:
             raise ValueError(f"`gang_timeout` must be positive, but is {gang_timeout} instead.")
         self.world_size = world_size
         self.init_gang = init_gang
+        self._gang_timeout = gang_timeout
         self._store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
         ctx = mp.get_context("spawn")
         self._conns: list[Connection] = []
@@ -213,10 +222,12 @@ class World:
         died: list[int] = []
         while pending:
             remaining = deadline - time.monotonic()
-            if (errors or died) and remaining > 1.0:
+            # A death is noticed by the survivors within their gang timeout: wait that long for them.
+            grace = 1.0 if errors else self._gang_timeout + 5.0 if died else None
+            if grace is not None and remaining > grace:
                 # After the first failure, give the other ranks a moment to report theirs, then stop.
-                deadline = time.monotonic() + 1.0
-                remaining = 1.0
+                deadline = time.monotonic() + grace
+                remaining = grace
             if remaining <= 0:
                 break
             for conn in wait(list(pending), timeout=remaining):
@@ -241,11 +252,10 @@ class World:
             ex.add_note(f"(raised on rank {rank} of {self.world_size} while running {what})")
             raise ex from RemoteTraceback(rank, text)
         if died:
-            codes = {}
+            procs = list(self._procs)
             self.close(force=True)
-            for rank in died:
-                codes[rank] = self._procs[rank].exitcode
-            raise WorkerDiedError(f"Rank(s) {sorted(died)} died while running {what} (exit codes {codes}).")
+            codes = {rank: procs[rank].exitcode for rank in died}
+            raise WorkerDiedError(f"Rank(s) {sorted(died)} died while running {what} (exit codes {codes}).", results)
         if pending:
             stuck = sorted(pending.values())
             self.close(force=True)

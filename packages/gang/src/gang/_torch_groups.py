@@ -1,0 +1,60 @@
+"""Creating a torch sub-group with a name every member agrees on.
+
+``dist.new_group(..., use_local_synchronization=True)`` (the only public way to create a group
+among a subset of processes without every process of the world taking part) names the group
+``sha1(ranks + number of groups alive in *this* process)``. Two members with different group
+histories (one of them is also in another sub-gang) compute different names and wait forever for
+each other, and a group re-created with the same ranks reuses the store keys of a destroyed one.
+
+Gangs instead name each sub-group after its parent gang and the parent's split counter, which
+all members of the parent share because they call ``split``/``create_gang`` in the same order.
+Doing so needs torch's internal group constructor; this module is the only place that touches
+it, and it falls back to the public API if the internal one is missing or changed.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.distributed import ProcessGroup
+
+
+def new_named_group(global_ranks: list[int], name: str, timeout: timedelta | None) -> ProcessGroup | None:
+    """Create the group of ``global_ranks`` named ``name``; only its members call this.
+
+    :returns: The group, or ``None`` if this process is not a member.
+    """
+    me = dist.get_rank()
+    if me not in global_ranks:
+        return None
+    helper: Any = getattr(c10d, "_new_process_group_helper", None)
+    world: Any = getattr(c10d, "_world", None)
+    if helper is None or world is None:
+        return _public_fallback(global_ranks, timeout)
+    default_pg = c10d._get_default_group()
+    backend, store = world.pg_map[default_pg]
+    if timeout is None:
+        timeout = c10d._get_default_timeout(dist.Backend(backend))
+    try:
+        pg, _ = helper(
+            len(global_ranks),
+            global_ranks.index(me),
+            global_ranks,
+            dist.Backend(backend),
+            store,
+            name,
+            timeout=timeout,
+            device_id=default_pg.bound_device_id,
+            group_desc=name,
+        )
+    except TypeError:  # The internal signature changed: use the public API.
+        return _public_fallback(global_ranks, timeout)
+    world.pg_group_ranks[pg] = {rank: index for index, rank in enumerate(global_ranks)}
+    return pg  # type: ignore[no-any-return]
+
+
+def _public_fallback(global_ranks: list[int], timeout: timedelta | None) -> ProcessGroup | None:
+    return dist.new_group(global_ranks, timeout=timeout, use_local_synchronization=True)

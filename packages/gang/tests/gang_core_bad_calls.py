@@ -1,0 +1,147 @@
+"""A catalogue of bad calls: each must raise before any communication, naming the argument.
+
+Each entry maps a name to ``(call, exception type, text the message must contain)``. The same
+table runs on a FakeGang and on real gloo gangs; afterwards the gang must still work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from gang import Gang, InvalidOperationError, ReduceOperation
+
+SUM = ReduceOperation.SUM
+
+
+def _closed_sub(g: Gang) -> None:
+    sub = g.create_gang(list(range(g.size)))
+    assert sub is not None
+    sub.close()
+    sub.all_reduce(torch.ones(1), SUM)
+
+
+class _Unpicklable:
+    def __reduce__(self) -> str:
+        raise TypeError("not picklable on purpose")
+
+
+BadCall = Callable[[Gang], object]
+
+CATALOGUE: dict[str, tuple[BadCall, type[Exception], str]] = {
+    "all_reduce not a tensor": (lambda g: g.all_reduce([1.0], SUM), TypeError, "`tensor`"),  # type: ignore[arg-type]
+    "all_reduce op not an enum": (lambda g: g.all_reduce(torch.ones(2), "sum"), TypeError, "`op`"),  # type: ignore[arg-type]
+    "all_reduce MEAN on int32": (
+        lambda g: g.all_reduce(torch.ones(2, dtype=torch.int32), ReduceOperation.MEAN),
+        ValueError,
+        "MEAN",
+    ),
+    "all_reduce MEAN on int64": (
+        lambda g: g.all_reduce(torch.ones(2, dtype=torch.int64), ReduceOperation.MEAN),
+        ValueError,
+        "int64",
+    ),
+    "all_reduce non-contiguous": (lambda g: g.all_reduce(torch.ones(4, 4).t(), SUM), ValueError, "contiguous"),
+    "all_reduce wrong device": (lambda g: g.all_reduce(torch.ones(2, device="meta"), SUM), ValueError, "device"),
+    "all_reduce read-only numpy": (
+        lambda g: g.all_reduce(np.broadcast_to(np.ones(1), (2,)), SUM),
+        ValueError,
+        "writeable",
+    ),
+    "all_gather wrong output shape": (
+        lambda g: g.all_gather(torch.empty(g.size + 1, 2), torch.ones(2)),
+        ValueError,
+        "`output_tensor` must have shape",
+    ),
+    "all_gather dtype mismatch": (
+        lambda g: g.all_gather(torch.empty(g.size, 2, dtype=torch.float64), torch.ones(2)),
+        ValueError,
+        "dtype",
+    ),
+    "all_gather non-contiguous output": (
+        lambda g: g.all_gather(torch.empty(2, g.size).t(), torch.ones(2)),
+        ValueError,
+        "contiguous",
+    ),
+    "all_gather input not a tensor": (
+        lambda g: g.all_gather(torch.empty(g.size, 2), "x"),  # type: ignore[arg-type]
+        TypeError,
+        "`input_tensor`",
+    ),
+    "all_gather_to_list not a list": (
+        lambda g: g.all_gather_to_list(tuple(torch.empty(2) for _ in range(g.size)), torch.ones(2)),  # type: ignore[arg-type]
+        TypeError,
+        "`output_tensors`",
+    ),
+    "all_gather_to_list wrong length": (
+        lambda g: g.all_gather_to_list([torch.empty(2) for _ in range(g.size + 1)], torch.ones(2)),
+        ValueError,
+        "entries",
+    ),
+    "all_gather_to_list wrong entry shape": (
+        lambda g: g.all_gather_to_list([torch.empty(3) for _ in range(g.size)], torch.ones(2)),
+        ValueError,
+        "`output_tensors[0]`",
+    ),
+    "all_gather_to_list entry dtype": (
+        lambda g: g.all_gather_to_list([torch.empty(2, dtype=torch.int64) for _ in range(g.size)], torch.ones(2)),
+        ValueError,
+        "dtype",
+    ),
+    "reduce_scatter wrong input shape": (
+        lambda g: g.reduce_scatter(torch.empty(2), torch.ones(g.size + 1, 2), SUM),
+        ValueError,
+        "`input_tensor` must have shape",
+    ),
+    "reduce_scatter dtype mismatch": (
+        lambda g: g.reduce_scatter(torch.empty(2), torch.ones(g.size, 2, dtype=torch.float64), SUM),
+        ValueError,
+        "dtype",
+    ),
+    "reduce_scatter MEAN on ints": (
+        lambda g: g.reduce_scatter(
+            torch.empty(2, dtype=torch.int32), torch.ones(g.size, 2, dtype=torch.int32), ReduceOperation.MEAN
+        ),
+        ValueError,
+        "MEAN",
+    ),
+    "reduce_scatter bad op": (
+        lambda g: g.reduce_scatter(torch.empty(2), torch.ones(g.size, 2), 0),  # type: ignore[arg-type]
+        TypeError,
+        "`op`",
+    ),
+    "all_to_all wrong first dim": (
+        lambda g: g.all_to_all(torch.empty(g.size + 1, 2), torch.ones(g.size + 1, 2)),
+        ValueError,
+        "`input_tensor` must have shape",
+    ),
+    "all_to_all scalar input": (
+        lambda g: g.all_to_all(torch.empty(()), torch.ones(())),
+        ValueError,
+        "`input_tensor`",
+    ),
+    "all_to_all shape mismatch": (
+        lambda g: g.all_to_all(torch.empty(g.size, 3), torch.ones(g.size, 2)),
+        ValueError,
+        "`output_tensor` must have shape",
+    ),
+    "broadcast source == size": (lambda g: g.broadcast(torch.ones(2), g.size), ValueError, "`source_rank`"),
+    "broadcast negative source": (lambda g: g.broadcast(torch.ones(2), -1), ValueError, "`source_rank`"),
+    "broadcast float source": (lambda g: g.broadcast(torch.ones(2), 0.0), TypeError, "`source_rank`"),  # type: ignore[arg-type]
+    "broadcast bool source": (lambda g: g.broadcast(torch.ones(2), True), TypeError, "`source_rank`"),
+    "broadcast_objects not a list": (lambda g: g.broadcast_objects((1, 2)), TypeError, "`objects`"),  # type: ignore[arg-type]
+    "broadcast_objects bad source": (lambda g: g.broadcast_objects([1], g.size), ValueError, "`source_rank`"),
+    "broadcast_objects unpicklable": (lambda g: g.broadcast_objects([_Unpicklable()]), ValueError, "picklable"),
+    "create_gang duplicates": (lambda g: g.create_gang([0, 0]), ValueError, "duplicates"),
+    "create_gang rank == size": (lambda g: g.create_gang([0, g.size]), ValueError, "`ranks`"),
+    "create_gang negative rank": (lambda g: g.create_gang([-1]), ValueError, "`ranks`"),
+    "create_gang empty": (lambda g: g.create_gang([]), ValueError, "empty"),
+    "create_gang not ints": (lambda g: g.create_gang(["0"]), TypeError, "`ranks`"),  # type: ignore[list-item]
+    "create_gang a string": (lambda g: g.create_gang("01"), TypeError, "`ranks`"),
+    "split overlapping": (lambda g: g.split([[0], [0]]), ValueError, "disjoint"),
+    "collective on closed gang": (_closed_sub, InvalidOperationError, "closed"),
+}
+
+BAD_CALLS: dict[str, BadCall] = {name: call for name, (call, _, _) in CATALOGUE.items()}

@@ -1,0 +1,263 @@
+"""Functions that run on the worker processes of the core tests (imported there by name)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import gang
+from gang import Gang, ReduceOperation
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+OPS = {op.name: op for op in ReduceOperation}
+
+
+def values(rank: int, shape: tuple[int, ...], dtype: torch.dtype, salt: int = 0) -> torch.Tensor:
+    """Deterministic small integers in [-2, 2]: sums, products (powers of two up to 2**8) and
+    means over 1, 2, 4 or 8 ranks are exact in every dtype we test, bfloat16 included."""
+    n = int(np.prod(shape)) if shape else 1
+    index = np.arange(n, dtype=np.int64)
+    data = ((rank + 1 + salt) * (index + 3) + rank) % 5 - 2
+    return torch.tensor(data.reshape(shape), dtype=torch.float64).to(dtype)
+
+
+def run_collective(g: Gang, collective: str, dtype_name: str, shape: tuple[int, ...]) -> dict[str, Any]:
+    """Run ``collective`` with every applicable reduction; return the outputs keyed by reduction."""
+    dtype = DTYPES[dtype_name]
+    size, rank = g.size, g.rank
+    results: dict[str, Any] = {}
+    reductions = [op for op in ReduceOperation if dtype.is_floating_point or op is not ReduceOperation.MEAN]
+    if collective == "all_reduce":
+        for op in reductions:
+            t = values(rank, shape, dtype)
+            g.all_reduce(t, op)
+            results[op.name] = t
+    elif collective == "reduce_scatter":
+        for op in reductions:
+            inp = values(rank, (size, *shape), dtype)
+            out = torch.empty(shape, dtype=dtype)
+            g.reduce_scatter(out, inp, op)
+            results[op.name] = out
+    elif collective == "all_gather":
+        out = torch.empty((size, *shape), dtype=dtype)
+        g.all_gather(out, values(rank, shape, dtype))
+        results["-"] = out
+    elif collective == "all_gather_to_list":
+        outs = [torch.empty(shape, dtype=dtype) for _ in range(size)]
+        g.all_gather_to_list(outs, values(rank, shape, dtype))
+        results["-"] = torch.stack(outs)
+    elif collective == "all_to_all":
+        out = torch.empty((size, *shape), dtype=dtype)
+        g.all_to_all(out, values(rank, (size, *shape), dtype))
+        results["-"] = out
+    elif collective == "broadcast":
+        for source in range(size):
+            t = values(rank, shape, dtype)
+            g.broadcast(t, source_rank=source)
+            results[f"source={source}"] = t
+    else:
+        raise ValueError(collective)
+    return results
+
+
+def global_rank(_: Gang) -> int:
+    return dist.get_rank()
+
+
+def members(g: Gang | None) -> list[int] | None:
+    """The global ranks of ``g``'s members, proven by a collective (not by trusting metadata)."""
+    if g is None:
+        return None
+    out = torch.empty((g.size, 1), dtype=torch.int64)
+    g.all_gather(out, torch.tensor([dist.get_rank()]))
+    return [int(x) for x in out.view(-1).tolist()]
+
+
+def sub_gang_members(g: Gang, ranks: list[int], nested: list[int] | None) -> dict[str, Any]:
+    sub = g.create_gang(ranks)
+    result: dict[str, Any] = {"sub": members(sub), "rank": None if sub is None else sub.rank}
+    if sub is not None and nested is not None:
+        inner = sub.create_gang(nested)
+        result["nested"] = members(inner)
+        result["nested_rank"] = None if inner is None else inner.rank
+        result["timeout"] = getattr(inner, "timeout", None) if inner is not None else None
+        if inner is not None:
+            inner.close()
+    if sub is not None:
+        result["sub_timeout"] = sub.timeout  # type: ignore[attr-defined]
+        backend = sub.as_process_group()._get_backend(torch.device("cpu"))
+        result["sub_backend_timeout"] = backend.options._timeout
+        sub.close()
+    return result
+
+
+def parallel_layout(g: Gang, tp_size: int, pp_size: int, intra_node_size: int | None, fsdp: bool) -> dict[str, Any]:
+    gangs = gang.create_parallel_gangs(g, tp_size=tp_size, pp_size=pp_size)
+    if fsdp:
+        gangs = gang.create_fsdp_gangs(gangs, intra_node_size)
+    result: dict[str, Any] = {}
+    for role, sub in gangs.items():
+        result[role] = {
+            "members": members(sub),
+            "rank": sub.rank,
+            "size": sub.size,
+            "kind": type(sub).__name__,
+            "is_root": sub is g,
+        }
+    for role, sub in gangs.items():
+        if sub is not g:
+            sub.close()
+    return result
+
+
+def try_call(g: Gang, name: str) -> str:
+    """Run one bad call; return the exception type and message; then prove the gang still works."""
+    from gang_core_bad_calls import BAD_CALLS
+
+    try:
+        BAD_CALLS[name](g)
+    except Exception as ex:  # noqa: BLE001
+        outcome = f"{type(ex).__name__}: {ex}"
+    else:
+        outcome = "no error"
+    t = torch.ones(1)
+    g.all_reduce(t, ReduceOperation.SUM)
+    assert t.item() == g.size
+    return outcome
+
+
+def asymmetric_history(g: Gang) -> list[Any]:
+    """Ranks 1-3 join an extra sub-gang before all create [0, 2]; then [0, 2] is closed and made again.
+
+    With torch's own local-synchronisation naming, ranks 0 and 2 would disagree on the group name
+    here (their group counts differ) and wait for each other forever.
+    """
+    extra = g.create_gang([1, 2, 3])
+    pair = g.create_gang([0, 2])
+    first = members(pair)
+    if pair is not None:
+        pair.close()
+    again = g.create_gang([0, 2])
+    second = members(again)
+    extra_members = members(extra)
+    for sub in (extra, again):
+        if sub is not None:
+            sub.close()
+    return [extra_members, first, second]
+
+
+def close_and_reinit(rounds: int) -> list[float]:
+    """Create the default gang, use it with a sub-gang, close it; ``rounds`` times in one process."""
+    sums = []
+    for _round in range(rounds):
+        root = gang.ProcessGroupGang.create_default_process_group(torch.device("cpu"))
+        sub = root.create_gang([0, 1])
+        t = torch.ones(1)
+        root.all_reduce(t, ReduceOperation.SUM)
+        if sub is not None:
+            sub.all_reduce(t, ReduceOperation.SUM)
+        sums.append(t.item())
+        root.close()
+        assert sub is None or sub.closed
+        assert not dist.is_initialized()
+    return sums
+
+
+def lifecycle_errors() -> list[str]:
+    out = []
+    root = gang.ProcessGroupGang.create_default_process_group(torch.device("cpu"))
+    for call in (
+        lambda: gang.ProcessGroupGang.create_default_process_group(torch.device("cpu")),
+        lambda: gang.ProcessGroupGang.create_default_process_group(torch.device("meta")),
+        lambda: gang.ProcessGroupGang.create_default_process_group("cpu"),  # type: ignore[arg-type]
+        lambda: gang.ProcessGroupGang.create_default_process_group(torch.device("cpu"), timeout=5),  # type: ignore[arg-type]
+    ):
+        try:
+            call()
+        except Exception as ex:  # noqa: BLE001
+            out.append(type(ex).__name__)
+    root.close()
+    root.close()  # idempotent
+    try:
+        root.barrier()
+    except Exception as ex:  # noqa: BLE001
+        out.append(type(ex).__name__)
+    return out
+
+
+def wrap_user_group(g: Gang) -> list[Any]:
+    pg = dist.new_group([0, 1, 2, 3])
+    wrapped = gang.ProcessGroupGang.from_process_group(pg, torch.device("cpu"))
+    t = torch.tensor([float(wrapped.rank)])
+    wrapped.all_reduce(t, ReduceOperation.SUM)
+    sub = wrapped.create_gang([2, 3])
+    got = members(sub)
+    wrapped.close()
+    # Closing a wrapped group does not destroy the caller's group.
+    t2 = torch.ones(1)
+    dist.all_reduce(t2, group=pg)
+    return [t.item(), got, t2.item(), wrapped.as_process_group is not None]
+
+
+def peer_exits(g: Gang, victim: int) -> str:
+    """``victim`` exits abruptly; every survivor must get a GangError from its next collective."""
+    import os
+
+    g.barrier()
+    if g.rank == victim:
+        os._exit(3)
+    try:
+        for _ in range(50):
+            g.all_reduce(torch.ones(1000), ReduceOperation.SUM)
+    except gang.GangError as ex:
+        return str(ex)
+    return "no error"
+
+
+def peer_hangs(g: Gang, victim: int, seconds: float) -> str:
+    """``victim`` never calls the collective; survivors time out with a GangError."""
+    import time
+
+    if g.rank == victim:
+        time.sleep(seconds)
+        return "slept"
+    try:
+        g.all_reduce(torch.ones(4), ReduceOperation.SUM)
+    except gang.GangError as ex:
+        return str(ex)
+    return "no error"
+
+
+def helpers_tour(g: Gang) -> dict[str, Any]:
+    flag = gang.broadcast_flag(g, g.rank == 1, source_rank=1)
+    total = gang.all_sum(g, g.rank + 1).item()
+    objs = gang.all_gather_objects(g, {"rank": g.rank, "name": f"r{g.rank}"})
+    reduced = gang.all_reduce_dict(
+        g, {"loss": float(g.rank), "count": g.rank + 1, "vec": torch.full((2,), float(g.rank))}
+    )
+    mean = gang.all_reduce_dict(g, {"loss": float(g.rank)}, ReduceOperation.MEAN)
+    bad = ""
+    try:
+        gang.all_gather_objects(g, (lambda: 0) if g.rank == 1 else 1)
+    except ValueError as ex:
+        bad = str(ex)
+    objects: list[object] = [g.rank, "x"] if g.rank == 2 else []
+    g.broadcast_objects(objects, source_rank=2)
+    return {
+        "flag": flag,
+        "total": total,
+        "objs": objs,
+        "reduced": reduced,
+        "mean": mean,
+        "bad": bad,
+        "broadcast_objects": objects,
+    }

@@ -1,0 +1,37 @@
+"""Bad calls raise a clear error before any communication, on FakeGang and on real gloo gangs alike."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import get_world
+from gang_core_bad_calls import CATALOGUE
+from gang_core_remote import try_call
+
+from gang import FakeGang
+
+
+def test_catalogue_is_large() -> None:
+    assert len(CATALOGUE) >= 30
+
+
+@pytest.mark.parametrize("name", list(CATALOGUE))
+def test_bad_call_on_fake_gang(name: str) -> None:
+    call, error, text = CATALOGUE[name]
+    gang = FakeGang(torch.device("cpu"), rank=1, size=4)
+    with pytest.raises(error, match=None) as info:
+        call(gang)
+    assert text in str(info.value)
+    t = torch.ones(1)
+    gang.all_reduce(t, __import__("gang").ReduceOperation.SUM)
+    assert t.item() == 4
+
+
+@pytest.mark.parametrize("name", list(CATALOGUE))
+def test_bad_call_on_process_group_gang_matches_fake_gang(name: str) -> None:
+    _, error, text = CATALOGUE[name]
+    # Every rank makes the bad call, then an all_reduce proves nobody was left behind.
+    outcomes = get_world(2).run(try_call, name)
+    for outcome in outcomes:
+        assert outcome.startswith(error.__name__ + ":"), outcome
+        assert text in outcome

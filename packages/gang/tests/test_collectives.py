@@ -1,0 +1,74 @@
+"""Every collective x every reduction x five dtypes on real gloo processes (1, 2, 4 and 8 ranks).
+
+Expected values are computed here, independently, from every rank's input with NumPy in 64 bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import get_world
+from gang_core_remote import DTYPES, run_collective, values
+
+COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_gather_to_list", "all_to_all", "broadcast"]
+SHAPE = (3, 2)
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.to(torch.float64).numpy()
+
+
+def _reduce(stack: np.ndarray, op: str) -> np.ndarray:
+    if op == "SUM":
+        return stack.sum(axis=0)
+    if op == "MEAN":
+        return stack.sum(axis=0) / stack.shape[0]
+    if op == "PRODUCT":
+        return stack.prod(axis=0)
+    if op == "MIN":
+        return stack.min(axis=0)
+    if op == "MAX":
+        return stack.max(axis=0)
+    raise AssertionError(op)
+
+
+def expected(collective: str, dtype: torch.dtype, size: int, rank: int) -> dict[str, np.ndarray]:
+    ops = ["SUM", "PRODUCT", "MIN", "MAX"] + (["MEAN"] if dtype.is_floating_point else [])
+    if collective == "all_reduce":
+        stack = np.stack([_np(values(r, SHAPE, dtype)) for r in range(size)])
+        return {op: _reduce(stack, op) for op in ops}
+    if collective == "reduce_scatter":
+        stack = np.stack([_np(values(r, (size, *SHAPE), dtype))[rank] for r in range(size)])
+        return {op: _reduce(stack, op) for op in ops}
+    if collective in ("all_gather", "all_gather_to_list"):
+        return {"-": np.stack([_np(values(r, SHAPE, dtype)) for r in range(size)])}
+    if collective == "all_to_all":
+        return {"-": np.stack([_np(values(r, (size, *SHAPE), dtype))[rank] for r in range(size)])}
+    if collective == "broadcast":
+        return {f"source={s}": _np(values(s, SHAPE, dtype)) for s in range(size)}
+    raise AssertionError(collective)
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("collective", COLLECTIVES)
+@pytest.mark.parametrize("size", [1, 2, 4, 8])
+def test_collective_matches_independent_computation(size: int, collective: str, dtype_name: str) -> None:
+    dtype = DTYPES[dtype_name]
+    results = get_world(size).run(run_collective, collective, dtype_name, SHAPE)
+    for rank, got in enumerate(results):
+        want = expected(collective, dtype, size, rank)
+        assert sorted(got) == sorted(want), f"rank {rank}: reductions {sorted(got)} != {sorted(want)}"
+        for key, value in want.items():
+            tensor = got[key]
+            assert tensor.dtype == dtype, (rank, key, tensor.dtype)
+            # Every value is exactly representable, so the comparison is exact.
+            assert torch.equal(tensor, torch.tensor(value).to(dtype)), f"rank {rank} {key}: {tensor} != {value}"
+
+
+def test_inputs_make_products_and_sums_nontrivial() -> None:
+    # Guard against a degenerate input generator that would make the checks above vacuous.
+    stack = np.stack([_np(values(r, SHAPE, torch.float32)) for r in range(8)])
+    assert len(np.unique(stack)) >= 4
+    assert np.any(stack.prod(axis=0) != 0)
+    assert np.any(stack.min(axis=0) != stack.max(axis=0))

@@ -1,0 +1,84 @@
+"""Closing, re-initialising, wrapping user groups, and peers that die or hang (real processes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import get_world
+from gang_core_remote import asymmetric_history, close_and_reinit, lifecycle_errors, peer_exits, peer_hangs, wrap_user_group
+
+from gang.testing import World, WorkerDiedError, launch
+
+
+def test_group_names_survive_asymmetric_histories_and_recreation() -> None:
+    results = get_world(4).run(asymmetric_history)
+    assert results[0] == [None, [0, 2], [0, 2]]
+    assert results[2] == [[1, 2, 3], [0, 2], [0, 2]]
+    assert results[1] == [[1, 2, 3], None, None]
+
+
+def test_close_and_reinitialise_in_the_same_process_with_an_agent_store() -> None:
+    # `launch` hosts the store in the parent and sets TORCHELASTIC_USE_AGENT_STORE, as torchrun does.
+    assert launch(close_and_reinit, 2, 3) == [[4.0, 4.0, 4.0]] * 2
+
+
+def test_close_and_reinitialise_under_torchrun(tmp_path: Path) -> None:
+    script = tmp_path / "reinit.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            sys.path.insert(0, %r)
+            from gang_core_remote import close_and_reinit
+            sums = close_and_reinit(3)
+            assert sums == [4.0, 4.0, 4.0], sums
+            print("REINIT-OK")
+            """
+            % str(Path(__file__).parent)
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("REINIT-OK") == 2
+
+
+def test_lifecycle_errors() -> None:
+    results = launch(lifecycle_errors, 2)
+    assert results == [["InvalidOperationError", "ValueError", "TypeError", "TypeError", "InvalidOperationError"]] * 2
+
+
+def test_from_process_group_wraps_without_owning() -> None:
+    results = get_world(4).run(wrap_user_group)
+    for rank, (total, sub, after, _) in enumerate(results):
+        assert total == 6.0
+        assert sub == ([2, 3] if rank >= 2 else None)
+        assert after == 4.0
+
+
+@pytest.mark.parametrize(("size", "victim"), [(2, 1), (4, 2)])
+def test_dead_peer_becomes_gang_error_on_every_survivor(size: int, victim: int) -> None:
+    with World(size, gang_timeout=5) as world, pytest.raises(WorkerDiedError) as info:
+        world.run(peer_exits, victim, timeout=60)
+    assert f"Rank(s) [{victim}] died" in str(info.value)
+    survivors = info.value.results
+    assert sorted(survivors) == [r for r in range(size) if r != victim]
+    for rank, message in survivors.items():
+        assert f"`all_reduce` failed on rank {rank} of a gang of size {size}" in message, message
+
+
+def test_hung_peer_times_out_as_gang_error() -> None:
+    with World(2, gang_timeout=3) as world:
+        survivor, victim = world.run(peer_hangs, 1, 6.0, timeout=60)
+    assert victim == "slept"
+    assert "`all_reduce` failed on rank 0 of a gang of size 2" in survivor
+    assert "Timed out" in survivor

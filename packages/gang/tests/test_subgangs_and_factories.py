@@ -1,0 +1,124 @@
+"""Sub-gangs and factory layouts on real gloo processes, membership proven by gathering global ranks."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+from conftest import get_world
+from gang_core_remote import parallel_layout, sub_gang_members
+
+from gang import FakeGang, create_fsdp_gangs, create_parallel_gangs
+from gang.topology import parallel_grid, sharded_grid
+
+
+def test_create_gang_members_and_nested_sub_gangs() -> None:
+    # Sub-gang [1, 2, 3] of 4 ranks, then ranks [0, 2] of *that* gang: global ranks 1 and 3.
+    results = get_world(4).run(sub_gang_members, [3, 1, 2], [0, 2])
+    assert results[0] == {"sub": None, "rank": None}
+    for global_rank in (1, 2, 3):
+        got = results[global_rank]
+        assert got["sub"] == [1, 2, 3]
+        assert got["rank"] == global_rank - 1
+        # The sub-gang inherits the root's timeout, and the backend really uses it.
+        assert got["sub_timeout"] == timedelta(seconds=60)
+        assert got["sub_backend_timeout"] == timedelta(seconds=60)
+    assert results[1]["nested"] == [1, 3] and results[1]["nested_rank"] == 0
+    assert results[3]["nested"] == [1, 3] and results[3]["nested_rank"] == 1
+    assert results[2]["nested"] is None
+    assert results[1]["timeout"] == timedelta(seconds=60)
+
+
+def _expected_layout(world: int, tp: int, pp: int, intra: int | None, fsdp: bool) -> list[dict[str, Any]]:
+    grid = parallel_grid(world, tp_size=tp, pp_size=pp)
+    layouts = []
+    for rank in range(world):
+        roles: dict[str, list[int]] = {
+            "root": list(range(world)),
+            "tp": grid.group_of(rank, "tp"),
+            "dp": grid.group_of(rank, "dp"),
+            "pp": grid.group_of(rank, "pp"),
+        }
+        dp = roles["dp"]
+        if fsdp:
+            sgrid = sharded_grid(len(dp), intra)
+            local = dp.index(rank)
+            roles["sdp"] = [dp[i] for i in sgrid.group_of(local, "sdp")]
+            roles["rdp"] = [dp[i] for i in sgrid.group_of(local, "rdp")]
+        else:
+            roles["rdp"], roles["sdp"] = dp, [rank]
+        layouts.append(roles)
+    return layouts
+
+
+LAYOUTS = [
+    (4, 1, 1, None, False),
+    (4, 2, 1, None, True),
+    (4, 1, 2, 1, True),
+    (4, 1, 1, 2, True),
+    (8, 2, 1, None, False),
+    (8, 2, 2, None, False),
+    (8, 2, 2, None, True),
+    (8, 2, 1, 2, True),
+    (8, 1, 2, 2, True),
+    (8, 1, 1, 4, True),
+    (8, 4, 2, 1, True),
+    (8, 8, 1, None, True),
+]
+
+
+@pytest.mark.parametrize(("world", "tp", "pp", "intra", "fsdp"), LAYOUTS)
+def test_factory_layout(world: int, tp: int, pp: int, intra: int | None, fsdp: bool) -> None:
+    results = get_world(world).run(parallel_layout, tp, pp, intra, fsdp)
+    expected = _expected_layout(world, tp, pp, intra, fsdp)
+    for rank, (got, want) in enumerate(zip(results, expected)):
+        for role, members in want.items():
+            info = got[role]
+            if len(members) == 1:
+                assert info["kind"] == "FakeGang", (rank, role)  # no needless process group
+                assert info["members"] == [rank]
+            else:
+                assert info["members"] == members, (rank, role, info["members"], members)
+            assert info["size"] == len(members)
+            assert info["rank"] == members.index(rank)
+            assert info["is_root"] == (role == "root" or len(members) == world)
+
+
+def test_spec_examples_of_the_layout() -> None:
+    # The SPEC's worked examples, checked on the pure topology the factories use.
+    grid = parallel_grid(8, tp_size=2)
+    assert grid.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert grid.groups("dp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    grid = parallel_grid(8, tp_size=2, pp_size=2)
+    assert grid.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert grid.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    hsdp = sharded_grid(8, 4)
+    assert hsdp.groups("sdp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert hsdp.groups("rdp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(3, 1), (1, 3), (0, 1), (4, 4), (16, 1)])
+def test_sizes_that_do_not_divide_are_rejected(tp: int, pp: int) -> None:
+    with pytest.raises(ValueError, match="size"):
+        create_parallel_gangs(FakeGang(torch.device("cpu"), size=8), tp_size=tp, pp_size=pp)
+
+
+def test_fsdp_size_that_does_not_divide_is_rejected() -> None:
+    gangs = create_parallel_gangs(FakeGang(torch.device("cpu"), size=8), tp_size=2)
+    with pytest.raises(ValueError, match="`intra_node_size` must be a factor"):
+        create_fsdp_gangs(gangs, intra_node_size=3)
+    with pytest.raises(TypeError, match="`gangs` must be a `Gangs`"):
+        create_fsdp_gangs(gangs.root)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("rank", range(8))
+def test_factories_on_fake_gangs_agree_with_topology(rank: int) -> None:
+    gangs = create_fsdp_gangs(create_parallel_gangs(FakeGang(torch.device("cpu"), rank=rank, size=8), tp_size=2), 2)
+    grid = parallel_grid(8, tp_size=2)
+    assert (gangs.tp.rank, gangs.tp.size) == (grid.group_of(rank, "tp").index(rank), 2)
+    assert (gangs.dp.rank, gangs.dp.size) == (grid.group_of(rank, "dp").index(rank), 4)
+    assert (gangs.sdp.size, gangs.rdp.size) == (2, 2)
+    assert gangs.sdp.rank == gangs.dp.rank % 2
+    assert gangs.rdp.rank == gangs.dp.rank // 2
