@@ -49,8 +49,10 @@ def install(session: nox.Session, *extra: str, packages: list[str] | None = None
 def tests(session: nox.Session, target: str) -> None:
     """Run one package's tests (or the cross-package tests in ``tests/``) on real local processes."""
     if target == "integration":
-        install(session, "pytest", "pytest-timeout")
         path = ROOT / "tests"
+        if not list(path.rglob("test_*.py")):
+            session.skip("no cross-package tests yet")
+        install(session, "pytest", "pytest-timeout")
     else:
         install(session, "pytest", "pytest-timeout", packages=[target, *PACKAGES[target]])
         path = ROOT / "packages" / target / "tests"

@@ -12,7 +12,7 @@ import pytest
 # (which inherit this sys.path).
 sys.path.insert(0, str(Path(__file__).parent))
 
-from gang.testing import World  # noqa: E402
+from gang.testing import World
 
 _worlds: dict[int, World] = {}
 

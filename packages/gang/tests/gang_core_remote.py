@@ -113,7 +113,7 @@ def parallel_layout(g: Gang, tp_size: int, pp_size: int, intra_node_size: int | 
             "kind": type(sub).__name__,
             "is_root": sub is g,
         }
-    for role, sub in gangs.items():
+    for _, sub in gangs.items():
         if sub is not g:
             sub.close()
     return result
@@ -125,7 +125,7 @@ def try_call(g: Gang, name: str) -> str:
 
     try:
         BAD_CALLS[name](g)
-    except Exception as ex:  # noqa: BLE001
+    except Exception as ex:
         outcome = f"{type(ex).__name__}: {ex}"
     else:
         outcome = "no error"
@@ -183,13 +183,13 @@ def lifecycle_errors() -> list[str]:
     ):
         try:
             call()
-        except Exception as ex:  # noqa: BLE001
+        except Exception as ex:
             out.append(type(ex).__name__)
     root.close()
     root.close()  # idempotent
     try:
         root.barrier()
-    except Exception as ex:  # noqa: BLE001
+    except Exception as ex:
         out.append(type(ex).__name__)
     return out
 
@@ -261,3 +261,90 @@ def helpers_tour(g: Gang) -> dict[str, Any]:
         "bad": bad,
         "broadcast_objects": objects,
     }
+
+
+def rank_and_pid(g: Gang, tag: str) -> tuple[int, int, str]:
+    import os
+
+    return g.rank, os.getpid(), tag
+
+
+def fail_on(g: Gang, bad_rank: int) -> None:
+    if g.rank == bad_rank:
+        raise KeyError(f"bad things on {g.rank}")
+    g.barrier()
+
+
+def sleep_forever(g: Gang) -> None:
+    import time
+
+    time.sleep(3600)
+
+
+# -- the fairseq2 guide's examples, with our imports -------------------------------------------------
+
+
+def guide_tensor_parallel_setup(root: Gang) -> dict[str, Any]:
+    # "Tensor Parallel Distributed Gang Setup"
+    from gang import create_parallel_gangs
+
+    gangs = create_parallel_gangs(root, tp_size=root.size)  # the guide uses tp_size=8 on 8 devices
+    tensor = torch.ones((8, 8), device=root.device)
+    gangs.tp.all_reduce(tensor, ReduceOperation.SUM)
+    return {
+        "root": (gangs.root.size, gangs.root.rank),
+        "tp": (gangs.tp.rank, gangs.tp.size),
+        "sum": tensor[0, 0].item(),
+    }
+
+
+def guide_gang_vs_process_group(root: Gang) -> list[float]:
+    # "Gang vs ProcessGroup usage comparison": the same two collectives, both ways.
+    pg = dist.new_group([0, 1, 2, 3])
+    tensor = torch.full((2,), float(dist.get_rank(pg) + 1))
+    dist.all_reduce(tensor, group=pg)
+    dist.broadcast(tensor, src=0, group=pg)
+    via_gang = torch.full((2,), float(root.rank + 1))
+    root.all_reduce(via_gang, ReduceOperation.SUM)
+    root.broadcast(via_gang, source_rank=0)
+    return [tensor[0].item(), via_gang[0].item()]
+
+
+def guide_gang_vs_device_mesh(root: Gang) -> dict[str, Any]:
+    # "Gang vs DeviceMesh usage comparison": dp and tp all-reduces on a 2x4 layout.
+    from gang import create_parallel_gangs
+
+    gangs = create_parallel_gangs(root, tp_size=4)
+    dp_t = torch.ones((8, 8))
+    gangs.dp.all_reduce(dp_t, ReduceOperation.SUM)
+    tp_t = torch.ones((8, 8))
+    gangs.tp.all_reduce(tp_t, ReduceOperation.SUM)
+    return {
+        "dp": dp_t[0, 0].item(),
+        "tp": tp_t[0, 0].item(),
+        "dp_members": members(gangs.dp),
+        "tp_members": members(gangs.tp),
+    }
+
+
+def guide_fsdp_and_hsdp(root: Gang) -> dict[str, Any]:
+    # "Initialize fully sharded data parallelism" and "... hybrid sharded data parallelism".
+    from gang import create_fsdp_gangs, create_parallel_gangs
+
+    gangs = create_parallel_gangs(root)
+    fsdp = create_fsdp_gangs(gangs)
+    hsdp = create_fsdp_gangs(gangs, intra_node_size=4)
+    return {
+        "fsdp_sdp_is_dp": fsdp.sdp is gangs.dp,
+        "fsdp_rdp_size": fsdp.rdp.size,
+        "fsdp_rdp_fake": type(fsdp.rdp).__name__,
+        "hsdp_sdp": members(hsdp.sdp),
+        "hsdp_rdp": members(hsdp.rdp),
+    }
+
+
+def guide_some_distributed_function(gang_: Gang) -> float:
+    # "Running in a simulated environment": the function body works on any gang.
+    tensor = torch.ones((8, 8), device=gang_.device)
+    gang_.all_reduce(tensor, ReduceOperation.SUM)
+    return tensor[0, 0].item()

@@ -9,9 +9,16 @@ from pathlib import Path
 
 import pytest
 from conftest import get_world
-from gang_core_remote import asymmetric_history, close_and_reinit, lifecycle_errors, peer_exits, peer_hangs, wrap_user_group
+from gang_core_remote import (
+    asymmetric_history,
+    close_and_reinit,
+    lifecycle_errors,
+    peer_exits,
+    peer_hangs,
+    wrap_user_group,
+)
 
-from gang.testing import World, WorkerDiedError, launch
+from gang.testing import WorkerDiedError, World, launch
 
 
 def test_group_names_survive_asymmetric_histories_and_recreation() -> None:
@@ -38,8 +45,7 @@ def test_close_and_reinitialise_under_torchrun(tmp_path: Path) -> None:
             assert sums == [4.0, 4.0, 4.0], sums
             print("REINIT-OK")
             """
-            % str(Path(__file__).parent)
-        )
+        ).replace("%r", repr(str(Path(__file__).parent)))
     )
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)],

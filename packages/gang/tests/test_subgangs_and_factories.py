@@ -73,7 +73,7 @@ LAYOUTS = [
 def test_factory_layout(world: int, tp: int, pp: int, intra: int | None, fsdp: bool) -> None:
     results = get_world(world).run(parallel_layout, tp, pp, intra, fsdp)
     expected = _expected_layout(world, tp, pp, intra, fsdp)
-    for rank, (got, want) in enumerate(zip(results, expected)):
+    for rank, (got, want) in enumerate(zip(results, expected, strict=True)):
         for role, members in want.items():
             info = got[role]
             if len(members) == 1:

@@ -53,8 +53,14 @@ def new_named_group(global_ranks: list[int], name: str, timeout: timedelta | Non
     except TypeError:  # The internal signature changed: use the public API.
         return _public_fallback(global_ranks, timeout)
     world.pg_group_ranks[pg] = {rank: index for index, rank in enumerate(global_ranks)}
-    return pg  # type: ignore[no-any-return]
+    return _as_group(pg)
 
 
 def _public_fallback(global_ranks: list[int], timeout: timedelta | None) -> ProcessGroup | None:
-    return dist.new_group(global_ranks, timeout=timeout, use_local_synchronization=True)
+    return _as_group(dist.new_group(global_ranks, timeout=timeout, use_local_synchronization=True))
+
+
+def _as_group(pg: object) -> ProcessGroup | None:
+    if pg is None or isinstance(pg, ProcessGroup):
+        return pg
+    raise TypeError(f"torch returned {pg!r} instead of a process group")

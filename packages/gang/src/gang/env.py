@@ -31,13 +31,9 @@ def _read_int(names: tuple[str, ...], default: int, *, minimum: int) -> tuple[in
         try:
             value = int(text)
         except ValueError:
-            raise ValueError(
-                f"The environment variable `{name}` must be an integer, but is {raw!r} instead."
-            ) from None
+            raise ValueError(f"The environment variable `{name}` must be an integer, but is {raw!r} instead.") from None
         if value < minimum:
-            raise ValueError(
-                f"The environment variable `{name}` must be at least {minimum}, but is {value} instead."
-            )
+            raise ValueError(f"The environment variable `{name}` must be at least {minimum}, but is {value} instead.")
         return value, name
     return default, None
 
@@ -51,8 +47,7 @@ def get_rank() -> int:
     world_size = get_world_size()
     if rank >= world_size:
         raise ValueError(
-            f"The environment variable `{name}` must be less than the world size ({world_size}), "
-            f"but is {rank} instead."
+            f"The environment variable `{name}` must be less than the world size ({world_size}), but is {rank} instead."
         )
     return rank
 
@@ -74,8 +69,7 @@ def get_local_rank() -> int:
     size = get_local_world_size()
     if rank >= size:
         raise ValueError(
-            f"The environment variable `{name}` must be less than the local world size ({size}), "
-            f"but is {rank} instead."
+            f"The environment variable `{name}` must be less than the local world size ({size}), but is {rank} instead."
         )
     return rank
 
@@ -116,9 +110,13 @@ def get_master_address() -> tuple[str, int]:
         try:
             port = int(raw_port)
         except ValueError:
-            raise ValueError(f"The environment variable `MASTER_PORT` must be an integer, but is {raw_port!r} instead.") from None
+            raise ValueError(
+                f"The environment variable `MASTER_PORT` must be an integer, but is {raw_port!r} instead."
+            ) from None
         if not 0 < port < 65536:
-            raise ValueError(f"The environment variable `MASTER_PORT` must be in the range [1, 65535], but is {port} instead.")
+            raise ValueError(
+                f"The environment variable `MASTER_PORT` must be in the range [1, 65535], but is {port} instead."
+            )
         return host, port
     job_id = os.environ.get("SLURM_JOB_ID")
     if job_id and job_id.isdigit():

@@ -109,7 +109,7 @@ class Gang(ABC):
         :raises GangError: If the backend fails to create the gangs.
         """
         self._check_open("split")
-        if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence):
+        if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence):  # type: ignore[unreachable]
             raise TypeError(f"`groups` must be a sequence of rank lists, but is {groups!r} instead.")
         checked = [self._check_ranks(f"groups[{i}]", group) for i, group in enumerate(groups)]
         if not checked:
@@ -190,7 +190,8 @@ class Gang(ABC):
         self._check_open("all_gather_to_list")
         if not isinstance(output_tensors, list):
             raise TypeError(
-                f"`output_tensors` must be a `list` of tensors, but is of type `{type(output_tensors).__name__}` instead."
+                "`output_tensors` must be a `list` of tensors, "
+                f"but is of type `{type(output_tensors).__name__}` instead."
             )
         inp = self._check_tensor("input_tensor", input_tensor)
         if len(output_tensors) != self.size:
@@ -395,7 +396,8 @@ class Gang(ABC):
     def _check_source_rank(self, source_rank: int) -> None:
         if not isinstance(source_rank, int) or isinstance(source_rank, bool):
             raise TypeError(
-                f"`source_rank` must be an `int`, but is {source_rank!r} of type `{type(source_rank).__name__}` instead."
+                f"`source_rank` must be an `int`, "
+                f"but is {source_rank!r} of type `{type(source_rank).__name__}` instead."
             )
         if not 0 <= source_rank < self.size:
             raise ValueError(f"`source_rank` must be in the range [0, {self.size}), but is {source_rank} instead.")
@@ -439,5 +441,5 @@ class Gang(ABC):
 def _pickle(obj: object, name: str) -> tuple[bytes, str]:
     try:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), ""
-    except Exception as ex:  # noqa: BLE001 - any pickling failure is reported as bad input
+    except Exception as ex:
         return b"", f"`{name}` must be picklable, but pickling failed with {type(ex).__name__}: {ex}"

@@ -50,7 +50,8 @@ class Gangs:
         if self.dp.size * self.tp.size * self.pp.size != self.root.size:
             raise ValueError(
                 f"`dp.size * tp.size * pp.size` must equal `root.size` ({self.root.size}), but is "
-                f"{self.dp.size} * {self.tp.size} * {self.pp.size} = {self.dp.size * self.tp.size * self.pp.size} instead."
+                f"{self.dp.size} * {self.tp.size} * {self.pp.size} = "
+                f"{self.dp.size * self.tp.size * self.pp.size} instead."
             )
         if self.rdp.size * self.sdp.size != self.dp.size:
             raise ValueError(

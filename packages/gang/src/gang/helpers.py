@@ -54,7 +54,7 @@ def all_gather_objects(gang: Gang, obj: T) -> list[T]:
     try:
         payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         error = ""
-    except Exception as ex:  # noqa: BLE001
+    except Exception as ex:
         payload, error = b"", f"{type(ex).__name__}: {ex}"
     length = torch.tensor([len(payload) if not error else -1], dtype=torch.int64, device=gang.device)
     lengths = torch.empty((gang.size, 1), dtype=torch.int64, device=gang.device)
@@ -75,9 +75,7 @@ def all_gather_objects(gang: Gang, obj: T) -> list[T]:
     return [pickle.loads(rows[rank, : sizes[rank]].tobytes()) for rank in range(gang.size)]
 
 
-def all_reduce_dict(
-    gang: Gang, data: Mapping[str, Any], op: ReduceOperation = ReduceOperation.SUM
-) -> dict[str, Any]:
+def all_reduce_dict(gang: Gang, data: Mapping[str, Any], op: ReduceOperation = ReduceOperation.SUM) -> dict[str, Any]:
     """Reduce every value of ``data`` (numbers or tensors) over the gang in one collective per dtype.
 
     Every rank passes the same keys. Numbers come back as Python numbers, tensors as tensors of
@@ -103,7 +101,8 @@ def all_reduce_dict(
         for dtype, keys in by_dtype.items():
             if not dtype.is_floating_point:
                 raise ValueError(
-                    f"`op` is `ReduceOperation.MEAN`, which needs floating-point values, but `data[{keys[0]!r}]` has dtype {dtype}."
+                    "`op` is `ReduceOperation.MEAN`, which needs floating-point values, "
+                    f"but `data[{keys[0]!r}]` has dtype {dtype} instead."
                 )
     result: dict[str, Any] = {}
     for dtype in sorted(by_dtype, key=str):

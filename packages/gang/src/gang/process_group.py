@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +12,7 @@ from typing import final
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 from torch.distributed import ProcessGroup
 from typing_extensions import override
 
@@ -33,9 +35,19 @@ _REDUCE_OPS = {
 # One store per rendezvous address, kept for the life of the process, and a generation counter.
 # Each initialisation of the default group writes its keys under a fresh prefix, so a second
 # round after `close()` never reads the first round's stale keys (raw torch does, under torchrun).
-_stores: dict[tuple[str, int], dist.Store] = {}
+_stores: dict[tuple[str, int], Store] = {}
 _generation = 0
 _wrap_counts: dict[str, int] = {}
+
+
+def _check_timeout(timeout: object) -> timedelta:
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"`timeout` must be a `datetime.timedelta`, but is {timeout!r} instead.")
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"`timeout` must be positive, but is {timeout} instead.")
+    return timeout
 
 
 @final
@@ -98,12 +110,7 @@ class ProcessGroupGang(Gang):
             backend = "nccl"
         else:
             raise ValueError(f"`device` must be of type `cpu` or `cuda`, but is of type `{device.type}` instead.")
-        if timeout is None:
-            timeout = DEFAULT_TIMEOUT
-        if not isinstance(timeout, timedelta):
-            raise TypeError(f"`timeout` must be a `datetime.timedelta`, but is {timeout!r} instead.")
-        if timeout.total_seconds() <= 0:
-            raise ValueError(f"`timeout` must be positive, but is {timeout} instead.")
+        timeout = _check_timeout(timeout)
         if not dist.is_available():
             raise NotSupportedError("`torch.distributed` is not available in this build of PyTorch.")
         if dist.is_initialized():
@@ -111,7 +118,8 @@ class ProcessGroupGang(Gang):
 
         rank, world_size = get_rank(), get_world_size()
         host, port = get_master_address()
-        if device.type == "cuda" and device.index is None:
+        index: int | None = device.index  # None for a bare `cuda` (torch's stubs say int)
+        if device.type == "cuda" and index is None:
             device = torch.device("cuda", torch.cuda.current_device())
 
         pg_options = None
@@ -124,7 +132,7 @@ class ProcessGroupGang(Gang):
             store = _stores.get((host, port))
             if store is None:
                 agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-                store = dist.TCPStore(
+                store = TCPStore(
                     host,
                     port,
                     world_size,
@@ -134,7 +142,7 @@ class ProcessGroupGang(Gang):
                 )
                 _stores[(host, port)] = store
             _generation += 1
-            prefixed = dist.PrefixStore(f"gang/{_generation}", store)
+            prefixed = PrefixStore(f"gang/{_generation}", store)
             dist.init_process_group(
                 backend,
                 store=prefixed,
@@ -217,9 +225,7 @@ class ProcessGroupGang(Gang):
         try:
             yield
         except (RuntimeError, ValueError, OSError) as ex:  # DistError and its kin derive from RuntimeError
-            raise GangError(
-                f"`{operation}` failed on rank {self._rank} of a gang of size {self._size}: {ex}"
-            ) from ex
+            raise GangError(f"`{operation}` failed on rank {self._rank} of a gang of size {self._size}: {ex}") from ex
 
     def _can_split(self) -> bool:
         default = dist.group.WORLD
@@ -299,7 +305,6 @@ class ProcessGroupGang(Gang):
         if self._is_default:
             dist.destroy_process_group()
         else:
-            try:
+            # The group may already be gone together with the default group.
+            with contextlib.suppress(RuntimeError, ValueError):
                 dist.destroy_process_group(self._pg)
-            except (RuntimeError, ValueError):
-                pass  # Already destroyed together with the default group.

@@ -14,6 +14,7 @@ outlives the call (or the :class:`World`).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -29,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import TCPStore
 
 __all__ = ["RemoteTraceback", "World", "WorkerDiedError", "launch", "spawn"]
 
@@ -43,6 +45,9 @@ class RemoteTraceback(Exception):
         super().__init__(f"\n\nTraceback on rank {rank}:\n{text}")
         self.rank = rank
         self.text = text
+
+    def __reduce__(self) -> tuple[type[RemoteTraceback], tuple[int, str]]:
+        return (RemoteTraceback, (self.rank, self.text))
 
 
 class WorkerDiedError(RuntimeError):
@@ -77,7 +82,7 @@ def _worker_main(conn: Connection, env: dict[str, str], init_gang: bool, gang_ti
                 torch.device("cpu"), timeout=timedelta(seconds=gang_timeout)
             )
         conn.send_bytes(pickle.dumps(("ok", None)))
-    except BaseException as ex:  # noqa: BLE001 - reported to the parent
+    except BaseException as ex:
         conn.send_bytes(_error_reply(ex))
         return
     while True:
@@ -91,7 +96,7 @@ def _worker_main(conn: Connection, env: dict[str, str], init_gang: bool, gang_ti
             fn, args = pickle.loads(message)
             result = fn(gang, *args) if init_gang else fn(*args)
             reply = pickle.dumps(("ok", result))
-        except BaseException as ex:  # noqa: BLE001 - reported to the parent
+        except BaseException as ex:
             reply = _error_reply(ex)
         conn.send_bytes(reply)
     if gang is not None:
@@ -105,10 +110,9 @@ def _error_reply(ex: BaseException) -> bytes:
     try:
         blob = pickle.dumps(ex)
         pickle.loads(blob)
-    except Exception:  # noqa: BLE001 - unpicklable exceptions travel as text
+    except Exception:
         blob = b""
     return pickle.dumps(("error", (type(ex).__name__, str(ex), blob, text)))
-
 
 
 _WORLDS: weakref.WeakSet[World] = weakref.WeakSet()
@@ -153,7 +157,7 @@ class World:
         self.world_size = world_size
         self.init_gang = init_gang
         self._gang_timeout = gang_timeout
-        self._store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+        self._store = TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
         ctx = mp.get_context("spawn")
         self._conns: list[Connection] = []
         self._procs: list[Any] = []
@@ -230,10 +234,11 @@ class World:
                 remaining = grace
             if remaining <= 0:
                 break
-            for conn in wait(list(pending), timeout=remaining):
-                rank = pending.pop(conn)  # type: ignore[call-overload]
+            for ready in wait(list(pending), timeout=remaining):
+                assert isinstance(ready, Connection)
+                rank = pending.pop(ready)
                 try:
-                    status, payload = pickle.loads(conn.recv_bytes())
+                    status, payload = pickle.loads(ready.recv_bytes())
                 except (EOFError, OSError):
                     died.append(rank)
                     continue
@@ -259,7 +264,9 @@ class World:
         if pending:
             stuck = sorted(pending.values())
             self.close(force=True)
-            raise TimeoutError(f"Rank(s) {stuck} did not finish {what} within {timeout} seconds; all ranks were stopped.")
+            raise TimeoutError(
+                f"Rank(s) {stuck} did not finish {what} within {timeout} seconds; all ranks were stopped."
+            )
         return [results[rank] for rank in range(self.world_size)]
 
     def close(self, *, force: bool = False) -> None:
@@ -268,10 +275,8 @@ class World:
             return
         self._alive = False
         for conn in self._conns:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 conn.send_bytes(b"")
-            except (OSError, ValueError):
-                pass
         deadline = time.monotonic() + (0.0 if force else 2.0)
         for proc in self._procs:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -74,14 +74,14 @@ class Grid:
         """
         if not 0 <= rank < self.size:
             raise ValueError(f"`rank` must be in the range [0, {self.size}), but is {rank} instead.")
-        return {name: (rank // stride) % size for (name, size), stride in zip(self.dims, self._strides())}
+        return {name: (rank // stride) % size for (name, size), stride in zip(self.dims, self._strides(), strict=True)}
 
     def rank(self, coords: Mapping[str, int]) -> int:
         """Return the rank at ``coords`` (every dimension must be given)."""
         if set(coords) != set(self.names):
             raise ValueError(f"`coords` must name exactly {self.names}, but names {sorted(coords)} instead.")
         rank = 0
-        for (name, size), stride in zip(self.dims, self._strides()):
+        for (name, size), stride in zip(self.dims, self._strides(), strict=True):
             index = coords[name]
             if not 0 <= index < size:
                 raise ValueError(f"`coords[{name!r}]` must be in the range [0, {size}), but is {index} instead.")
@@ -103,9 +103,9 @@ class Grid:
         sizes = dict(self.dims)
         groups = []
         for fixed_coords in product(*(range(sizes[name]) for name in fixed)):
-            base = dict(zip(fixed, fixed_coords))
+            base = dict(zip(fixed, fixed_coords, strict=True))
             group = [
-                self.rank({**base, **dict(zip(names, free))})
+                self.rank({**base, **dict(zip(names, free, strict=True))})
                 for free in product(*(range(sizes[name]) for name in names))
             ]
             groups.append(group)

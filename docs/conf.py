@@ -1,0 +1,25 @@
+"""Sphinx configuration for the gang monorepo's documentation."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for package in ("gang", "gang-mesh", "gang-jax"):
+    sys.path.insert(0, str(ROOT / "packages" / package / "src"))
+sys.path.insert(0, str(ROOT / "examples"))
+
+project = "gang"
+author = "the gang developers"
+copyright = "2026, the gang developers"  # noqa: A001
+release = "0.1.0"
+
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.doctest", "sphinx.ext.viewcode"]
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_default_options = {"members": True, "show-inheritance": True}
+exclude_patterns = ["_build"]
+html_theme = "alabaster"
+html_static_path: list[str] = []
+doctest_global_setup = "import torch\nimport gang\nfrom gang import *\n"

@@ -1,0 +1,117 @@
+"""FakeGang simulates every collective as if every rank held the same data."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gang import FakeGang, NotSupportedError, ReduceOperation
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("op", "expected"),
+    [
+        (ReduceOperation.SUM, [4.0, -8.0, 12.0]),
+        (ReduceOperation.PRODUCT, [1.0, 16.0, 81.0]),
+        (ReduceOperation.MEAN, [1.0, -2.0, 3.0]),
+        (ReduceOperation.MIN, [1.0, -2.0, 3.0]),
+        (ReduceOperation.MAX, [1.0, -2.0, 3.0]),
+    ],
+)
+def test_all_reduce_simulates_identical_ranks(op: ReduceOperation, expected: list[float]) -> None:
+    g = FakeGang(CPU, rank=2, size=4)
+    t = torch.tensor([1.0, -2.0, 3.0])
+    g.all_reduce(t, op)
+    assert t.tolist() == expected
+
+
+def test_integer_product_and_sum() -> None:
+    g = FakeGang(CPU, size=3)
+    t = torch.tensor([2, -1], dtype=torch.int64)
+    g.all_reduce(t, ReduceOperation.PRODUCT)
+    assert t.tolist() == [8, -1] and t.dtype == torch.int64
+    g.all_reduce(t, ReduceOperation.SUM)
+    assert t.tolist() == [24, -3]
+
+
+def test_gathers_replicate_the_input() -> None:
+    g = FakeGang(CPU, rank=1, size=3)
+    out = torch.empty(3, 2)
+    g.all_gather(out, torch.tensor([1.0, 2.0]))
+    assert out.tolist() == [[1.0, 2.0]] * 3
+    outs = [torch.empty(2) for _ in range(3)]
+    g.all_gather_to_list(outs, torch.tensor([5.0, 6.0]))
+    assert [o.tolist() for o in outs] == [[5.0, 6.0]] * 3
+
+
+def test_reduce_scatter_and_all_to_all_take_this_ranks_row() -> None:
+    g = FakeGang(CPU, rank=1, size=3)
+    inp = torch.tensor([[1.0], [2.0], [3.0]])
+    out = torch.empty(1)
+    g.reduce_scatter(out, inp, ReduceOperation.SUM)
+    assert out.tolist() == [6.0]  # three copies of row 1
+    g.reduce_scatter(out, inp, ReduceOperation.MAX)
+    assert out.tolist() == [2.0]
+    a2a = torch.empty(3, 1)
+    g.all_to_all(a2a, inp)
+    assert a2a.tolist() == [[2.0]] * 3  # every rank sends its row 1 to rank 1
+
+
+def test_broadcasts_are_no_ops_and_numpy_works_in_place() -> None:
+    import numpy as np
+
+    g = FakeGang(CPU, rank=0, size=2)
+    t = torch.tensor([3.0])
+    g.broadcast(t, source_rank=1)
+    assert t.tolist() == [3.0]
+    objs: list[object] = ["a"]
+    g.broadcast_objects(objs, source_rank=1)
+    assert objs == ["a"]
+    arr = np.array([1.0, 2.0])
+    g.all_reduce(arr, ReduceOperation.SUM)
+    assert arr.tolist() == [2.0, 4.0]
+
+
+def test_create_gang_gives_fake_gangs_with_the_right_rank() -> None:
+    g = FakeGang(CPU, rank=5, size=8)
+    sub = g.create_gang([7, 5, 1])
+    assert isinstance(sub, FakeGang) and (sub.rank, sub.size) == (1, 3)
+    assert g.create_gang([0, 1]) is None
+    assert g.split([[0, 1], [4, 5], [6]]).size == 2  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "text"),
+    [
+        ({"size": 0}, ValueError, "`size`"),
+        ({"size": -2}, ValueError, "`size`"),
+        ({"rank": 2, "size": 2}, ValueError, "`rank`"),
+        ({"rank": -1, "size": 2}, ValueError, "`rank`"),
+        ({"rank": 1.0, "size": 2}, TypeError, "`rank`"),
+    ],
+)
+def test_construction_errors(kwargs: dict[str, object], error: type[Exception], text: str) -> None:
+    with pytest.raises(error, match=text):
+        FakeGang(CPU, **kwargs)  # type: ignore[arg-type]
+
+
+def test_meta_device_and_process_group() -> None:
+    with pytest.raises(ValueError, match="meta"):
+        FakeGang(torch.device("meta"))
+    g = FakeGang(CPU)
+    assert not g.supports_process_group
+    with pytest.raises(NotSupportedError):
+        g.as_process_group()
+
+
+def test_close_is_idempotent_and_final() -> None:
+    from gang import InvalidOperationError
+
+    with FakeGang(CPU, size=2) as g:
+        sub = g.create_gang([0, 1])
+    assert g.closed and sub is not None and sub.closed
+    g.close()
+    with pytest.raises(InvalidOperationError, match="closed"):
+        g.barrier()

@@ -1,0 +1,66 @@
+"""gang.testing: real processes, results in rank order, remote failures re-raised, no orphans."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+from gang_core_remote import fail_on, rank_and_pid, sleep_forever
+
+from gang.testing import RemoteTraceback, World, spawn
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); check its state.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def test_spawn_returns_results_in_rank_order_and_leaves_no_process() -> None:
+    results = spawn(rank_and_pid, 3, "x")
+    assert [r[0] for r in results] == [0, 1, 2]
+    assert all(r[2] == "x" for r in results)
+    assert len({r[1] for r in results}) == 3
+    assert not any(_alive(pid) for _, pid, _ in results)
+
+
+def test_remote_failure_is_reraised_with_rank_and_traceback() -> None:
+    with World(3) as world:
+        pids = [pid for _, pid, _ in world.run(rank_and_pid, "")]
+        with pytest.raises(KeyError) as info:
+            world.run(fail_on, 2)
+        assert not world.alive
+    assert "raised on rank 2 of 3 while running fail_on" in " ".join(info.value.__notes__)
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback) and cause.rank == 2
+    assert "bad things on 2" in cause.text and "gang_core_remote.py" in cause.text
+    # Every other rank (blocked in the barrier) was stopped.
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_timeout_stops_every_rank() -> None:
+    world = World(2)
+    pids = [pid for _, pid, _ in world.run(rank_and_pid, "")]
+    with pytest.raises(TimeoutError, match=r"Rank\(s\) \[0, 1\] did not finish sleep_forever within 2"):
+        world.run(sleep_forever, timeout=2)
+    assert not world.alive
+    assert not any(_alive(pid) for pid in pids)
+    with pytest.raises(RuntimeError, match="stopped"):
+        world.run(rank_and_pid, "")
+
+
+def test_unpicklable_function_is_a_value_error() -> None:
+    with World(1) as world, pytest.raises(ValueError, match="picklable"):
+        world.run(lambda g: g)
+    with pytest.raises(ValueError, match="`world_size`"):
+        World(0)
+
+
+def test_remote_traceback_pickles() -> None:
+    rt = pickle.loads(pickle.dumps(RemoteTraceback(1, "tb")))
+    assert isinstance(rt, RemoteTraceback)
