@@ -25,12 +25,13 @@ class FakeGang(Gang):
     :param device: The device of the simulated gang (not ``meta``).
     :param rank: The simulated rank, in ``[0, size)``.
     :param size: The simulated gang size, at least 1.
+    :param debug: Debug mode (see :attr:`Gang.debug`); ``None`` reads ``GANG_DEBUG``.
     :raises ValueError: If ``size <= 0``, ``rank`` is out of range or ``device`` is ``meta``.
     :raises TypeError: If an argument has the wrong type.
     """
 
-    def __init__(self, device: torch.device, *, rank: int = 0, size: int = 1) -> None:
-        super().__init__()
+    def __init__(self, device: torch.device, *, rank: int = 0, size: int = 1, debug: bool | None = None) -> None:
+        super().__init__(debug=debug)
         if not isinstance(device, torch.device):
             raise TypeError(f"`device` must be a `torch.device`, but is {device!r} instead.")
         if device.type == "meta":

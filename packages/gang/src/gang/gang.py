@@ -8,6 +8,7 @@ would catch on the cluster, with the same message.
 
 from __future__ import annotations
 
+import os
 import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import Self
 
-from gang.errors import InvalidOperationError
+from gang.errors import GangError, InvalidOperationError
 
 
 class ReduceOperation(Enum):
@@ -45,9 +46,10 @@ class Gang(ABC):
     A gang is a context manager that closes it on exit.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, debug: bool | None = None) -> None:
         self._closed = False
         self._children: list[Gang] = []
+        self._debug = debug_from_env() if debug is None else bool(debug)
 
     # -- properties -------------------------------------------------------------------------
 
@@ -76,6 +78,16 @@ class Gang(ABC):
         """Whether :meth:`close` was called."""
         return self._closed
 
+    @property
+    def debug(self) -> bool:
+        """Whether debug mode is on: every collective first checks that all ranks make the same call.
+
+        On when the gang was created with ``debug=True``, or with ``debug=None`` while the
+        environment variable ``GANG_DEBUG`` is ``1``. Sub-gangs inherit it. Off, it costs one
+        attribute test per call.
+        """
+        return self._debug
+
     # -- public API (checks first, then the implementation) ---------------------------------
 
     @final
@@ -93,6 +105,8 @@ class Gang(ABC):
         """
         self._check_open("create_gang")
         group = self._check_ranks("ranks", ranks)
+        if self._debug:
+            self._verify_same_call(f"create_gang(ranks={group})")
         return self._register(self._split([group]))
 
     @final
@@ -122,6 +136,8 @@ class Gang(ABC):
                     f"appear in more than one group of {[list(g) for g in groups]}."
                 )
             seen.update(group)
+        if self._debug:
+            self._verify_same_call(f"split(groups={checked})")
         return self._register(self._split(checked))
 
     @final
@@ -140,6 +156,8 @@ class Gang(ABC):
         :raises GangError: If the collective fails or times out.
         """
         self._check_open("barrier")
+        if self._debug:
+            self._verify_same_call("barrier()")
         self._barrier()
 
     @final
@@ -156,6 +174,8 @@ class Gang(ABC):
         self._check_open("all_reduce")
         t = self._check_tensor("tensor", tensor, contiguous=True)
         self._check_op("op", op, t)
+        if self._debug:
+            self._verify_same_call(f"all_reduce({_describe(t)}, op={op.name})")
         self._all_reduce(t, op)
 
     @final
@@ -174,6 +194,8 @@ class Gang(ABC):
         inp = self._check_tensor("input_tensor", input_tensor)
         self._check_same_dtype("output_tensor", out, inp)
         self._check_shape("output_tensor", out, (self.size, *inp.shape))
+        if self._debug:
+            self._verify_same_call(f"all_gather(input {_describe(inp)})")
         self._all_gather(out, inp.contiguous())
 
     @final
@@ -206,6 +228,8 @@ class Gang(ABC):
             self._check_same_dtype(name, o, inp)
             self._check_shape(name, o, tuple(inp.shape))
             outs.append(o)
+        if self._debug:
+            self._verify_same_call(f"all_gather_to_list(input {_describe(inp)})")
         self._all_gather_to_list(outs, inp.contiguous())
 
     @final
@@ -225,6 +249,8 @@ class Gang(ABC):
         self._check_same_dtype("input_tensor", inp, out)
         self._check_shape("input_tensor", inp, (self.size, *out.shape))
         self._check_op("op", op, out)
+        if self._debug:
+            self._verify_same_call(f"reduce_scatter(input {_describe(inp)}, op={op.name})")
         self._reduce_scatter(out, inp.contiguous(), op)
 
     @final
@@ -247,6 +273,8 @@ class Gang(ABC):
                 f"but has shape {list(inp.shape)} instead."
             )
         self._check_shape("output_tensor", out, tuple(inp.shape))
+        if self._debug:
+            self._verify_same_call(f"all_to_all(input {_describe(inp)})")
         self._all_to_all(out, inp.contiguous())
 
     @final
@@ -262,6 +290,8 @@ class Gang(ABC):
         self._check_open("broadcast")
         t = self._check_tensor("tensor", tensor, contiguous=True)
         self._check_source_rank(source_rank)
+        if self._debug:
+            self._verify_same_call(f"broadcast({_describe(t)}, source_rank={source_rank})")
         self._broadcast(t, source_rank)
 
     @final
@@ -282,6 +312,8 @@ class Gang(ABC):
         if not isinstance(objects, list):
             raise TypeError(f"`objects` must be a `list`, but is of type `{type(objects).__name__}` instead.")
         self._check_source_rank(source_rank)
+        if self._debug:
+            self._verify_same_call(f"broadcast_objects(source_rank={source_rank})")
         self._broadcast_objects(objects, source_rank)
 
     @final
@@ -367,8 +399,34 @@ class Gang(ABC):
 
     def _register(self, child: Gang | None) -> Gang | None:
         if child is not None and child is not self:
+            child._debug = self._debug
             self._children.append(child)
         return child
+
+    def _verify_same_call(self, call: str) -> None:
+        """Debug mode: exchange a description of the call; raise on every rank if they differ.
+
+        The exchange is the same two all-gathers on every rank whatever each rank called, so
+        mismatched ranks meet here instead of deadlocking in different collectives.
+        """
+        data = call.encode()
+        length = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        lengths = torch.empty((self.size, 1), dtype=torch.int64, device=self.device)
+        self._all_gather(lengths, length)
+        sizes = [int(n) for n in lengths.view(-1).tolist()]
+        width = max(sizes)
+        padded = torch.zeros(width, dtype=torch.uint8, device=self.device)
+        padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+        table = torch.empty((self.size, width), dtype=torch.uint8, device=self.device)
+        self._all_gather(table, padded)
+        rows = table.cpu().numpy()
+        calls = [rows[r, : sizes[r]].tobytes().decode(errors="replace") for r in range(self.size)]
+        if len(set(calls)) > 1:
+            listing = "; ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
+            raise GangError(
+                f"Debug mode: the ranks of a gang of size {self.size} made different calls "
+                f"(this is rank {self.rank}): {listing}."
+            )
 
     def _check_open(self, operation: str) -> None:
         if self._closed:
@@ -436,6 +494,15 @@ class Gang(ABC):
                 f"`{name}` is `ReduceOperation.MEAN`, which needs a floating-point tensor, "
                 f"but the tensor has dtype {tensor.dtype} instead."
             )
+
+
+def debug_from_env() -> bool:
+    """Return whether the environment variable ``GANG_DEBUG`` turns debug mode on (``1``, ``true``, ``yes``)."""
+    return os.environ.get("GANG_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _describe(t: Tensor) -> str:
+    return f"shape={list(t.shape)}, dtype={str(t.dtype).removeprefix('torch.')}"
 
 
 def _pickle(obj: object, name: str) -> tuple[bytes, str]:

@@ -68,8 +68,9 @@ class ProcessGroupGang(Gang):
         owns_group: bool,
         is_default: bool,
         name: str | None = None,
+        debug: bool | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(debug=debug)
         self._pg = pg
         self._device = device
         self._timeout = timeout
@@ -83,7 +84,12 @@ class ProcessGroupGang(Gang):
 
     @classmethod
     def create_default_process_group(
-        cls, device: torch.device, *, timeout: timedelta | None = None, high_priority: bool = False
+        cls,
+        device: torch.device,
+        *,
+        timeout: timedelta | None = None,
+        high_priority: bool = False,
+        debug: bool | None = None,
     ) -> ProcessGroupGang:
         """Initialise torch's default process group from the environment and wrap it as a gang.
 
@@ -95,6 +101,8 @@ class ProcessGroupGang(Gang):
         :param timeout: The timeout of every collective of this gang and its sub-gangs (default
             15 minutes); also bounds the rendezvous.
         :param high_priority: Use high-priority CUDA streams (NCCL only; ignored by gloo).
+        :param debug: Check before every collective that all ranks make the same call (see
+            :attr:`Gang.debug`); ``None`` reads the ``GANG_DEBUG`` environment variable.
         :raises ValueError: If ``device`` is neither CPU nor CUDA, or the environment is malformed.
         :raises TypeError: If ``device`` is not a ``torch.device`` or ``timeout`` not a ``timedelta``.
         :raises InvalidOperationError: If the default process group already exists.
@@ -160,11 +168,13 @@ class ProcessGroupGang(Gang):
             torch.cuda.set_device(device)
         pg = dist.group.WORLD
         assert pg is not None
-        return cls(pg, device, timeout=timeout, owns_group=True, is_default=True, name=f"gang{_generation}")
+        return cls(
+            pg, device, timeout=timeout, owns_group=True, is_default=True, name=f"gang{_generation}", debug=debug
+        )
 
     @classmethod
     def from_process_group(
-        cls, pg: ProcessGroup, device: torch.device, *, timeout: timedelta | None = None
+        cls, pg: ProcessGroup, device: torch.device, *, timeout: timedelta | None = None, debug: bool | None = None
     ) -> ProcessGroupGang:
         """Wrap a process group the caller already has.
 
@@ -174,6 +184,7 @@ class ProcessGroupGang(Gang):
         :param pg: A process group this process is a member of.
         :param device: The device its collectives run on.
         :param timeout: The timeout given to sub-gangs (``None``: the backend's default).
+        :param debug: Debug mode (see :attr:`Gang.debug`); ``None`` reads ``GANG_DEBUG``.
         :raises TypeError: If ``pg`` is not a ``ProcessGroup`` or ``device`` not a ``torch.device``.
         :raises ValueError: If this process is not a member of ``pg``.
         """
@@ -188,7 +199,9 @@ class ProcessGroupGang(Gang):
         key = pg.group_name
         _wrap_counts[key] = _wrap_counts.get(key, 0) + 1
         name = f"wrap{_generation}:{key}:{_wrap_counts[key]}:{len(base)}"
-        return cls(pg, device, timeout=timeout, owns_group=False, is_default=pg is dist.group.WORLD, name=name)
+        return cls(
+            pg, device, timeout=timeout, owns_group=False, is_default=pg is dist.group.WORLD, name=name, debug=debug
+        )
 
     @property
     @override
