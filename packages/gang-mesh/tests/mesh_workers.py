@@ -21,9 +21,11 @@ _GANGS: dict[tuple[int, int, int, int | None], Gangs] = {}
 
 
 def make_gangs(root: Gang, tp: int = 1, pp: int = 1, intra: int | None = None) -> Gangs:
+    """Gangs of a layout; ``intra=0`` skips :func:`create_fsdp_gangs` (``rdp = dp``, size-1 ``sdp``)."""
     key = (id(root), tp, pp, intra)
     if key not in _GANGS:
-        _GANGS[key] = create_fsdp_gangs(create_parallel_gangs(root, tp_size=tp, pp_size=pp), intra)
+        gangs = create_parallel_gangs(root, tp_size=tp, pp_size=pp)
+        _GANGS[key] = gangs if intra == 0 else create_fsdp_gangs(gangs, intra)
     return _GANGS[key]
 
 
@@ -73,6 +75,14 @@ def to_mesh_error(root: Gang, dims: Any, tp: int = 1, pp: int = 1, intra: int | 
     try:
         to_device_mesh(gangs, dims)
     except (ValueError, TypeError) as ex:
+        return type(ex).__name__, str(ex)
+    return "no error", ""
+
+
+def to_mesh_bad_gangs(root: Gang) -> tuple[str, str]:
+    try:
+        to_device_mesh(root, ("dp",))  # type: ignore[arg-type]
+    except TypeError as ex:
         return type(ex).__name__, str(ex)
     return "no error", ""
 
