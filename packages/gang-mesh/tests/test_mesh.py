@@ -7,10 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from gang.testing import World
 
 sys.path.insert(0, str(Path(__file__).parent))  # The workers import the helpers by this name.
-import mesh_workers as w  # noqa: E402
+import mesh_workers as w
 
 FULL_8 = list(range(8))
 
