@@ -8,7 +8,7 @@ the losses bit for bit. Everything is deterministic: same seed, same data, same 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -76,7 +76,8 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.norm1(x))
-        return x + self.ffn(self.norm2(x))
+        out: Tensor = x + self.ffn(self.norm2(x))
+        return out
 
 
 class TinyTransformer(nn.Module):
@@ -153,7 +154,13 @@ class TrainResult:
 
 
 def train(
-    mesh: DeviceMesh, *, steps: int = 5, batch_size: int = 2, seed: int = 0, config: ModelConfig | None = None
+    mesh: DeviceMesh,
+    *,
+    steps: int = 5,
+    batch_size: int = 2,
+    seed: int = 0,
+    config: ModelConfig | None = None,
+    on_step: Callable[[int, float, float], None] | None = None,
 ) -> TrainResult:
     """Build the model from ``seed``, parallelize it over ``mesh`` and train it for ``steps`` steps.
 
@@ -162,6 +169,8 @@ def train(
     :param batch_size: Sequences per data-parallel replica and step.
     :param seed: The initialisation seed, the same on every rank.
     :param config: Model sizes.
+    :param on_step: Called after each step with the step, this rank's loss and the step's tokens/s
+        over the whole mesh.
     """
     config = config or ModelConfig()
     torch.manual_seed(seed)
@@ -171,13 +180,17 @@ def train(
     losses: list[float] = []
     started = time.perf_counter()
     for step in range(steps):
+        step_started = time.perf_counter()
         tokens = batch_for(step, replica, batch_size, config)
         logits = model(tokens[:, :-1])
         loss = functional.cross_entropy(logits.reshape(-1, config.vocab), tokens[:, 1:].reshape(-1))
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
+        if on_step is not None:
+            step_time = max(time.perf_counter() - step_started, 1e-9)
+            on_step(step, losses[-1], replicas * batch_size * config.seq / step_time)
     elapsed = time.perf_counter() - started
     return TrainResult(losses, steps * replicas * batch_size * config.seq / max(elapsed, 1e-9))
 

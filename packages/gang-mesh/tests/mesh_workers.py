@@ -79,6 +79,14 @@ def to_mesh_error(root: Gang, dims: Any, tp: int = 1, pp: int = 1, intra: int | 
     return "no error", ""
 
 
+def fsdp_mesh_error(root: Gang, intra: int | None) -> tuple[str, str]:
+    try:
+        fsdp_mesh(make_gangs(root, intra=intra))
+    except (ValueError, TypeError) as ex:
+        return type(ex).__name__, str(ex)
+    return "no error", ""
+
+
 def to_mesh_bad_gangs(root: Gang) -> tuple[str, str]:
     try:
         to_device_mesh(root, ("dp",))  # type: ignore[arg-type]

@@ -32,7 +32,9 @@ def check_lines(results: list[dict[str, object]]) -> None:
     """On every rank, each mesh line through the rank is the gang, and the groups are the gangs' own."""
     for rank, result in enumerate(results):
         assert result["lines"] == result["members"], rank
-        assert all(result["same_group"]), rank  # type: ignore[call-overload]
+        same_group = result["same_group"]
+        assert isinstance(same_group, list)
+        assert all(same_group), rank
         assert result["local_ranks"] == result["gang_ranks"], rank
         assert result["type"] == "cpu"
 
@@ -55,6 +57,13 @@ def test_fsdp_mesh_is_2d_for_hsdp(world4: World) -> None:
             "type": "cpu",
             "same_group": [True, True],
         }
+
+
+def test_fsdp_mesh_needs_a_sharding_gang(world4: World) -> None:
+    # intra_node_size=1: sdp has size 1 (no process group), rdp = dp.
+    for kind, message in world4.run(w.fsdp_mesh_error, 1):
+        assert kind == "ValueError"
+        assert "`gangs.sdp` must have a process group" in message
 
 
 def test_1d_root_mesh(world4: World) -> None:

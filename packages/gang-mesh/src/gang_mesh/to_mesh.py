@@ -55,10 +55,15 @@ def fsdp_mesh(gangs: Gangs) -> DeviceMesh:
 
     :param gangs: Gangs from :func:`gang.create_fsdp_gangs` (or equivalent).
     :raises TypeError: If ``gangs`` is not a :class:`~gang.Gangs`.
-    :raises ValueError: As :func:`to_device_mesh`, e.g. if ``gangs.sdp`` has no process group.
+    :raises ValueError: If ``gangs.sdp`` has no process group (size 1), or as :func:`to_device_mesh`.
     """
     if not isinstance(gangs, Gangs):
         raise TypeError(f"`gangs` must be a `Gangs`, but is of type `{type(gangs).__name__}` instead.")
+    if not gangs.sdp.supports_process_group:
+        raise ValueError(
+            f"`gangs.sdp` must have a process group for `fsdp_mesh`, but is {gangs.sdp!r} instead "
+            "(with an sdp size of 1 nothing is sharded; use DDP over `gangs.rdp`)."
+        )
     if gangs.rdp.size == 1:
         return to_device_mesh(gangs, ("sdp",))
     return to_device_mesh(gangs, ("rdp", "sdp"))
