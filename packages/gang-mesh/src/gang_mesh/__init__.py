@@ -1,0 +1,15 @@
+"""gang_mesh: use :class:`~gang.Gangs` with torch's ``DeviceMesh`` (FSDP2, HSDP, DTensor tensor parallel).
+
+:func:`to_device_mesh` turns gangs into a mesh that reuses their process groups,
+:func:`fsdp_mesh` picks the mesh ``fully_shard`` wants, and :func:`from_device_mesh` turns a mesh
+(from ``init_device_mesh``, torchtitan, or :func:`to_device_mesh`) back into gangs.
+"""
+
+from __future__ import annotations
+
+from gang_mesh.from_mesh import ALIASES, MESH_ROLES, from_device_mesh
+from gang_mesh.to_mesh import ROLES, fsdp_mesh, to_device_mesh
+
+__version__ = "0.1.0"
+
+__all__ = ["ALIASES", "MESH_ROLES", "ROLES", "from_device_mesh", "fsdp_mesh", "to_device_mesh"]

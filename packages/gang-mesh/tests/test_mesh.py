@@ -1,0 +1,271 @@
+"""to_device_mesh, fsdp_mesh and from_device_mesh on real gloo processes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gang.testing import World
+
+sys.path.insert(0, str(Path(__file__).parent))  # The workers import the helpers by this name.
+import mesh_workers as w
+
+FULL_8 = list(range(8))
+
+
+@pytest.fixture(scope="module")
+def world4() -> Iterator[World]:
+    with World(4) as world:
+        yield world
+
+
+@pytest.fixture(scope="module")
+def world8() -> Iterator[World]:
+    with World(8) as world:
+        yield world
+
+
+def check_lines(results: list[dict[str, object]]) -> None:
+    """On every rank, each mesh line through the rank is the gang, and the groups are the gangs' own."""
+    for rank, result in enumerate(results):
+        assert result["lines"] == result["members"], rank
+        same_group = result["same_group"]
+        assert isinstance(same_group, list)
+        assert all(same_group), rank
+        assert result["local_ranks"] == result["gang_ranks"], rank
+        assert result["type"] == "cpu"
+
+
+# -- to_device_mesh / fsdp_mesh -------------------------------------------------------------------
+
+
+def test_fsdp_mesh_is_1d_sdp_without_replication(world4: World) -> None:
+    results = world4.run(w.fsdp_mesh_of, None)
+    for result in results:
+        assert result == {"mesh": [0, 1, 2, 3], "names": ("sdp",), "type": "cpu", "same_group": [True]}
+
+
+def test_fsdp_mesh_is_2d_for_hsdp(world4: World) -> None:
+    results = world4.run(w.fsdp_mesh_of, 2)
+    for result in results:
+        assert result == {
+            "mesh": [[0, 1], [2, 3]],
+            "names": ("rdp", "sdp"),
+            "type": "cpu",
+            "same_group": [True, True],
+        }
+
+
+def test_fsdp_mesh_needs_a_sharding_gang(world4: World) -> None:
+    # intra_node_size=1: sdp has size 1 (no process group), rdp = dp.
+    for kind, message in world4.run(w.fsdp_mesh_error, 1):
+        assert kind == "ValueError"
+        assert "`gangs.sdp` must have a process group" in message
+
+
+def test_1d_root_mesh(world4: World) -> None:
+    results = world4.run(w.mesh_of, ("root",))
+    check_lines(results)
+    assert all(r["mesh"] == [0, 1, 2, 3] and r["names"] == ("root",) for r in results)
+
+
+def test_2d_dp_tp(world8: World) -> None:
+    results = world8.run(w.mesh_of, ("dp", "tp"), 2)
+    check_lines(results)
+    for result in results:
+        assert result["mesh"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert result["names"] == ("dp", "tp")
+
+
+def test_2d_tp_dp_transposed(world8: World) -> None:
+    results = world8.run(w.mesh_of, ("tp", "dp"), 2)
+    check_lines(results)
+    for result in results:
+        assert result["mesh"] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+def test_3d_rdp_sdp_tp(world8: World) -> None:
+    results = world8.run(w.mesh_of, ("rdp", "sdp", "tp"), 2, 1, 2)
+    check_lines(results)
+    for result in results:
+        assert result["mesh"] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    # Rank 5: tp [4,5], dp [1,3,5,7] split into sdp [5,7] and rdp [1,5].
+    assert results[5]["members"] == [(1, 5), (5, 7), (4, 5)]
+
+
+def test_3d_pp_dp_tp(world8: World) -> None:
+    results = world8.run(w.mesh_of, ("pp", "dp", "tp"), 2, 2)
+    check_lines(results)
+    for result in results:
+        assert result["mesh"] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+
+
+def test_pipeline_stages_get_their_own_mesh(world8: World) -> None:
+    results = world8.run(w.mesh_of, ("dp", "tp"), 2, 2)
+    check_lines(results)
+    for rank, result in enumerate(results):
+        expected = [[0, 1], [2, 3]] if rank < 4 else [[4, 5], [6, 7]]
+        assert result["mesh"] == expected, rank
+
+
+def test_1d_pp_mesh(world8: World) -> None:
+    results = world8.run(w.mesh_of, ("pp",), 2, 2)
+    check_lines(results)
+    for rank, result in enumerate(results):
+        assert result["mesh"] == [rank % 4, rank % 4 + 4]
+
+
+# -- to_device_mesh errors ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dims", "kind", "fragments"),
+    [
+        (("cp",), "ValueError", ["`dims`", "'cp'"]),
+        (("dp", "tp", "dp"), "ValueError", ["`dims`", "repeat", "['dp']"]),
+        ((), "ValueError", ["`dims`", "empty"]),
+        ("sdp", "TypeError", ["`dims`", "'sdp'"]),
+        (("sdp", 1), "TypeError", ["`dims`", "1"]),
+        (("tp",), "ValueError", ["`dims[0]`", "'tp'", "process group"]),
+        (("dp", "tp"), "ValueError", ["`dims[1]`", "'tp'", "process group"]),
+        (("root", "sdp"), "ValueError", ["grid", "('root', 'sdp')"]),
+    ],
+)
+def test_to_device_mesh_errors(world4: World, dims: object, kind: str, fragments: list[str]) -> None:
+    for result in world4.run(w.to_mesh_error, dims):
+        assert result[0] == kind
+        for fragment in fragments:
+            assert fragment in result[1]
+
+
+def test_non_grid_dp_rdp_is_rejected_on_every_rank(world4: World) -> None:
+    results = world4.run(w.to_mesh_error, ("dp", "rdp"), 1, 1, 2)
+    assert len({r for r in results}) == 1  # The same verdict everywhere.
+    kind, message = results[0]
+    assert kind == "ValueError"
+    assert "`dims` must name gangs that form a grid" in message
+    assert "('dp', 'rdp')" in message
+
+
+def test_overlapping_gangs_are_rejected(world8: World) -> None:
+    # sdp [0,2] and dp [0,2,4,6] overlap: not a grid.
+    kind, message = world8.run(w.to_mesh_error, ("sdp", "dp"), 2, 1, 2)[0]
+    assert kind == "ValueError"
+    assert "grid" in message
+
+
+def test_gangs_must_be_gangs(world4: World) -> None:
+    kind, message = world4.run(w.to_mesh_bad_gangs)[0]
+    assert kind == "TypeError"
+    assert "`gangs` must be a `Gangs`" in message
+
+
+def test_arguments_are_checked_before_communicating(world4: World) -> None:
+    # Only rank 0 calls with bad dims; had it communicated, its collective would pair with the
+    # others' all-reduce and the sum would be wrong (or the ranks would stall).
+    results = world4.run(w.to_mesh_error_alone, ("bogus",))
+    assert results[0] == ("ValueError", 10.0)
+    assert results[1:] == [("no error", 10.0)] * 3
+
+
+# -- from_device_mesh ------------------------------------------------------------------------------
+
+
+def test_from_torchtitan_names(world8: World) -> None:
+    results = world8.run(w.from_init_mesh, (2, 2, 2), ("dp_replicate", "dp_shard", "tp"), None)
+    for rank, report in enumerate(results):
+        tp = ((rank // 2) * 2, (rank // 2) * 2 + 1)
+        dp = tuple(r for r in FULL_8 if r % 2 == rank % 2)
+        assert report["root"] == tuple(FULL_8)
+        assert report["tp"] == tp
+        assert report["dp"] == dp
+        assert report["rdp"] == tuple(r for r in dp if (r // 2) % 2 == (rank // 2) % 2)
+        assert report["sdp"] == tuple(r for r in dp if r // 4 == rank // 4)
+        assert report["pp"] == 1
+        assert report["same_group"] == [True, True, True]
+        assert report["sums"]["dp"] == sum(dp)
+        assert report["sums"]["root"] == sum(FULL_8)
+
+
+def test_from_mesh_with_names_mapping(world4: World) -> None:
+    names = {"replicate": "rdp", "shard": "sdp"}
+    results = world4.run(w.from_init_mesh, (2, 2), ("replicate", "shard"), names)
+    for rank, report in enumerate(results):
+        assert report["rdp"] == (rank % 2, rank % 2 + 2)
+        assert report["sdp"] == ((rank // 2) * 2, (rank // 2) * 2 + 1)
+        assert report["dp"] == (0, 1, 2, 3)
+        assert report["dp_is_root"]  # dp spans the mesh: no new group.
+        assert report["tp"] == 1
+        assert report["same_group"] == [True, True]
+
+
+def test_from_1d_dp_mesh(world4: World) -> None:
+    results = world4.run(w.from_init_mesh, (4,), ("dp",), None)
+    for report in results:
+        assert report["dp"] == report["root"] == (0, 1, 2, 3)
+        assert report["rdp_is_dp"]
+        assert report["sdp"] == 1
+        assert report["tp"] == report["pp"] == 1
+
+
+def test_from_pp_dp_tp_mesh(world8: World) -> None:
+    results = world8.run(w.from_init_mesh, (2, 2, 2), ("pp", "dp", "tp"), None)
+    for rank, report in enumerate(results):
+        assert report["pp"] == (rank % 4, rank % 4 + 4)
+        assert report["dp"] == report["rdp"]
+        assert report["sdp"] == 1
+
+
+def test_from_sub_mesh_root_spans_only_the_sub_mesh(world8: World) -> None:
+    results = world8.run(w.from_init_mesh, (2, 2, 2), ("pp", "dp", "tp"), None, ("dp", "tp"))
+    for rank, report in enumerate(results):
+        stage = tuple(range(4)) if rank < 4 else tuple(range(4, 8))
+        assert report["root"] == stage
+        assert report["sums"]["root"] == sum(stage)
+        assert report["pp"] == 1
+
+
+@pytest.mark.parametrize(
+    ("shape", "dim_names", "names", "kind", "fragments"),
+    [
+        ((4,), None, None, "ValueError", ["`mesh`", "dimension names"]),
+        ((2, 2), ("dp", "cp"), None, "ValueError", ["`mesh`", "'cp'"]),
+        ((2, 2), ("a", "b"), {"a": "sdp", "b": "sdp"}, "ValueError", ["'a'", "'b'", "'sdp'"]),
+        ((2, 2), ("dp", "dp_shard"), None, "ValueError", ["`dp`", "'sdp'"]),
+        ((4,), ("x",), {"y": "dp"}, "ValueError", ["`names`", "'y'"]),
+        ((4,), ("x",), {"x": "cp"}, "ValueError", ["`names`", "'cp'"]),
+        ((4,), ("x",), {"x": 1}, "TypeError", ["`names`"]),
+        ((4,), ("x",), ["x"], "TypeError", ["`names`"]),
+        ((), None, None, "TypeError", ["`mesh`", "str"]),
+    ],
+)
+def test_from_device_mesh_errors(
+    world4: World, shape: tuple[int, ...], dim_names: object, names: object, kind: str, fragments: list[str]
+) -> None:
+    for result in world4.run(w.from_mesh_error, shape, dim_names, names):
+        assert result[0] == kind
+        for fragment in fragments:
+            assert fragment in result[1]
+
+
+# -- round trips -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dims", "tp", "pp", "intra"),
+    [
+        (("sdp",), 1, 1, None),
+        (("rdp", "sdp"), 1, 1, 2),
+        (("dp", "tp"), 2, 1, 0),
+        (("rdp", "sdp", "tp"), 2, 1, 2),
+        (("pp", "dp", "tp"), 2, 2, 0),
+        (("tp", "rdp", "sdp"), 2, 1, 2),
+    ],
+)
+def test_round_trip_keeps_members(world8: World, dims: tuple[str, ...], tp: int, pp: int, intra: int | None) -> None:
+    for result in world8.run(w.round_trip, dims, tp, pp, intra):
+        assert result["after"] == result["before"]
+        assert all(result["same_groups"])
