@@ -63,7 +63,7 @@ def tests(session: nox.Session, target: str) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """Ruff lint and format check."""
-    session.install("ruff")
+    session.install(*CONSTRAINTS, "ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 

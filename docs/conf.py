@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 project = "gang"
 author = "the gang developers"
-copyright = "2026, the gang developers"  # noqa: A001
+copyright = "2026, the gang developers"
 release = "0.1.0"
 
 extensions = ["sphinx.ext.autodoc", "sphinx.ext.doctest", "sphinx.ext.viewcode"]

@@ -26,7 +26,7 @@ def main() -> None:
     roles = list(views[0])
     print("rank | " + " | ".join(f"{role:>8}" for role in roles))
     for rank, view in enumerate(views):
-        print(f"{rank:>4} | " + " | ".join(f"{str(view[role]):>8}" for role in roles))
+        print(f"{rank:>4} | " + " | ".join(f"{view[role]!s:>8}" for role in roles))
     assert views[5]["tp"] == [4, 5] and views[5]["dp"] == [5, 7] and views[5]["pp"] == [1, 5]
 
 

@@ -38,7 +38,9 @@ def run_every_collective(gang: Gang) -> dict[str, str]:
     gang.all_gather(out, torch.tensor([me]))
     view["all_gather"] = fmt(out)
     rs = torch.empty(1)
-    gang.reduce_scatter(rs, (torch.arange(gang.size, dtype=torch.float32) + 10 * me).view(gang.size, 1), ReduceOperation.MAX)
+    gang.reduce_scatter(
+        rs, (torch.arange(gang.size, dtype=torch.float32) + 10 * me).view(gang.size, 1), ReduceOperation.MAX
+    )
     view["reduce_scatter(max)"] = fmt(rs)
     a2a = torch.empty(gang.size, 1)
     gang.all_to_all(a2a, torch.full((gang.size, 1), me))
@@ -90,7 +92,7 @@ def main() -> None:
         views = all_gather_objects(root, describe(gangs, roles))
         if root.rank == 0:
             print_table(title, views)
-        for role, gang in gangs.items():
+        for _, gang in gangs.items():
             if gang is not root:
                 gang.close()
     root.close()
