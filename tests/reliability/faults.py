@@ -1,0 +1,164 @@
+"""Functions run on the worker processes of the fault-injection suite (imported there by name).
+
+Each survivor reports what it saw as a dict: the GangError text, how long the failing call took,
+and whether ``close()`` then returned. Victims exit, get killed, or hang, as the scenario says.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+import gang
+from gang import Gang, GangError, ReduceOperation
+
+
+def _survive(g: Gang, step: Any) -> dict[str, Any]:
+    start = time.monotonic()
+    try:
+        step()
+    except GangError as ex:
+        elapsed = time.monotonic() - start
+        g.close()
+        return {"error": str(ex), "cause": repr(ex.__cause__), "elapsed": elapsed, "closed": g.closed}
+    return {"error": None, "elapsed": time.monotonic() - start, "closed": False}
+
+
+def exit_before_collective(g: Gang, victim: int) -> dict[str, Any]:
+    g.barrier()
+    if g.rank == victim:
+        os._exit(7)
+    return _survive(g, lambda: g.all_reduce(torch.ones(8), ReduceOperation.SUM))
+
+
+def killed_mid_stream(g: Gang, victim: int, after: int) -> dict[str, Any]:
+    def stream() -> None:
+        for i in range(10_000):
+            if g.rank == victim and i == after:
+                os.kill(os.getpid(), signal.SIGKILL)
+            t = torch.full((256,), float(g.rank))
+            g.all_reduce(t, ReduceOperation.SUM)
+
+    return _survive(g, stream)
+
+
+def hang(g: Gang, victim: int, seconds: float) -> dict[str, Any]:
+    if g.rank == victim:
+        time.sleep(seconds)
+        return {"victim": True}
+    return _survive(g, lambda: g.all_reduce(torch.ones(4), ReduceOperation.SUM))
+
+
+def hang_in_sub_gang(g: Gang, victim: int, seconds: float) -> dict[str, Any]:
+    sub = g.create_gang([0, 1])
+    if sub is None:
+        return {"member": False}
+    if sub.rank == victim:
+        time.sleep(seconds)
+        return {"victim": True}
+    result = _survive(sub, lambda: sub.all_reduce(torch.ones(4), ReduceOperation.SUM))
+    result["timeout"] = getattr(sub, "timeout", None)
+    return result
+
+
+def never_arrives(victim: int, seconds: float, timeout_s: float) -> dict[str, Any]:
+    """Rank ``victim`` never joins the rendezvous; the others try to create the default gang."""
+    if gang.get_rank() == victim:
+        time.sleep(seconds)
+        return {"victim": True}
+    start = time.monotonic()
+    try:
+        gang.ProcessGroupGang.create_default_process_group(torch.device("cpu"), timeout=timedelta(seconds=timeout_s))
+    except GangError as ex:
+        return {"error": str(ex), "elapsed": time.monotonic() - start}
+    return {"error": None}
+
+
+def store_host_dies(after: int, timeout_s: float) -> dict[str, Any]:
+    """Rank 0 hosts the rendezvous store (no agent store) and dies in the middle of a stream."""
+    root = gang.ProcessGroupGang.create_default_process_group(torch.device("cpu"), timeout=timedelta(seconds=timeout_s))
+
+    def stream() -> None:
+        for i in range(10_000):
+            if root.rank == 0 and i == after:
+                os._exit(9)
+            root.all_reduce(torch.ones(64), ReduceOperation.SUM)
+            if i % 5 == 0:  # sub-gangs talk to the store too
+                sub = root.create_gang(list(range(root.size)))
+                assert sub is not None
+                sub.barrier()
+                sub.close()
+
+    return _survive(root, stream)
+
+
+def close_on_error_path(g: Gang, failing: int) -> dict[str, Any]:
+    """The fairseq2 pattern: `try: ... finally: gangs.close()` with one rank failing early."""
+    gangs = gang.create_parallel_gangs(g, tp_size=2)
+    try:
+        if g.rank == failing:
+            raise RuntimeError("model code failed on one rank")
+        return _survive(g, lambda: gangs.dp.all_reduce(torch.ones(4), ReduceOperation.SUM) or g.barrier())
+    except RuntimeError:
+        start = time.monotonic()
+        gangs.close()
+        return {"failing": True, "close_seconds": time.monotonic() - start, "closed": g.closed}
+    finally:
+        gangs.close()
+
+
+# -- debug mode ----------------------------------------------------------------------------------
+
+
+def mismatched_shapes(g: Gang) -> str:
+    assert g.debug
+    try:
+        g.all_reduce(torch.ones(3 + g.rank), ReduceOperation.SUM)
+    except GangError as ex:
+        return str(ex)
+    return "no error"
+
+
+def mismatched_collectives(g: Gang) -> str:
+    assert g.debug
+    try:
+        if g.rank == 0:
+            g.broadcast(torch.ones(2), source_rank=0)
+        else:
+            g.all_reduce(torch.ones(2), ReduceOperation.MAX)
+    except GangError as ex:
+        return str(ex)
+    return "no error"
+
+
+def mismatched_in_sub_gang(g: Gang) -> str:
+    sub = g.create_gang([0, 1])
+    if sub is None:
+        return "not a member"
+    assert sub.debug
+    try:
+        sub.reduce_scatter(torch.empty(1), torch.ones(2, 1), ReduceOperation.SUM if sub.rank else ReduceOperation.MIN)
+    except GangError as ex:
+        return str(ex)
+    finally:
+        sub.close()
+    return "no error"
+
+
+def matching_calls_work(g: Gang) -> list[float]:
+    t = torch.full((4,), float(g.rank))
+    g.all_reduce(t, ReduceOperation.SUM)
+    out = torch.empty(g.size, 4)
+    g.all_gather(out, t)
+    objs: list[object] = [g.rank]
+    g.broadcast_objects(objs, source_rank=1)
+    return [t[0].item(), out.sum().item(), float(objs[0])]  # type: ignore[arg-type]
+
+
+def debug_flag(g: Gang) -> bool:
+    return g.debug

@@ -1,0 +1,131 @@
+"""Fault injection on ProcessGroupGang: every survivor raises GangError, then closes cleanly.
+
+Each scenario starts its own processes with a short gang timeout and stops every one of them
+(`World` kills what is left when it closes). Survivors measure how long the failing call took;
+the checks compare that with the gang's timeout to prove *which* timeout was honoured, and the
+harness's own timeout bounds every scenario.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from faults import (  # noqa: E402
+    close_on_error_path,
+    exit_before_collective,
+    hang,
+    hang_in_sub_gang,
+    killed_mid_stream,
+    never_arrives,
+    store_host_dies,
+)
+
+from gang.testing import World, WorkerDiedError  # noqa: E402
+
+TIMEOUT = 4.0  # the gangs' collective timeout in these scenarios, in seconds
+MARGIN = 20.0  # generous: a loaded 2-core machine; torch's default would be 30 minutes
+
+
+def _check_survivor(rank: int, size: int, report: dict[str, Any], op: str, *causes: str) -> None:
+    error = report["error"]
+    assert error is not None, f"rank {rank} saw no error"
+    assert f"`{op}` failed on rank {rank} of a gang of size {size}" in error, error
+    assert any(c in error for c in causes), f"rank {rank}: {error!r} names none of {causes}"
+    assert report["elapsed"] < TIMEOUT + MARGIN, report
+    assert report["closed"] is True
+
+
+def _died(world: World, fn: Any, *args: Any) -> WorkerDiedError:
+    with pytest.raises(WorkerDiedError) as info:
+        world.run(fn, *args, timeout=120)
+    return info.value
+
+
+@pytest.mark.parametrize(("size", "victim"), [(2, 1), (4, 0), (4, 3)])
+def test_peer_exits_before_a_collective(size: int, victim: int) -> None:
+    with World(size, gang_timeout=TIMEOUT) as world:
+        died = _died(world, exit_before_collective, victim)
+    assert sorted(died.results) == [r for r in range(size) if r != victim]
+    for rank, report in died.results.items():
+        _check_survivor(rank, size, report, "all_reduce", "Connection closed", "Timed out", "closed by peer", "reset")
+
+
+@pytest.mark.parametrize(("size", "victim"), [(2, 0), (4, 2)])
+def test_peer_sigkilled_in_a_stream_of_collectives(size: int, victim: int) -> None:
+    with World(size, gang_timeout=TIMEOUT) as world:
+        died = _died(world, killed_mid_stream, victim, 25)
+    assert f"exit codes {{{victim}: -9}}" in str(died)
+    assert sorted(died.results) == [r for r in range(size) if r != victim]
+    for rank, report in died.results.items():
+        _check_survivor(rank, size, report, "all_reduce", "Connection closed", "Timed out", "closed by peer", "reset")
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_peer_hangs(size: int) -> None:
+    with World(size, gang_timeout=TIMEOUT) as world:
+        results = world.run(hang, size - 1, TIMEOUT + 3, timeout=120)
+    for rank, report in enumerate(results[:-1]):
+        _check_survivor(rank, size, report, "all_reduce", "Timed out")
+        assert report["elapsed"] >= TIMEOUT * 0.9  # it was the gang's timeout that fired
+    assert results[-1] == {"victim": True}
+
+
+def test_sub_gang_honours_the_root_timeout() -> None:
+    with World(3, gang_timeout=TIMEOUT) as world:
+        results = world.run(hang_in_sub_gang, 1, TIMEOUT + 3, timeout=120)
+    survivor = results[0]
+    _check_survivor(0, 2, survivor, "all_reduce", "Timed out")
+    assert survivor["elapsed"] >= TIMEOUT * 0.9
+    assert survivor["timeout"].total_seconds() == TIMEOUT
+    assert results[1] == {"victim": True}
+    assert results[2] == {"member": False}
+
+
+def test_peer_never_arrives_at_rendezvous() -> None:
+    with World(3, init_gang=False) as world:
+        results = world.run(never_arrives, 2, TIMEOUT + 4, TIMEOUT, timeout=120)
+    for report in results[:2]:
+        assert report["error"] is not None
+        assert "`create_default_process_group` failed during the rendezvous" in report["error"]
+        assert "of 3" in report["error"]
+        assert report["elapsed"] < TIMEOUT + MARGIN
+    assert results[2] == {"victim": True}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_store_host_dies() -> None:
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "False", "MASTER_PORT": str(_free_port())}
+    with World(3, init_gang=False, env=env) as world:
+        died = _died(world, store_host_dies, 12, TIMEOUT)
+    assert sorted(died.results) == [1, 2]
+    for rank, report in died.results.items():
+        error = report["error"]
+        assert error is not None and f"rank {rank} of a gang of size 3" in error, error
+        assert report["elapsed"] < TIMEOUT + MARGIN
+        assert report["closed"] is True
+
+
+def test_close_on_an_error_path_does_not_hang_the_others() -> None:
+    with World(4, gang_timeout=TIMEOUT) as world:
+        results = world.run(close_on_error_path, 1, timeout=120)
+    failing = results[1]
+    assert failing["failing"] is True and failing["closed"] is True
+    assert failing["close_seconds"] < MARGIN  # close() is local: it never waits for peers
+    # Rank 3 shares dp gang [1, 3] with the failed rank; it learns of the failure as a GangError.
+    assert results[3]["error"] is not None and "rank 1 of a gang of size 2" in results[3]["error"]
+    for rank in (0, 2):  # their dp gang [0, 2] is healthy; the root barrier then fails
+        report = results[rank]
+        assert report["error"] is not None, report
+        assert f"`barrier` failed on rank {rank} of a gang of size 4" in report["error"]
