@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from faults import (  # noqa: E402
+from faults import (
     debug_flag,
     matching_calls_work,
     mismatched_collectives,
@@ -18,15 +19,14 @@ from faults import (  # noqa: E402
     mismatched_shapes,
 )
 
-from gang import FakeGang  # noqa: E402
-from gang.testing import World  # noqa: E402
+from gang import FakeGang
+from gang.testing import World
 
 
 @pytest.fixture(scope="module", params=[2, 4])
-def debug_world(request: pytest.FixtureRequest) -> World:
-    world = World(request.param, gang_timeout=30, env={"GANG_DEBUG": "1"})
-    request.addfinalizer(world.close)
-    return world
+def debug_world(request: pytest.FixtureRequest) -> Iterator[World]:
+    with World(request.param, gang_timeout=30, env={"GANG_DEBUG": "1"}) as world:
+        yield world
 
 
 def test_mismatched_shapes_name_every_rank(debug_world: World) -> None:

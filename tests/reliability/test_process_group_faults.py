@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from faults import (  # noqa: E402
+from faults import (
     close_on_error_path,
     exit_before_collective,
     hang,
@@ -27,7 +27,7 @@ from faults import (  # noqa: E402
     store_host_dies,
 )
 
-from gang.testing import World, WorkerDiedError  # noqa: E402
+from gang.testing import WorkerDiedError, World
 
 TIMEOUT = 4.0  # the gangs' collective timeout in these scenarios, in seconds
 MARGIN = 20.0  # generous: a loaded 2-core machine; torch's default would be 30 minutes
