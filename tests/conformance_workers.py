@@ -108,7 +108,7 @@ def run_on_subgangs(pg: Gang, how: str) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name, root in zip(("torch", "jax"), _both(pg), strict=True):
         if how == "create_gang":
-            sub = root.create_gang([1, root.size - 1])
+            sub = root.create_gang([0, root.size - 1])
         elif how == "split":
             sub = root.split([[r for r in range(root.size) if r % 2 == 0], [r for r in range(root.size) if r % 2]])
         else:  # a group of three ranks (MEAN then divides by 3)
@@ -151,4 +151,14 @@ def run_parallel_gangs(pg: Gang, tp_size: int) -> dict[str, Any]:
         gangs = create_parallel_gangs(root, tp_size=tp_size)
         fsdp = create_fsdp_gangs(gangs, intra_node_size=2 if gangs.dp.size % 2 == 0 else None)
         results[name] = {"parallel": _summarise(gangs, root.rank), "fsdp": _summarise(fsdp, root.rank)}
+    return results
+
+
+def run_broadcast_objects(pg: Gang) -> dict[str, Any]:
+    """Broadcast a list of objects from the last rank on both gangs."""
+    results: dict[str, Any] = {}
+    for name, g in zip(("torch", "jax"), _both(pg), strict=True):
+        objects: list[object] = [{"from": g.rank}, "x" * 1000] if g.rank == g.size - 1 else []
+        g.broadcast_objects(objects, g.size - 1)
+        results[name] = objects
     return results
