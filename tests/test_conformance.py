@@ -16,9 +16,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import conformance_workers as cw  # noqa: E402
+import conformance_workers as cw
 
-from gang.testing import World  # noqa: E402
+from gang.testing import World
 
 DTYPES = ["float32", "float64", "int32", "int64", "bfloat16"]
 OPS = ["SUM", "MEAN", "PRODUCT", "MIN", "MAX"]
@@ -37,7 +37,8 @@ def _assert_same(results: list[dict[str, Any]]) -> None:
         if isinstance(t, list):
             assert len(t) == len(j)
             for a, b in zip(t, j, strict=True):
-                assert a.dtype == b.dtype and torch.equal(a, b), f"rank {rank}: {a} != {b}"
+                assert a.dtype == b.dtype, f"rank {rank}: {a.dtype} != {b.dtype}"
+                assert torch.equal(a, b), f"rank {rank}: {a} != {b}"
         else:
             assert t.dtype == j.dtype, f"rank {rank}: {t.dtype} != {j.dtype}"
             assert torch.equal(t, j), f"rank {rank}: torch {t} != jax {j}"
@@ -63,7 +64,9 @@ def test_reduce_scatter(world: World, op: str, dtype: str) -> None:
     _assert_same(world.run(cw.run_collective, "reduce_scatter", op, dtype, SHAPE))
 
 
-@pytest.mark.parametrize("kind", ["all_gather", "all_gather_to_list", "all_to_all", "broadcast_first", "broadcast_last"])
+@pytest.mark.parametrize(
+    "kind", ["all_gather", "all_gather_to_list", "all_to_all", "broadcast_first", "broadcast_last"]
+)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_data_movement(world: World, kind: str, dtype: str) -> None:
     _assert_same(world.run(cw.run_collective, kind, None, dtype, SHAPE))

@@ -10,7 +10,7 @@ mesh axis, and only the member processes take part. Compiled functions are cache
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,16 @@ AXIS = "gang"
 """The name of the mesh axis that the collectives run along."""
 
 _Body = Callable[[jax.Array], jax.Array]
+_Collective = Callable[..., jax.Array]
+
+# Typed handles on JAX's (untyped) collective primitives.
+_psum = cast(_Collective, jax.lax.psum)
+_pmin = cast(_Collective, jax.lax.pmin)
+_pmax = cast(_Collective, jax.lax.pmax)
+_psum_scatter = cast(_Collective, jax.lax.psum_scatter)
+_all_to_all = cast(_Collective, jax.lax.all_to_all)
+_all_gather = cast(_Collective, jax.lax.all_gather)
+_SPEC = cast(Callable[..., PartitionSpec], PartitionSpec)(AXIS)
 _Key = tuple[Any, ...]
 
 
@@ -48,17 +58,17 @@ def _all_reduce_body(op: ReduceOperation, size: int, dtype: np.dtype[Any]) -> _B
         if boolean:
             # Logical reductions: any for SUM/MAX, all for PRODUCT/MIN.
             any_op = op in (ReduceOperation.SUM, ReduceOperation.MAX, ReduceOperation.MEAN)
-            r = jax.lax.pmax(x, AXIS) if any_op else jax.lax.pmin(x, AXIS)
+            r = _pmax(x, AXIS) if any_op else _pmin(x, AXIS)
             return r.astype(jnp.bool_)
         if op is ReduceOperation.SUM:
-            return jax.lax.psum(x, AXIS)
+            return _psum(x, AXIS)
         if op is ReduceOperation.MEAN:
-            return (jax.lax.psum(x, AXIS) / size).astype(x.dtype)
+            return (_psum(x, AXIS) / size).astype(x.dtype)
         if op is ReduceOperation.MIN:
-            return jax.lax.pmin(x, AXIS)
+            return _pmin(x, AXIS)
         if op is ReduceOperation.MAX:
-            return jax.lax.pmax(x, AXIS)
-        rows = jax.lax.all_gather(x, AXIS, axis=0, tiled=True)
+            return _pmax(x, AXIS)
+        rows = _all_gather(x, AXIS, axis=0, tiled=True)
         return _reduce_rows(rows, op, size)
 
     return body
@@ -70,8 +80,8 @@ def _reduce_scatter_body(op: ReduceOperation, size: int, dtype: np.dtype[Any]) -
     def body(block: jax.Array) -> jax.Array:
         x = block[0]  # [size, *shape]: row j goes to rank j
         if op is ReduceOperation.SUM and not boolean:
-            return jax.lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True)
-        rows = jax.lax.all_to_all(x, AXIS, 0, 0, tiled=True)  # row i came from rank i
+            return _psum_scatter(x, AXIS, scatter_dimension=0, tiled=True)
+        rows = _all_to_all(x, AXIS, 0, 0, tiled=True)  # row i came from rank i
         if boolean:
             any_op = op in (ReduceOperation.SUM, ReduceOperation.MAX, ReduceOperation.MEAN)
             u = rows.astype(jnp.uint8)
@@ -83,18 +93,18 @@ def _reduce_scatter_body(op: ReduceOperation, size: int, dtype: np.dtype[Any]) -
 
 
 def _all_gather_body(block: jax.Array) -> jax.Array:
-    return jax.lax.all_gather(block, AXIS, axis=1)  # [1, *shape] -> [1, size, *shape]
+    return _all_gather(block, AXIS, axis=1)  # [1, *shape] -> [1, size, *shape]
 
 
 def _all_to_all_body(block: jax.Array) -> jax.Array:
-    return jax.lax.all_to_all(block[0], AXIS, 0, 0, tiled=True)[None]
+    return _all_to_all(block[0], AXIS, 0, 0, tiled=True)[None]
 
 
 def _broadcast_body(source: int) -> _Body:
     # Works on raw unsigned bits: 0 + b == b exactly, whatever the bits mean (NaN, -0.0, ...).
     def body(block: jax.Array) -> jax.Array:
         mine = jnp.where(jax.lax.axis_index(AXIS) == source, block, jnp.zeros_like(block))
-        return jax.lax.psum(mine, AXIS)
+        return _psum(mine, AXIS)
 
     return body
 
@@ -112,7 +122,7 @@ class Communicator:
         self.size = len(devices)
         self.device = devices[rank]
         self.mesh = Mesh(np.array(devices, dtype=object), (AXIS,))
-        self.sharding = NamedSharding(self.mesh, PartitionSpec(AXIS))
+        self.sharding = NamedSharding(self.mesh, _SPEC)
         self._cache: dict[_Key, Callable[[jax.Array], jax.Array]] = {}
 
     @property
@@ -127,8 +137,7 @@ class Communicator:
     def _compiled(self, key: _Key, body: Callable[[], _Body]) -> Callable[[jax.Array], jax.Array]:
         fn = self._cache.get(key)
         if fn is None:
-            spec = PartitionSpec(AXIS)
-            mapped = jax.shard_map(body(), mesh=self.mesh, in_specs=spec, out_specs=spec)
+            mapped = jax.shard_map(body(), mesh=self.mesh, in_specs=_SPEC, out_specs=_SPEC)
             fn = jax.jit(mapped)
             self._cache[key] = fn
         return fn
@@ -139,7 +148,8 @@ class Communicator:
         global_shape = (self.size, *local.shape[1:])
         inp = jax.make_array_from_single_device_arrays(global_shape, self.sharding, [local])
         out = self._compiled(key, body)(inp)
-        return out.addressable_shards[0].data
+        result: jax.Array = out.addressable_shards[0].data
+        return result
 
     def all_reduce(self, x: Any, op: ReduceOperation) -> jax.Array:
         """All-reduce ``x``; return the result (same shape)."""

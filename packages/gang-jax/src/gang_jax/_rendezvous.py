@@ -49,7 +49,9 @@ def _publish_through_torch_store(process_id: int, num_processes: int, timeout: t
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     key = f"{_KEY_PREFIX}/{restart}/{_generation}"
     try:
-        store = dist.TCPStore(host, port, num_processes, is_master=False, timeout=timeout, wait_for_workers=False)
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            host, port, num_processes, is_master=False, timeout=timeout, wait_for_workers=False
+        )
         if process_id == 0:
             address = f"{host}:{free_port(host)}"
             store.set(key, address)

@@ -245,7 +245,7 @@ class JaxGang(Gang):
         self._comm.clear()
         if self._owns_runtime and jax.distributed.is_initialized():
             try:
-                jax.distributed.shutdown()
+                jax.distributed.shutdown()  # type: ignore[no-untyped-call]
             except RuntimeError as ex:
                 raise GangError(f"`close` failed on rank {self.rank} of a gang of size {self.size}: {ex}") from ex
 
