@@ -10,6 +10,7 @@ from typing import Any, final
 import jax
 import numpy as np
 import torch
+from jax.extend.backend import clear_backends
 from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import override
@@ -245,6 +246,9 @@ class JaxGang(Gang):
         self._comm.clear()
         if self._owns_runtime and jax.distributed.is_initialized():
             try:
+                # Drop the XLA clients first: they hold the distributed runtime, and JAX refuses to
+                # initialise it again while a client exists (so `create_default` works after this).
+                clear_backends()  # type: ignore[no-untyped-call]
                 jax.distributed.shutdown()  # type: ignore[no-untyped-call]
             except RuntimeError as ex:
                 raise GangError(f"`close` failed on rank {self.rank} of a gang of size {self.size}: {ex}") from ex
