@@ -17,7 +17,7 @@ CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 # A package joins the suite by appearing here: (folder, pip extras it needs for its tests).
 PACKAGES: dict[str, list[str]] = {
     "gang": [],
-    "gang-jax": [],
+    "gang-jax": ["gang"],  # its tests need our local `gang`, not the registry's unrelated one
 }
 # Cross-package tests in tests/ need every package.
 TEST_TARGETS = [*PACKAGES, "integration"]
