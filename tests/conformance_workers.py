@@ -10,12 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from gang import Gang, Gangs, ReduceOperation, create_fsdp_gangs, create_parallel_gangs
 from gang_jax import JaxGang
 
 _JAX: JaxGang | None = None
+_KEEP_ALIVE: list[Any] = []
 
 DTYPES = {
     "float32": torch.float32,
@@ -51,6 +53,27 @@ def make_input(rank: int, shape: tuple[int, ...], dtype: torch.dtype, op: Reduce
     if dtype in (torch.int64, torch.float64):
         values = values + 2**40
     return values.to(dtype).reshape(shape)
+
+
+def _fresh_torch_group_names() -> None:
+    """Work around a core bug before building torch sub-gangs (see the note below).
+
+    ``ProcessGroupGang`` creates sub-groups with ``new_group(use_local_synchronization=True)``,
+    whose name (and store prefix) is a hash of the ranks and the number of live groups. Closing a
+    sub-gang and creating one with the same ranks again reuses the name, so gloo reads the old
+    group's stale addresses and can hang. Creating (and keeping) one extra world-wide group here,
+    on every rank, makes every later name new.
+    """
+    _KEEP_ALIVE.append(dist.new_group(list(range(dist.get_world_size()))))
+
+
+def _close_all(gangs: Gangs) -> None:
+    seen: set[int] = set()
+    for axis in ("rdp", "sdp", "dp", "tp", "pp"):
+        g: Gang = getattr(gangs, axis)
+        if id(g) not in seen and g is not gangs.root:
+            seen.add(id(g))
+            g.close()
 
 
 def _both(pg: Gang) -> tuple[Gang, Gang]:
@@ -106,6 +129,7 @@ def _run_one(g: Gang, kind: str, op: ReduceOperation | None, dtype: torch.dtype,
 def run_on_subgangs(pg: Gang, how: str) -> dict[str, Any]:
     """Build sub-gangs of both roots the same way and run a few collectives on them."""
     results: dict[str, Any] = {}
+    _fresh_torch_group_names()
     for name, root in zip(("torch", "jax"), _both(pg), strict=True):
         if how == "create_gang":
             sub = root.create_gang([0, root.size - 1])
@@ -147,10 +171,13 @@ def _summarise(gangs: Gangs, root_rank: int) -> dict[str, Any]:
 def run_parallel_gangs(pg: Gang, tp_size: int) -> dict[str, Any]:
     """Build parallel and FSDP gangs on both roots and all-reduce along every axis."""
     results: dict[str, Any] = {}
+    _fresh_torch_group_names()
     for name, root in zip(("torch", "jax"), _both(pg), strict=True):
         gangs = create_parallel_gangs(root, tp_size=tp_size)
         fsdp = create_fsdp_gangs(gangs, intra_node_size=2 if gangs.dp.size % 2 == 0 else None)
         results[name] = {"parallel": _summarise(gangs, root.rank), "fsdp": _summarise(fsdp, root.rank)}
+        _close_all(fsdp)
+        _close_all(gangs)
     return results
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
+import jax.numpy as jnp
 import numpy as np
 import torch
 from torch import Tensor
 
 from gang import NotSupportedError
 
+_BFLOAT16 = np.dtype(jnp.bfloat16)
 _UINT_BY_SIZE = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
 
 
@@ -21,7 +22,7 @@ def to_numpy(tensor: Tensor) -> np.ndarray[Any, Any]:
     """
     tensor = tensor.detach()
     if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return tensor.view(torch.int16).numpy().view(_BFLOAT16)
     try:
         return tensor.numpy()
     except TypeError as ex:

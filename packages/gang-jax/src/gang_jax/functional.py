@@ -5,8 +5,10 @@ device it contributes to the gang (:attr:`JaxGang.jax_device`). The semantics an
 are those of the matching :class:`gang.Gang` methods; 64-bit inputs keep their dtype even
 when ``jax_enable_x64`` is off (JAX then only refuses to *create* 64-bit arrays).
 
->>> # On every process of a gang of 4:                                   # doctest: +SKIP
->>> y = all_reduce(gang, jnp.ones(3), ReduceOperation.SUM)  # Array([4., 4., 4.])
+.. code-block:: python
+
+    # On every process of a gang of 4:
+    y = all_reduce(gang, jnp.ones(3), ReduceOperation.SUM)  # Array([4., 4., 4.])
 """
 
 from __future__ import annotations
