@@ -111,6 +111,10 @@ def _broadcast_body(source: int) -> _Body:
 class Communicator:
     """Runs compiled collectives among the processes owning ``devices`` (gang rank ``i`` owns ``devices[i]``).
 
+    Every collective takes this process's array and returns this process's result with an extra
+    leading axis of length 1 (the block of the global result that lives here); callers drop it,
+    torch callers after the copy to host, where it costs nothing.
+
     :param devices: One JAX device per member, in gang rank order.
     :param rank: This process's index in ``devices``.
     """
@@ -154,25 +158,25 @@ class Communicator:
         """All-reduce ``x``; return the result (same shape)."""
         dtype = np.dtype(x.dtype)
         key = ("all_reduce", op, tuple(x.shape), dtype)
-        return self._run(key, lambda: _all_reduce_body(op, self.size, dtype), x[None])[0]
+        return self._run(key, lambda: _all_reduce_body(op, self.size, dtype), x[None])
 
     def reduce_scatter(self, x: Any, op: ReduceOperation) -> jax.Array:
         """Reduce row ``j`` of ``x`` (shape ``[size, ...]``) of every rank into rank ``j``; return ``x.shape[1:]``."""
         dtype = np.dtype(x.dtype)
         key = ("reduce_scatter", op, tuple(x.shape), dtype)
-        return self._run(key, lambda: _reduce_scatter_body(op, self.size, dtype), x[None])[0]
+        return self._run(key, lambda: _reduce_scatter_body(op, self.size, dtype), x[None])
 
     def all_gather(self, x: Any) -> jax.Array:
         """Gather ``x`` of every rank; return ``[size, *x.shape]``."""
         key = ("all_gather", tuple(x.shape), np.dtype(x.dtype))
-        return self._run(key, lambda: _all_gather_body, x[None])[0]
+        return self._run(key, lambda: _all_gather_body, x[None])
 
     def all_to_all(self, x: Any) -> jax.Array:
         """Send row ``j`` of ``x`` (shape ``[size, ...]``) to rank ``j``; row ``i`` of the result is from rank ``i``."""
         key = ("all_to_all", tuple(x.shape), np.dtype(x.dtype))
-        return self._run(key, lambda: _all_to_all_body, x[None])[0]
+        return self._run(key, lambda: _all_to_all_body, x[None])
 
     def broadcast_bits(self, x: Any, source: int) -> jax.Array:
         """Broadcast ``x`` (an unsigned integer array) from rank ``source``."""
         key = ("broadcast", source, tuple(x.shape), np.dtype(x.dtype))
-        return self._run(key, lambda: _broadcast_body(source), x[None])[0]
+        return self._run(key, lambda: _broadcast_body(source), x[None])

@@ -55,8 +55,8 @@ def _check_op(op: object, x: jax.Array) -> ReduceOperation:
 
 def _run(gang: JaxGang, operation: str, fn: Any, *args: Any) -> jax.Array:
     with gang._translate(operation):
-        result: jax.Array = fn(*args)
-        return result
+        block: jax.Array = fn(*args)
+        return block[0]
 
 
 def _to_bits(x: jax.Array) -> jax.Array:

@@ -239,7 +239,9 @@ class JaxGang(Gang):
 
     def _gather_bits(self, input_tensor: Tensor) -> np.ndarray[Any, Any]:
         """All-gather the raw bits of ``input_tensor``; return ``[size, n_words]``."""
-        return np.asarray(self._comm.all_gather(as_raw_bits(to_numpy(input_tensor))))
+        block = np.asarray(self._comm.all_gather(as_raw_bits(to_numpy(input_tensor))))
+        rows: np.ndarray[Any, Any] = block[0]
+        return rows
 
     @override
     def _close(self) -> None:
