@@ -189,3 +189,35 @@ def create_close_create() -> tuple[int, int]:
     first.close()
     initialized_after_close = int(jax.distributed.is_initialized())
     return int(t.item()), initialized_after_close
+
+
+def create_other_ways(address: str, second_address: str) -> list[Any]:
+    """Explicit arguments, JAX's own variable, and wrapping a runtime the caller started."""
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    seen: list[Any] = []
+
+    explicit = JaxGang.create_default(coordinator_address=address, num_processes=size, process_id=rank)
+    t = torch.tensor([rank + 1])
+    explicit.all_reduce(t, ReduceOperation.SUM)
+    seen.append(int(t.item()))
+    explicit.close()
+
+    os.environ["JAX_COORDINATOR_ADDRESS"] = second_address
+    try:
+        from_env = JaxGang.create_default()
+    finally:
+        del os.environ["JAX_COORDINATOR_ADDRESS"]
+    t = torch.tensor([rank + 1])
+    from_env.all_reduce(t, ReduceOperation.MAX)
+    seen.append(int(t.item()))
+    try:
+        JaxGang.create_default(num_processes=size)
+    except InvalidOperationError:
+        seen.append("already initialised")
+    wrapped = JaxGang.create_default()  # wraps the running runtime; closing it leaves it running
+    wrapped.close()
+    seen.append(bool(jax.distributed.is_initialized()))
+    from_env.close()
+
+    seen.append(bool(jax.distributed.is_initialized()))
+    return seen

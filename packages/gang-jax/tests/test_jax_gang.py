@@ -147,3 +147,12 @@ def test_close_shuts_down_and_create_works_again() -> None:
     with World(2, init_gang=False) as w:
         assert w.run(jw.create_close_create) == [(2, 0), (2, 0)]
         assert w.run(jw.create_close_create) == [(2, 0), (2, 0)]
+
+
+def test_create_from_arguments_and_jax_variables() -> None:
+    from gang_jax._rendezvous import free_port
+
+    first, second = f"127.0.0.1:{free_port('127.0.0.1')}", f"127.0.0.1:{free_port('127.0.0.1')}"
+    with World(2, init_gang=False) as w:
+        for seen in w.run(jw.create_other_ways, first, second):
+            assert seen == [3, 2, "already initialised", True, False]
