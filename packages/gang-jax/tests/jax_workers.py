@@ -221,3 +221,21 @@ def create_other_ways(address: str, second_address: str) -> list[Any]:
 
     seen.append(bool(jax.distributed.is_initialized()))
     return seen
+
+
+def several_local_devices() -> dict[str, Any]:
+    """With two CPU devices per process, the gang uses the first one each process owns."""
+    g = JaxGang.create_default()
+    t = torch.tensor([float(g.rank + 1)])
+    g.all_reduce(t, ReduceOperation.SUM)
+    rows = torch.empty(g.size, 2, dtype=torch.int64)
+    g.all_gather(rows, torch.tensor([g.rank, 2**40]))
+    info = {
+        "local_devices": len(jax.local_devices()),
+        "uses_first_local": g.jax_device == min(jax.local_devices(), key=lambda d: d.id),
+        "mesh_ids": [d.id for d in g.mesh.devices.flat],
+        "sum": t.item(),
+        "rows": rows.tolist(),
+    }
+    g.close()
+    return info

@@ -156,3 +156,17 @@ def test_create_from_arguments_and_jax_variables() -> None:
     with World(2, init_gang=False) as w:
         for seen in w.run(jw.create_other_ways, first, second):
             assert seen == [3, 2, "already initialised", True, False]
+
+
+def test_rank_is_mesh_position_not_device_id() -> None:
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    with World(2, init_gang=False, env=env) as w:
+        results = w.run(jw.several_local_devices)
+    for r in results:
+        assert r["local_devices"] == 2
+        assert r["uses_first_local"] is True
+        assert r["sum"] == 3.0
+        assert r["rows"] == [[0, 2**40], [1, 2**40]]
+    # Device ids are not dense across processes, and the gang never assumes they are.
+    assert results[0]["mesh_ids"] == results[1]["mesh_ids"]
+    assert results[0]["mesh_ids"] != [0, 1]
