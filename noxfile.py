@@ -14,10 +14,12 @@ import nox
 ROOT = Path(__file__).parent
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 
-# A package joins the suite by appearing here: (folder, pip extras it needs for its tests).
+# A package joins the suite by appearing here, with the local packages its tests install beside it
+# (always from their folders, so `gang>=0.1` is never satisfied by the registry's unrelated `gang`).
 PACKAGES: dict[str, list[str]] = {
     "gang": [],
-    "gang-mesh": ["gang"],  # its tests need our local `gang`, not the registry's unrelated one
+    "gang-mesh": ["gang"],
+    "gang-jax": ["gang"],
 }
 # Cross-package tests in tests/ need every package.
 TEST_TARGETS = [*PACKAGES, "integration"]

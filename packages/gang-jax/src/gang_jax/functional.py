@@ -1,0 +1,163 @@
+"""JAX-native collectives on a :class:`~gang_jax.JaxGang`: ``jax.Array`` in, ``jax.Array`` out.
+
+Each process passes its own (process-local) array and gets back its own result, on the JAX
+device it contributes to the gang (:attr:`JaxGang.jax_device`). The semantics and reductions
+are those of the matching :class:`gang.Gang` methods; 64-bit inputs keep their dtype even
+when ``jax_enable_x64`` is off (JAX then only refuses to *create* 64-bit arrays).
+
+.. code-block:: python
+
+    # On every process of a gang of 4:
+    y = all_reduce(gang, jnp.ones(3), ReduceOperation.SUM)  # Array([4., 4., 4.])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gang import Gang, ReduceOperation
+from gang_jax.gang import JaxGang
+
+__all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
+
+
+def _check(gang: object, x: object, operation: str) -> JaxGang:
+    if not isinstance(gang, JaxGang):
+        raise TypeError(f"`gang` must be a `JaxGang`, but is of type `{type(gang).__name__}` instead.")
+    gang._check_open(operation)
+    if not isinstance(x, jax.Array):
+        raise TypeError(f"`x` must be a `jax.Array`, but is of type `{type(x).__name__}` instead.")
+    if not x.is_fully_addressable:
+        raise ValueError("`x` must be a process-local array (fully addressable), but spans several processes.")
+    return gang
+
+
+def _check_rows(gang: JaxGang, x: jax.Array) -> None:
+    if x.ndim == 0 or x.shape[0] != gang.size:
+        raise ValueError(
+            f"`x` must have shape [{gang.size}, ...] (the gang size first), but has shape {list(x.shape)} instead."
+        )
+
+
+def _check_op(op: object, x: jax.Array) -> ReduceOperation:
+    if not isinstance(op, ReduceOperation):
+        raise TypeError(f"`op` must be a `ReduceOperation`, but is {op!r} instead.")
+    if op is ReduceOperation.MEAN and not np.issubdtype(np.dtype(x.dtype), np.inexact):
+        raise ValueError(
+            f"`op` is `ReduceOperation.MEAN`, which needs a floating-point array, but `x` has dtype {x.dtype} instead."
+        )
+    return op
+
+
+def _run(gang: JaxGang, operation: str, fn: Any, *args: Any) -> jax.Array:
+    with gang._translate(operation):
+        block: jax.Array = fn(*args)
+        return block[0]
+
+
+def _to_bits(x: jax.Array) -> jax.Array:
+    """View ``x`` as unsigned integers of the same width (complex numbers as pairs of floats)."""
+    dtype = np.dtype(x.dtype)
+    if dtype == np.bool_:
+        return x.astype(np.uint8)
+    if dtype.kind == "c":
+        parts = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+        return jax.lax.bitcast_convert_type(parts, np.dtype(f"uint{4 * dtype.itemsize}"))
+    return jax.lax.bitcast_convert_type(x, np.dtype(f"uint{8 * dtype.itemsize}"))
+
+
+def _from_bits(bits: jax.Array, dtype: np.dtype[Any]) -> jax.Array:
+    """Undo :func:`_to_bits`."""
+    if dtype == np.bool_:
+        return bits.astype(np.bool_)
+    if dtype.kind == "c":
+        parts = jax.lax.bitcast_convert_type(bits, np.dtype(f"float{4 * dtype.itemsize}"))
+        return jax.lax.complex(parts[..., 0], parts[..., 1]).astype(dtype)
+    return jax.lax.bitcast_convert_type(bits, dtype)
+
+
+def all_reduce(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
+    """Reduce ``x`` over every process of ``gang`` and return the result.
+
+    :param gang: A :class:`~gang_jax.JaxGang`; every member calls this.
+    :param x: This process's array; every member passes the same shape and dtype.
+    :param op: The reduction. ``MEAN`` needs a floating-point array.
+    :returns: The reduction, shaped like ``x``.
+    :raises TypeError: If ``gang`` is not a ``JaxGang``, ``x`` not a ``jax.Array`` or ``op`` not a
+        :class:`~gang.ReduceOperation`.
+    :raises ValueError: If ``op`` is ``MEAN`` and ``x`` is not floating point.
+    :raises GangError: If the collective fails.
+    """
+    g = _check(gang, x, "all_reduce")
+    checked = _check_op(op, x)
+    return _run(g, "all_reduce", g._communicator().all_reduce, x, checked)
+
+
+def all_gather(gang: Gang, x: jax.Array) -> jax.Array:
+    """Gather ``x`` of every process of ``gang``.
+
+    :param gang: A :class:`~gang_jax.JaxGang`; every member calls this.
+    :param x: This process's contribution; every member passes the same shape and dtype.
+    :returns: An array of shape ``[gang.size, *x.shape]`` whose row ``i`` is rank ``i``'s ``x``.
+    :raises TypeError: If ``gang`` is not a ``JaxGang`` or ``x`` not a ``jax.Array``.
+    :raises GangError: If the collective fails.
+    """
+    g = _check(gang, x, "all_gather")
+    return _run(g, "all_gather", g._communicator().all_gather, x)
+
+
+def reduce_scatter(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
+    """Reduce row ``i`` of every process's ``x`` and return it on rank ``i``.
+
+    :param gang: A :class:`~gang_jax.JaxGang`; every member calls this.
+    :param x: Of shape ``[gang.size, ...]``.
+    :param op: The reduction. ``MEAN`` needs a floating-point array.
+    :returns: An array of shape ``x.shape[1:]``.
+    :raises TypeError: If an argument has the wrong type.
+    :raises ValueError: If ``x`` is not ``[gang.size, ...]``, or ``op`` is ``MEAN`` on integers.
+    :raises GangError: If the collective fails.
+    """
+    g = _check(gang, x, "reduce_scatter")
+    _check_rows(g, x)
+    checked = _check_op(op, x)
+    return _run(g, "reduce_scatter", g._communicator().reduce_scatter, x, checked)
+
+
+def all_to_all(gang: Gang, x: jax.Array) -> jax.Array:
+    """Send row ``j`` of ``x`` to rank ``j``; row ``i`` of the result comes from rank ``i``.
+
+    :param gang: A :class:`~gang_jax.JaxGang`; every member calls this.
+    :param x: Of shape ``[gang.size, ...]``.
+    :returns: An array shaped like ``x``.
+    :raises TypeError: If ``gang`` is not a ``JaxGang`` or ``x`` not a ``jax.Array``.
+    :raises ValueError: If ``x`` is not ``[gang.size, ...]``.
+    :raises GangError: If the collective fails.
+    """
+    g = _check(gang, x, "all_to_all")
+    _check_rows(g, x)
+    return _run(g, "all_to_all", g._communicator().all_to_all, x)
+
+
+def broadcast(gang: Gang, x: jax.Array, source_rank: int = 0) -> jax.Array:
+    """Return ``source_rank``'s ``x`` on every process (bit for bit).
+
+    :param gang: A :class:`~gang_jax.JaxGang`; every member calls this.
+    :param x: Sent on the source; elsewhere only its shape and dtype matter.
+    :param source_rank: A rank of ``gang`` (not a global rank).
+    :returns: The source's array.
+    :raises TypeError: If an argument has the wrong type.
+    :raises ValueError: If ``source_rank`` is outside ``[0, gang.size)``.
+    :raises GangError: If the collective fails.
+    """
+    g = _check(gang, x, "broadcast")
+    g._check_source_rank(source_rank)
+
+    def run() -> jax.Array:
+        bits = g._communicator().broadcast_bits(_to_bits(x), source_rank)
+        return _from_bits(bits, np.dtype(x.dtype))
+
+    return _run(g, "broadcast", run)

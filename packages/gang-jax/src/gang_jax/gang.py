@@ -1,0 +1,270 @@
+"""The :class:`JaxGang`: a :class:`gang.Gang` whose collectives run on JAX."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, final
+
+import jax
+import numpy as np
+import torch
+from jax.extend.backend import clear_backends
+from torch import Tensor
+from torch.distributed import ProcessGroup
+from typing_extensions import override
+
+from gang import Gang, GangError, InvalidOperationError, NotSupportedError, ReduceOperation
+from gang_jax._collectives import Communicator
+from gang_jax._convert import as_raw_bits, to_numpy
+from gang_jax._rendezvous import resolve
+
+DEFAULT_TIMEOUT = timedelta(minutes=5)
+"""How long :meth:`JaxGang.create_default` waits for every process to join, when no timeout is given."""
+
+
+def _process_devices() -> dict[int, jax.Device]:
+    """Map each JAX process index to the first CPU device it owns (device ids are not dense)."""
+    owned: dict[int, jax.Device] = {}
+    for device in sorted(jax.devices("cpu"), key=lambda d: d.id):
+        owned.setdefault(device.process_index, device)
+    return owned
+
+
+@final
+class JaxGang(Gang):
+    """A gang whose collectives run on JAX's multi-process CPU collectives.
+
+    Gang rank ``i`` is the process owning the ``i``-th device of the gang's mesh (one device per
+    process: the first CPU device the process owns). Collectives take torch CPU tensors (updated
+    in place) or NumPy arrays and give the same results as :class:`gang.ProcessGroupGang`. 64-bit
+    types are handled whatever ``jax_enable_x64`` says. Create the root with
+    :meth:`create_default`; sub-gangs come from :meth:`create_gang` and :meth:`split`.
+
+    :param members: The JAX process index of each member, in gang rank order.
+    :param owns_runtime: Whether closing this gang shuts ``jax.distributed`` down.
+    :raises ValueError: If this process is not one of ``members`` or a member owns no CPU device.
+    """
+
+    def __init__(self, members: list[int], *, owns_runtime: bool = False) -> None:
+        super().__init__()
+        devices = _process_devices()
+        me = jax.process_index()
+        if me not in members:
+            raise ValueError(f"`members` must contain this process ({me}), but is {members} instead.")
+        missing = [m for m in members if m not in devices]
+        if missing:
+            raise ValueError(f"`members` must be JAX processes that own a CPU device, but {missing} own none.")
+        self._members = tuple(members)
+        self._owns_runtime = owns_runtime
+        self._comm = Communicator([devices[m] for m in members], members.index(me))
+
+    @classmethod
+    def create_default(
+        cls,
+        *,
+        coordinator_address: str | None = None,
+        num_processes: int | None = None,
+        process_id: int | None = None,
+        timeout: timedelta | None = None,
+    ) -> JaxGang:
+        """Initialise ``jax.distributed`` and return a gang of every JAX process.
+
+        Missing arguments come from ``JAX_COORDINATOR_ADDRESS``, then from torchrun's variables
+        (``RANK``, ``WORLD_SIZE``; rank 0 picks a free port on ``MASTER_ADDR`` and shares it
+        through torch's store, so it never clashes with the store's port), and otherwise from
+        JAX's own cluster detection (SLURM, Open MPI, ...). A process without any launcher gets a
+        gang of one. If ``jax.distributed`` is already initialised and no argument is given, the
+        gang wraps it and :meth:`close` leaves it running.
+
+        :param coordinator_address: ``host:port`` of the JAX coordinator (served by process 0).
+        :param num_processes: The number of processes.
+        :param process_id: This process's index, in ``[0, num_processes)``.
+        :param timeout: How long to wait for every process to join (default 5 minutes).
+        :raises TypeError: If an argument has the wrong type.
+        :raises ValueError: If ``num_processes`` or ``process_id`` is out of range, or ``timeout``
+            is not positive.
+        :raises InvalidOperationError: If ``jax.distributed`` is already initialised and arguments are given.
+        :raises GangError: If the rendezvous fails or times out.
+        """
+        if coordinator_address is not None and not isinstance(coordinator_address, str):
+            raise TypeError(f"`coordinator_address` must be a `str`, but is {coordinator_address!r} instead.")
+        for name, value in (("num_processes", num_processes), ("process_id", process_id)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise TypeError(f"`{name}` must be an `int`, but is {value!r} instead.")
+        if num_processes is not None and num_processes <= 0:
+            raise ValueError(f"`num_processes` must be greater than 0, but is {num_processes} instead.")
+        if process_id is not None and (process_id < 0 or (num_processes is not None and process_id >= num_processes)):
+            raise ValueError(f"`process_id` must be in the range [0, {num_processes}), but is {process_id} instead.")
+        if timeout is None:
+            timeout = DEFAULT_TIMEOUT
+        if not isinstance(timeout, timedelta):
+            raise TypeError(f"`timeout` must be a `datetime.timedelta`, but is {timeout!r} instead.")
+        if timeout.total_seconds() <= 0:
+            raise ValueError(f"`timeout` must be positive, but is {timeout} instead.")
+
+        if jax.distributed.is_initialized():
+            if (coordinator_address, num_processes, process_id) != (None, None, None):
+                raise InvalidOperationError(
+                    "`jax.distributed` is already initialised; call `create_default()` without arguments to wrap it."
+                )
+            return cls(list(range(jax.process_count())), owns_runtime=False)
+
+        where = resolve(coordinator_address, num_processes, process_id, timeout)
+        try:
+            jax.distributed.initialize(
+                where.coordinator_address,
+                where.num_processes,
+                where.process_id,
+                initialization_timeout=max(1, int(timeout.total_seconds())),
+            )
+        except (RuntimeError, ValueError, OSError) as ex:
+            raise GangError(
+                f"`create_default` failed on rank {where.process_id} of a gang of size {where.num_processes} "
+                f"(coordinator {where.coordinator_address}): {ex}"
+            ) from ex
+        return cls(list(range(jax.process_count())), owns_runtime=True)
+
+    # -- properties -----------------------------------------------------------------------------
+
+    @property
+    @override
+    def rank(self) -> int:
+        return self._comm.rank
+
+    @property
+    @override
+    def size(self) -> int:
+        return self._comm.size
+
+    @property
+    @override
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    @override
+    def supports_process_group(self) -> bool:
+        return False
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The JAX process index of each member, in gang rank order."""
+        return self._members
+
+    @property
+    def jax_device(self) -> jax.Device:
+        """The JAX device this process contributes to the gang's mesh."""
+        return self._comm.device
+
+    @property
+    def mesh(self) -> jax.sharding.Mesh:
+        """The one-dimensional mesh (axis ``"gang"``) of the members' devices, in rank order."""
+        return self._comm.mesh
+
+    @property
+    def num_compiled(self) -> int:
+        """How many compiled collectives this gang holds (one per collective, reduction, shape and dtype)."""
+        return self._comm.cache_size
+
+    # -- implementation ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _translate(self, operation: str) -> Iterator[None]:
+        try:
+            with jax.enable_x64(True):
+                yield
+        except (RuntimeError, ValueError, OSError) as ex:  # JaxRuntimeError derives from RuntimeError
+            raise GangError(f"`{operation}` failed on rank {self.rank} of a gang of size {self.size}: {ex}") from ex
+
+    def _communicator(self) -> Communicator:
+        """The collectives of this gang, for :mod:`gang_jax.functional`."""
+        return self._comm
+
+    @override
+    def _split(self, groups: list[list[int]]) -> Gang | None:
+        # No communication is needed: every member computes the same meshes from the same groups.
+        for group in groups:
+            if self.rank in group:
+                if group == list(range(self.size)):
+                    return JaxGang(list(self._members))
+                return JaxGang([self._members[r] for r in group])
+        return None
+
+    @override
+    def _as_process_group(self) -> ProcessGroup:
+        raise NotSupportedError("`JaxGang` has no torch process group; use its collectives instead.")
+
+    @override
+    def _barrier(self) -> None:
+        with self._translate("barrier"):
+            np.asarray(self._comm.all_reduce(np.zeros(1, dtype=np.int32), ReduceOperation.SUM))
+
+    @override
+    def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
+        with self._translate("all_reduce"):
+            _write(tensor, self._comm.all_reduce(to_numpy(tensor), op))
+
+    @override
+    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+        with self._translate("all_gather"):
+            _write_bits(output_tensor, self._gather_bits(input_tensor))
+
+    @override
+    def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
+        with self._translate("all_gather_to_list"):
+            rows = self._gather_bits(input_tensor)
+            for i, out in enumerate(output_tensors):
+                np.copyto(_raw_view(out), rows[i])
+
+    @override
+    def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
+        with self._translate("reduce_scatter"):
+            _write(output_tensor, self._comm.reduce_scatter(to_numpy(input_tensor), op))
+
+    @override
+    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+        with self._translate("all_to_all"):
+            bits = as_raw_bits(to_numpy(input_tensor)).reshape(self.size, -1)
+            _write_bits(output_tensor, np.asarray(self._comm.all_to_all(bits)))
+
+    @override
+    def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
+        with self._translate("broadcast"):
+            if tensor.numel() == 0:
+                self._barrier()
+                return
+            _write_bits(tensor, np.asarray(self._comm.broadcast_bits(as_raw_bits(to_numpy(tensor)), source_rank)))
+
+    def _gather_bits(self, input_tensor: Tensor) -> np.ndarray[Any, Any]:
+        """All-gather the raw bits of ``input_tensor``; return ``[size, n_words]``."""
+        block = np.asarray(self._comm.all_gather(as_raw_bits(to_numpy(input_tensor))))
+        rows: np.ndarray[Any, Any] = block[0]
+        return rows
+
+    @override
+    def _close(self) -> None:
+        self._comm.clear()
+        if self._owns_runtime and jax.distributed.is_initialized():
+            try:
+                # Drop the XLA clients first: they hold the distributed runtime, and JAX refuses to
+                # initialise it again while a client exists (so `create_default` works after this).
+                clear_backends()  # type: ignore[no-untyped-call]
+                jax.distributed.shutdown()  # type: ignore[no-untyped-call]
+            except RuntimeError as ex:
+                raise GangError(f"`close` failed on rank {self.rank} of a gang of size {self.size}: {ex}") from ex
+
+
+def _raw_view(tensor: Tensor) -> np.ndarray[Any, Any]:
+    return as_raw_bits(to_numpy(tensor))
+
+
+def _write(tensor: Tensor, result: jax.Array) -> None:
+    """Copy ``result`` into ``tensor`` (same number of elements and dtype)."""
+    np.copyto(to_numpy(tensor), np.asarray(result).reshape(tuple(tensor.shape)))
+
+
+def _write_bits(tensor: Tensor, bits: np.ndarray[Any, Any]) -> None:
+    """Copy raw bits into ``tensor``."""
+    np.copyto(_raw_view(tensor), bits.reshape(-1))

@@ -1,0 +1,241 @@
+"""Functions the gang-jax unit tests run on every rank of a :class:`gang.testing.World` (no torch gang)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from gang import GangError, InvalidOperationError, NotSupportedError, ReduceOperation
+from gang_jax import JaxGang, functional
+
+_GANG: JaxGang | None = None
+
+
+def gang() -> JaxGang:
+    """Return this process's root gang, created once per process."""
+    global _GANG
+    if _GANG is None:
+        _GANG = JaxGang.create_default()
+    return _GANG
+
+
+def properties() -> dict[str, Any]:
+    g = gang()
+    return {
+        "rank": g.rank,
+        "size": g.size,
+        "env_rank": int(os.environ["RANK"]),
+        "device": g.device,
+        "supports_pg": g.supports_process_group,
+        "members": g.members,
+        "jax_process": jax.process_index(),
+        "jax_device_process": g.jax_device.process_index,
+    }
+
+
+def as_process_group_raises() -> str:
+    try:
+        gang().as_process_group()
+    except NotSupportedError as ex:
+        return str(ex)
+    return "no error"
+
+
+def numpy_in_place(dtype: str) -> np.ndarray[Any, Any]:
+    g = gang()
+    a = np.full((3,), g.rank + 1, dtype=dtype)
+    g.all_reduce(a, ReduceOperation.SUM)
+    return a
+
+
+def x64_sum() -> tuple[bool, torch.Tensor]:
+    """int64 beyond 2**32 while jax_enable_x64 stays off for the user."""
+    g = gang()
+    t = torch.tensor([2**40 + g.rank, -(2**50)], dtype=torch.int64)
+    g.all_reduce(t, ReduceOperation.SUM)
+    return bool(jax.config.jax_enable_x64), t
+
+
+def compile_cache() -> tuple[int, int, int]:
+    g = gang()
+    before = g.num_compiled
+    for i in range(5):
+        t = torch.full((7,), float(i))
+        g.all_reduce(t, ReduceOperation.MAX)
+    after_loop = g.num_compiled
+    g.all_reduce(torch.zeros(8), ReduceOperation.MAX)  # a new shape compiles once more
+    return before, after_loop, g.num_compiled
+
+
+def functional_ops() -> dict[str, Any]:
+    g = gang()
+    r, n = g.rank, g.size
+    x = jnp.arange(4, dtype=jnp.float32) + r
+    rows = jnp.arange(n * 2, dtype=jnp.int32).reshape(n, 2) + 100 * r
+    out = {
+        "sum": functional.all_reduce(g, x, ReduceOperation.SUM),
+        "mean": functional.all_reduce(g, x, ReduceOperation.MEAN),
+        "gather": functional.all_gather(g, x),
+        "rs": functional.reduce_scatter(g, rows, ReduceOperation.MAX),
+        "a2a": functional.all_to_all(g, rows),
+        "bcast": functional.broadcast(g, x * (r + 1), source_rank=n - 1),
+        "bcast_bool": functional.broadcast(g, jnp.array([r % 2 == 0, True]), source_rank=1),
+    }
+    assert all(isinstance(v, jax.Array) for v in out.values())
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def functional_errors() -> list[str]:
+    g = gang()
+    errors = []
+    for call in (
+        lambda: functional.all_reduce(g, np.ones(2), ReduceOperation.SUM),  # type: ignore[arg-type]
+        lambda: functional.all_reduce(g, jnp.ones(2, jnp.int32), ReduceOperation.MEAN),
+        lambda: functional.reduce_scatter(g, jnp.ones((g.size + 1, 2)), ReduceOperation.SUM),
+        lambda: functional.broadcast(g, jnp.ones(2), source_rank=g.size),
+        lambda: functional.all_gather(object(), jnp.ones(2)),  # type: ignore[arg-type]
+    ):
+        try:
+            call()
+        except (TypeError, ValueError) as ex:
+            errors.append(f"{type(ex).__name__}: {ex}")
+    return errors
+
+
+def checks_before_communication() -> list[str]:
+    """Bad arguments raise the core's errors on every rank, before anything is sent."""
+    g = gang()
+    errors = []
+    for call in (
+        lambda: g.all_reduce(torch.ones(2, dtype=torch.int32), ReduceOperation.MEAN),
+        lambda: g.all_gather(torch.empty(g.size + 1, 2), torch.ones(2)),
+        lambda: g.broadcast(torch.ones(2), source_rank=-1),
+    ):
+        try:
+            call()
+        except ValueError as ex:
+            errors.append(str(ex))
+    g.barrier()
+    return errors
+
+
+def subgang_and_close() -> dict[str, Any]:
+    g = gang()
+    sub = g.create_gang([g.size - 1, 0])
+    if sub is None:
+        return {"member": False}
+    t = torch.tensor([float(g.rank)])
+    sub.all_reduce(t, ReduceOperation.SUM)
+    info = {"member": True, "rank": sub.rank, "size": sub.size, "sum": t.item(), "members": sub.members}
+    sub.close()
+    try:
+        sub.barrier()
+    except InvalidOperationError:
+        info["closed_raises"] = True
+    return info
+
+
+def bool_and_float16() -> dict[str, torch.Tensor]:
+    g = gang()
+    flags = torch.tensor([g.rank == 0, True, False])
+    g.all_reduce(flags, ReduceOperation.MAX)
+    half = torch.full((2,), 0.5 * (g.rank + 1), dtype=torch.float16)
+    g.all_reduce(half, ReduceOperation.SUM)
+    c = torch.tensor([1 + 2j * g.rank], dtype=torch.complex64)
+    g.broadcast(c, source_rank=g.size - 1)
+    return {"flags": flags, "half": half, "complex": c}
+
+
+def large_reduce_scatter(op_name: str) -> torch.Tensor:
+    g = gang()
+    chunk = 1 << 20
+    inp = (torch.arange(g.size * chunk, dtype=torch.float32) % 97 + g.rank).reshape(g.size, chunk)
+    out = torch.empty(chunk)
+    g.reduce_scatter(out, inp, ReduceOperation[op_name])
+    return out
+
+
+def error_is_gang_error() -> tuple[str, str, str]:
+    """A failure inside JAX surfaces as GangError naming the op, rank and size, with the cause chained."""
+    g = gang()
+    from gang_jax import _collectives
+
+    comm = g._communicator()
+    original = comm.all_reduce
+
+    def broken(x: Any, op: ReduceOperation) -> Any:
+        raise RuntimeError("simulated backend failure")
+
+    comm.all_reduce = broken  # type: ignore[method-assign]
+    try:
+        g.all_reduce(torch.ones(1), ReduceOperation.SUM)
+    except GangError as ex:
+        return str(ex), type(ex.__cause__).__name__, _collectives.AXIS
+    finally:
+        comm.all_reduce = original  # type: ignore[method-assign]
+    return "no error", "", ""
+
+
+def create_close_create() -> tuple[int, int]:
+    """Shut the runtime down with close() and initialise it again in the same processes."""
+    first = JaxGang.create_default()
+    t = torch.ones(1)
+    first.all_reduce(t, ReduceOperation.SUM)
+    first.close()
+    initialized_after_close = int(jax.distributed.is_initialized())
+    return int(t.item()), initialized_after_close
+
+
+def create_other_ways(address: str, second_address: str) -> list[Any]:
+    """Explicit arguments, JAX's own variable, and wrapping a runtime the caller started."""
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    seen: list[Any] = []
+
+    explicit = JaxGang.create_default(coordinator_address=address, num_processes=size, process_id=rank)
+    t = torch.tensor([rank + 1])
+    explicit.all_reduce(t, ReduceOperation.SUM)
+    seen.append(int(t.item()))
+    explicit.close()
+
+    os.environ["JAX_COORDINATOR_ADDRESS"] = second_address
+    try:
+        from_env = JaxGang.create_default()
+    finally:
+        del os.environ["JAX_COORDINATOR_ADDRESS"]
+    t = torch.tensor([rank + 1])
+    from_env.all_reduce(t, ReduceOperation.MAX)
+    seen.append(int(t.item()))
+    try:
+        JaxGang.create_default(num_processes=size)
+    except InvalidOperationError:
+        seen.append("already initialised")
+    wrapped = JaxGang.create_default()  # wraps the running runtime; closing it leaves it running
+    wrapped.close()
+    seen.append(bool(jax.distributed.is_initialized()))
+    from_env.close()
+
+    seen.append(bool(jax.distributed.is_initialized()))
+    return seen
+
+
+def several_local_devices() -> dict[str, Any]:
+    """With two CPU devices per process, the gang uses the first one each process owns."""
+    g = JaxGang.create_default()
+    t = torch.tensor([float(g.rank + 1)])
+    g.all_reduce(t, ReduceOperation.SUM)
+    rows = torch.empty(g.size, 2, dtype=torch.int64)
+    g.all_gather(rows, torch.tensor([g.rank, 2**40]))
+    info = {
+        "local_devices": len(jax.local_devices()),
+        "uses_first_local": g.jax_device == min(jax.local_devices(), key=lambda d: d.id),
+        "mesh_ids": [d.id for d in g.mesh.devices.flat],
+        "sum": t.item(),
+        "rows": rows.tolist(),
+    }
+    g.close()
+    return info
