@@ -87,7 +87,7 @@ def slowest_rank(per_rank: Sequence[Sequence[float]]) -> list[float]:
     counts = {len(times) for times in per_rank}
     if len(counts) != 1:
         raise ValueError(f"every rank must have the same number of iterations, but the counts are {sorted(counts)}.")
-    return [max(column) for column in zip(*per_rank)]
+    return [max(column) for column in zip(*per_rank, strict=False)]
 
 
 def make_row(

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.benchmath import IMPLS, OPS, Row, make_row, median, table_header, table_line
-from gang import Gang, ProcessGroupGang, ReduceOperation
+from gang import ProcessGroupGang, ReduceOperation
 
 Call = Callable[[], object]
 
@@ -126,7 +126,7 @@ class JaxImpls:
         self.jax = jax
         self.gang = JaxGang.create_default()
         self.n = self.gang.size
-        devices = {}
+        devices: dict[int, Any] = {}
         for device in sorted(jax.devices(), key=lambda d: d.id):
             devices.setdefault(device.process_index, device)
         self.me = devices[jax.process_index()]
@@ -229,9 +229,7 @@ def main(argv: list[str] | None = None) -> None:
             calls = {name: calls[name] for name in args.impls}
             warmup, iters = iterations(numel * 4, args.quick)
             times = time_interleaved(calls, warmup, iters)
-            by_impl = {
-                name: make_row(name, op, numel * 4, n, median(ts), iters=iters) for name, ts in times.items()
-            }
+            by_impl = {name: make_row(name, op, numel * 4, n, median(ts), iters=iters) for name, ts in times.items()}
             rows.extend(by_impl.values())
             if rank == 0:
                 print(table_line(op, numel * 4, by_impl, args.impls), flush=True)
