@@ -90,6 +90,22 @@ def slowest_rank(per_rank: Sequence[Sequence[float]]) -> list[float]:
     return [max(column) for column in zip(*per_rank, strict=False)]
 
 
+def paired_ratio(ours: Sequence[float], baseline: Sequence[float]) -> float:
+    """Return the median over iterations of ``ours[i] / baseline[i]``.
+
+    The two calls of one iteration ran back to back, so they saw the same load on the machine;
+    the median of these per-iteration ratios is much steadier than the ratio of two medians on a
+    busy machine.
+
+    :raises ValueError: If the sequences are empty or of different lengths.
+    """
+    if len(ours) != len(baseline) or not ours:
+        raise ValueError(
+            f"`ours` and `baseline` must be non-empty and of one length, not {len(ours)} and {len(baseline)}."
+        )
+    return median(a / b for a, b in zip(ours, baseline, strict=True))
+
+
 def make_row(
     impl: str, op: str, nbytes: int, world_size: int, seconds: float, *, bandwidth: bool = True, **extra: Any
 ) -> Row:
@@ -120,17 +136,25 @@ def make_row(
 
 
 def ratio_table(rows: Iterable[Mapping[str, Any]], ours: str, baseline: str) -> dict[tuple[str, int, int], float]:
-    """Return ``time(ours) / time(baseline)`` keyed by ``(op, world_size, bytes)`` where both were measured."""
+    """Return the time ratio of ``ours`` to ``baseline`` keyed by ``(op, world_size, bytes)`` where both were measured.
+
+    The ratio is the row's ``paired_ratio`` (see :func:`paired_ratio`) when it has one, else the
+    ratio of the two median times.
+    """
+    rows = list(rows)
     times: dict[tuple[str, str, int, int], float] = {}
     for row in rows:
         times[(str(row["impl"]), str(row["op"]), int(row["world_size"]), int(row["bytes"]))] = float(row["time_us"])
     out: dict[tuple[str, int, int], float] = {}
-    for (impl, op, world, nbytes), t in times.items():
-        if impl != ours:
+    for row in rows:
+        if row["impl"] != ours:
             continue
+        op, world, nbytes = str(row["op"]), int(row["world_size"]), int(row["bytes"])
         base = times.get((baseline, op, world, nbytes))
-        if base is not None and base > 0:
-            out[(op, world, nbytes)] = t / base
+        if base is None or base <= 0:
+            continue
+        paired = row.get("paired_ratio")
+        out[(op, world, nbytes)] = float(paired) if paired is not None else float(row["time_us"]) / base
     return out
 
 
@@ -163,7 +187,8 @@ def table_line(op: str, nbytes: int, rows: Mapping[str, Mapping[str, Any]], impl
             line += f" {row['time_us']:12.1f} {row['algbw_gbps'] or 0.0:7.3f} {row['busbw_gbps'] or 0.0:7.3f} |"
     for ours, base, width in (("gang", "torch", 10), ("gang-jax", "jax", 12)):
         if ours in rows and base in rows:
-            line += f" {rows[ours]['time_us'] / rows[base]['time_us']:>{width}.3f}"
+            ratio = rows[ours].get("paired_ratio") or rows[ours]["time_us"] / rows[base]["time_us"]
+            line += f" {ratio:>{width}.3f}"
         else:
             line += f" {'-':>{width}}"
     return line

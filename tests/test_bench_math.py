@@ -93,3 +93,13 @@ def test_ratio_table_and_sizes() -> None:
     assert bm.format_size(3 << 19) == "1.5 MiB"
     line = bm.table_line("all_reduce", 64, {r["impl"]: r for r in rows[:2]})
     assert "1.500" in line
+
+
+def test_paired_ratio_is_preferred() -> None:
+    # Iteration 1 was disturbed for both implementations; the per-iteration ratios stay at 1.1.
+    assert bm.paired_ratio([1.1, 11.0, 2.2], [1.0, 10.0, 2.0]) == pytest.approx(1.1)
+    with pytest.raises(ValueError, match="one length"):
+        bm.paired_ratio([1.0], [1.0, 2.0])
+    rows = [bm.make_row("torch", "broadcast", 64, 2, 2e-6), bm.make_row("gang", "broadcast", 64, 2, 3e-6)]
+    rows[1]["paired_ratio"] = 1.01
+    assert bm.ratio_table(rows, "gang", "torch") == {("broadcast", 2, 64): pytest.approx(1.01)}
