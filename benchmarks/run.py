@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks import fake, plots
-from benchmarks.benchmath import PAIRS, Row, format_size, median, ratio_table
+from benchmarks.benchmath import OPS, PAIRS, Row, format_size, median, ratio_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,7 @@ def summary(rows: list[Row]) -> str:
     """Return the overhead summary: per pair and world size, the median ratio below and from 64 KiB, and the worst."""
     lines = ["", "# overhead (median over sizes of the per-size median time ratio)"]
     for ours, base in PAIRS:
-        table = ratio_table(rows, ours, base)
+        table = {k: v for k, v in ratio_table(rows, ours, base).items() if k[0] in OPS}
         for world in sorted({w for (_, w, _) in table}):
             small = [v for (_, w, b), v in table.items() if w == world and b < 64 << 10]
             large = [v for (_, w, b), v in table.items() if w == world and b >= 64 << 10]
