@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from benchmarks.benchmath import IMPLS, OPS, Row, make_row, median, table_header, table_line
+from benchmarks.benchmath import IMPLS, OPS, PAIRS, Row, make_row, median, paired_ratio, table_header, table_line
 from gang import ProcessGroupGang, ReduceOperation
 
 Call = Callable[[], object]
@@ -221,8 +221,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"# collectives on {n} ranks (gloo / XLA CPU), float32, median of the slowest rank", flush=True)
         print(table_header(args.impls), flush=True)
     for op in args.ops:
+        done: set[int] = set()
         for nbytes in sizes(max_bytes):
             numel = numel_for(nbytes, n, op)
+            if numel in done:  # a tiny size rounded up to one already measured
+                continue
+            done.add(numel)
             calls = torch_impls.cases(op, numel)
             if jax_impls is not None:
                 calls.update(jax_impls.cases(op, numel))
@@ -231,6 +235,9 @@ def main(argv: list[str] | None = None) -> None:
             times = time_interleaved(calls, warmup, iters)
             by_impl = {name: make_row(name, op, numel * 4, n, median(ts), iters=iters) for name, ts in times.items()}
             rows.extend(by_impl.values())
+            for ours, base in PAIRS:
+                if ours in times and base in times:
+                    by_impl[ours]["paired_ratio"] = paired_ratio(times[ours], times[base])
             if rank == 0:
                 print(table_line(op, numel * 4, by_impl, args.impls), flush=True)
     if rank == 0:
