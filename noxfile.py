@@ -75,7 +75,7 @@ def typecheck(session: nox.Session) -> None:
     """mypy --strict over every package, its tests, the examples and the benchmarks."""
     install(session, "mypy", "pytest", "nox")
     targets = [str(ROOT / "packages" / name / "src") for name in PACKAGES]
-    session.run("mypy", *targets, str(ROOT / "examples"), str(ROOT / "noxfile.py"))
+    session.run("mypy", *targets, str(ROOT / "examples"), str(ROOT / "benchmarks"), str(ROOT / "noxfile.py"))
 
 
 @nox.session
@@ -89,6 +89,17 @@ def docs(session: nox.Session) -> None:
         if example.name.startswith("_"):
             continue
         session.run("python", str(example), env={"OMP_NUM_THREADS": "1"})
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Collective and overhead benchmarks (not in the default sessions): ``nox -s bench -- --quick --out results.json``.
+
+    Launches torchrun itself (2 and 4 ranks for the collectives, 8 for the set-up benchmark);
+    writes the JSON rows to ``--out`` and the PNG plots next to it. See ``docs/performance.rst``.
+    """
+    install(session, "matplotlib", packages=["gang", "gang-mesh", "gang-jax"])
+    session.run("python", "-m", "benchmarks.run", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session

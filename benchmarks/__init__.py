@@ -1,0 +1,1 @@
+"""Collective and overhead benchmarks of the gang packages (run them with ``nox -s bench``)."""

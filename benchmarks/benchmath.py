@@ -1,0 +1,194 @@
+"""Pure arithmetic of the benchmarks: bandwidths, medians, result rows and the terminal table.
+
+Bandwidths follow the usual conventions of collective benchmarks: the *algorithm bandwidth* is
+the size of the full buffer divided by the time, and the *bus bandwidth* scales it by a factor
+that depends on the collective, so that it can be compared with the peak bandwidth of a link
+whatever the number of ranks. ``bytes`` is always the full buffer: the buffer that is reduced
+(``all_reduce``), the gathered output (``all_gather``), the input that is reduced and scattered
+(``reduce_scatter``), the whole send buffer (``all_to_all``) and the broadcast buffer.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+"""The collectives that are timed, in the order they are reported."""
+
+IMPLS = ("torch", "gang", "jax", "gang-jax")
+"""Raw torch.distributed, ProcessGroupGang, raw JAX and JaxGang."""
+
+PAIRS = (("gang", "torch"), ("gang-jax", "jax"))
+"""(ours, the raw baseline) pairs whose time ratio is the overhead of our API."""
+
+ROW_KEYS = ("impl", "op", "bytes", "world_size", "time_us", "algbw_gbps", "busbw_gbps")
+"""The keys every JSON row has (extra keys may follow)."""
+
+Row = dict[str, Any]
+
+
+def bus_factor(op: str, world_size: int) -> float:
+    """Return the factor that turns the algorithm bandwidth of ``op`` on ``world_size`` ranks into the bus bandwidth.
+
+    :raises ValueError: If ``op`` is not a known collective or ``world_size`` is not positive.
+    """
+    if world_size <= 0:
+        raise ValueError(f"`world_size` must be positive, but is {world_size} instead.")
+    n = world_size
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    raise ValueError(f"`op` must be one of {OPS}, but is {op!r} instead.")
+
+
+def algbw_gbps(nbytes: int, seconds: float) -> float:
+    """Return the algorithm bandwidth in GB/s (10**9 bytes per second) of moving ``nbytes`` in ``seconds``.
+
+    :raises ValueError: If ``seconds`` is not positive or ``nbytes`` is negative.
+    """
+    if seconds <= 0:
+        raise ValueError(f"`seconds` must be positive, but is {seconds} instead.")
+    if nbytes < 0:
+        raise ValueError(f"`nbytes` must not be negative, but is {nbytes} instead.")
+    return nbytes / seconds / 1e9
+
+
+def busbw_gbps(op: str, nbytes: int, seconds: float, world_size: int) -> float:
+    """Return the bus bandwidth in GB/s: the algorithm bandwidth times :func:`bus_factor`."""
+    return algbw_gbps(nbytes, seconds) * bus_factor(op, world_size)
+
+
+def median(values: Iterable[float]) -> float:
+    """Return the median of ``values`` (the mean of the two middle values for an even count).
+
+    :raises ValueError: If ``values`` is empty.
+    """
+    data = list(values)
+    if not data:
+        raise ValueError("`values` must not be empty.")
+    return float(statistics.median(data))
+
+
+def slowest_rank(per_rank: Sequence[Sequence[float]]) -> list[float]:
+    """Return, for each iteration, the largest time over the ranks.
+
+    This is what the MAX all-reduce of the per-rank times computes on the cluster.
+
+    :param per_rank: ``per_rank[r][i]`` is rank ``r``'s time of iteration ``i``.
+    :raises ValueError: If there are no ranks or the ranks ran different numbers of iterations.
+    """
+    if not per_rank:
+        raise ValueError("`per_rank` must hold at least one rank.")
+    counts = {len(times) for times in per_rank}
+    if len(counts) != 1:
+        raise ValueError(f"every rank must have the same number of iterations, but the counts are {sorted(counts)}.")
+    return [max(column) for column in zip(*per_rank, strict=False)]
+
+
+def paired_ratio(ours: Sequence[float], baseline: Sequence[float]) -> float:
+    """Return the median over iterations of ``ours[i] / baseline[i]``.
+
+    The two calls of one iteration ran back to back, so they saw the same load on the machine;
+    the median of these per-iteration ratios is much steadier than the ratio of two medians on a
+    busy machine.
+
+    :raises ValueError: If the sequences are empty or of different lengths.
+    """
+    if len(ours) != len(baseline) or not ours:
+        raise ValueError(
+            f"`ours` and `baseline` must be non-empty and of one length, not {len(ours)} and {len(baseline)}."
+        )
+    return median(a / b for a, b in zip(ours, baseline, strict=True))
+
+
+def make_row(
+    impl: str, op: str, nbytes: int, world_size: int, seconds: float, *, bandwidth: bool = True, **extra: Any
+) -> Row:
+    """Return one JSON row of a measurement.
+
+    :param impl: ``torch``, ``gang``, ``jax``, ``gang-jax`` or the name of another measurement.
+    :param op: The operation measured.
+    :param nbytes: The full buffer size in bytes (0 where there is no buffer).
+    :param world_size: The number of ranks (1 for single-process measurements).
+    :param seconds: The median time of one operation.
+    :param bandwidth: Whether bandwidths make sense; if not, they are ``None``.
+    :param extra: More keys (the iteration count, say), appended after the standard ones.
+    """
+    row: Row = {
+        "impl": impl,
+        "op": op,
+        "bytes": int(nbytes),
+        "world_size": int(world_size),
+        "time_us": seconds * 1e6,
+        "algbw_gbps": None,
+        "busbw_gbps": None,
+    }
+    if bandwidth and op in OPS and nbytes > 0:
+        row["algbw_gbps"] = algbw_gbps(nbytes, seconds)
+        row["busbw_gbps"] = busbw_gbps(op, nbytes, seconds, world_size)
+    row.update(extra)
+    return row
+
+
+def ratio_table(rows: Iterable[Mapping[str, Any]], ours: str, baseline: str) -> dict[tuple[str, int, int], float]:
+    """Return the time ratio of ``ours`` to ``baseline`` keyed by ``(op, world_size, bytes)`` where both were measured.
+
+    The ratio is the row's ``paired_ratio`` (see :func:`paired_ratio`) when it has one, else the
+    ratio of the two median times.
+    """
+    rows = list(rows)
+    times: dict[tuple[str, str, int, int], float] = {}
+    for row in rows:
+        times[(str(row["impl"]), str(row["op"]), int(row["world_size"]), int(row["bytes"]))] = float(row["time_us"])
+    out: dict[tuple[str, int, int], float] = {}
+    for row in rows:
+        if row["impl"] != ours:
+            continue
+        op, world, nbytes = str(row["op"]), int(row["world_size"]), int(row["bytes"])
+        base = times.get((baseline, op, world, nbytes))
+        if base is None or base <= 0:
+            continue
+        paired = row.get("paired_ratio")
+        out[(op, world, nbytes)] = float(paired) if paired is not None else float(row["time_us"]) / base
+    return out
+
+
+def format_size(nbytes: int) -> str:
+    """Return ``nbytes`` in binary units (``4 B``, ``64 KiB``, ``16 MiB``)."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def table_header(impls: Sequence[str] = IMPLS) -> str:
+    """Return the header of the terminal table: size, then time, algbw and busbw per implementation."""
+    head = f"{'op':>14} {'size':>9} |"
+    for impl in impls:
+        head += f" {impl + ' us':>12} {'algbw':>7} {'busbw':>7} |"
+    return head + f" {'gang/torch':>10} {'gang-jax/jax':>12}"
+
+
+def table_line(op: str, nbytes: int, rows: Mapping[str, Mapping[str, Any]], impls: Sequence[str] = IMPLS) -> str:
+    """Return one line of the terminal table from the rows of one (op, size), keyed by implementation."""
+    line = f"{op:>14} {format_size(nbytes):>9} |"
+    for impl in impls:
+        row = rows.get(impl)
+        if row is None:
+            line += f" {'-':>12} {'-':>7} {'-':>7} |"
+        else:
+            line += f" {row['time_us']:12.1f} {row['algbw_gbps'] or 0.0:7.3f} {row['busbw_gbps'] or 0.0:7.3f} |"
+    for ours, base, width in (("gang", "torch", 10), ("gang-jax", "jax", 12)):
+        if ours in rows and base in rows:
+            ratio = rows[ours].get("paired_ratio") or rows[ours]["time_us"] / rows[base]["time_us"]
+            line += f" {ratio:>{width}.3f}"
+        else:
+            line += f" {'-':>{width}}"
+    return line

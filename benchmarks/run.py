@@ -1,0 +1,110 @@
+"""Run every benchmark and write the JSON rows and the plots (what ``nox -s bench`` calls).
+
+``python -m benchmarks.run [--quick] [--out results.json] [--worlds 2 4]`` launches torchrun
+for each world size of the collective benchmark and for the 8-rank set-up benchmark, times the
+FakeGang collectives in this process, prints the tables as it goes and a summary of the
+overhead ratios at the end, and writes ``--out`` plus ``<stem>_busbw.png`` and ``<stem>_ratio.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import fake, plots
+from benchmarks.benchmath import OPS, PAIRS, Row, format_size, median, ratio_table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def torchrun(module: str, nproc: int, args: list[str]) -> None:
+    """Run ``python -m module args`` on ``nproc`` local ranks with torchrun (its output streams through)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    paths = [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    subprocess.run([*cmd, "-m", module, *args], check=True, cwd=ROOT, env=env)
+
+
+def summary(rows: list[Row]) -> str:
+    """Return the overhead summary: per pair and world size, the median ratio below and from 64 KiB, and the worst."""
+    lines = ["", "# overhead (median over sizes of the per-size median time ratio)"]
+    for ours, base in PAIRS:
+        table = {k: v for k, v in ratio_table(rows, ours, base).items() if k[0] in OPS}
+        for world in sorted({w for (_, w, _) in table}):
+            small = [v for (_, w, b), v in table.items() if w == world and b < 64 << 10]
+            large = [v for (_, w, b), v in table.items() if w == world and b >= 64 << 10]
+            worst = max(((v, o, b) for (o, w, b), v in table.items() if w == world), default=None)
+            text = f"{ours + '/' + base:>14} on {world} ranks:"
+            if small:
+                text += f" < 64 KiB {median(small):.3f}"
+            if large:
+                text += f"  >= 64 KiB {median(large):.3f}"
+            if worst:
+                text += f"  (worst {worst[0]:.2f}: {worst[1]} {format_size(worst[2])})"
+            lines.append(text)
+    extra = {(r["op"], r["impl"]): float(r["time_us"]) for r in rows if r["world_size"] != 0}
+    for op, ours, base in (
+        ("create_groups", "gang", "torch"),
+        ("fsdp_step", "gang-mesh", "native-mesh"),
+    ):
+        if (op, ours) in extra and (op, base) in extra:
+            a, b = extra[(op, ours)], extra[(op, base)]
+            lines.append(f"{op:>14}: {ours} {a / 1e3:.2f} ms, {base} {b / 1e3:.2f} ms, ratio {a / b:.3f}")
+    if ("to_device_mesh", "gang") in extra:
+        lines.append(f"{'to_device_mesh':>14}: {extra[('to_device_mesh', 'gang')] / 1e3:.2f} ms")
+    fake_rows = [r for r in rows if r["impl"] in ("fake", "plain")]
+    if fake_rows:
+        table = ratio_table(fake_rows, "fake", "plain")
+        useful = {k: v for k, v in table.items() if k[0] != "broadcast"}
+        if useful:
+            (w_op, _, w_bytes), w_ratio = max(useful.items(), key=lambda kv: kv[1])
+            lines.append(
+                f"{'FakeGang':>14}: median ratio to the plain op {median(useful.values()):.2f}, worst "
+                f"{w_ratio:.2f} ({w_op} {format_size(w_bytes)}); broadcast is a no-op"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the arguments and run the benchmarks."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="sizes up to 4 MiB, fewer iterations (about 2 minutes)")
+    parser.add_argument("--out", default="results.json", help="the JSON file of rows; the PNGs go next to it")
+    parser.add_argument("--worlds", nargs="*", type=int, default=[2, 4], help="ranks of the collective benchmark")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["collectives", "fake", "meshes"])
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    rows: list[Row] = []
+    flag = ["--quick"] if args.quick else []
+    with tempfile.TemporaryDirectory() as tmp:
+        if "collectives" not in args.skip:
+            for world in args.worlds:
+                part = Path(tmp) / f"collectives-{world}.json"
+                torchrun("benchmarks.collectives", world, [*flag, "--out", str(part)])
+                rows += json.loads(part.read_text())
+        if "meshes" not in args.skip:
+            part = Path(tmp) / "meshes.json"
+            print("\n# set-up on 8 ranks: pp=2, dp=2, tp=2", flush=True)
+            torchrun("benchmarks.meshes", 8, [*flag, "--out", str(part)])
+            rows += json.loads(part.read_text())
+    if "fake" not in args.skip:
+        print("\n# FakeGang (size 4) against the plain tensor op it simulates", flush=True)
+        rows += fake.run((4 << 20) if args.quick else (64 << 20), args.quick, lambda s: print(s, flush=True))
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+    written = plots.plot(rows, out)
+    print(summary(rows))
+    print(f"\nwrote {out} ({len(rows)} rows) and {', '.join(p.name for p in written)}")
+    print(f"total {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
