@@ -151,7 +151,7 @@ class Communicator:
         global_shape = (self.size, *local.shape[1:])
         inp = jax.make_array_from_single_device_arrays(global_shape, self.sharding, [local])
         out = self._compiled(key, body)(inp)
-        result: jax.Array = out.addressable_shards[0].data
+        result: jax.Array = out.addressable_data(0)
         return result
 
     def all_reduce(self, x: Any, op: ReduceOperation) -> jax.Array:

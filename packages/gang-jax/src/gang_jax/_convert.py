@@ -30,7 +30,10 @@ def to_numpy(tensor: Tensor) -> np.ndarray[Any, Any]:
 
 
 def as_raw_bits(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """Return a flat view of ``array``'s bytes as the widest unsigned integer type that fits its item size."""
+    """Return a flat view of ``array``'s bytes as unsigned integers of up to 32 bits.
+
+    Eight-byte items become two 32-bit words, so moving bits never needs JAX's 64-bit mode.
+    """
     flat = np.ascontiguousarray(array).reshape(-1)
-    width = min(flat.dtype.itemsize, 8)
+    width = min(flat.dtype.itemsize, 4)
     return flat.view(_UINT_BY_SIZE[width])
