@@ -104,14 +104,16 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: a tour of the library on 4 local CPU ranks launched by torchrun."""
+    """The main job, on 4 local CPU ranks launched by torchrun: a tour of the gangs and every
+    collective, FSDP2 + tensor-parallel training through ``to_device_mesh``, and torch vs JAX."""
     install(session)
-    session.run(
-        "torchrun",
-        "--standalone",
-        "--nproc-per-node",
-        "4",
-        str(ROOT / "examples" / "demo" / "tour.py"),
-        env={"OMP_NUM_THREADS": "1"},
-        external=False,
-    )
+    for script in ("demo/tour.py", "fsdp_tp_training.py", "jax_vs_torch.py"):
+        session.run(
+            "torchrun",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            str(ROOT / "examples" / script),
+            env={"OMP_NUM_THREADS": "1"},
+            external=False,
+        )
