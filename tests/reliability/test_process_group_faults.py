@@ -48,7 +48,7 @@ def _died(world: World, fn: Any, *args: Any) -> WorkerDiedError:
     return info.value
 
 
-@pytest.mark.parametrize(("size", "victim"), [(2, 1), (4, 0), (4, 3)])
+@pytest.mark.parametrize(("size", "victim"), [(2, 1), (4, 0)])
 def test_peer_exits_before_a_collective(size: int, victim: int) -> None:
     with World(size, gang_timeout=TIMEOUT) as world:
         died = _died(world, exit_before_collective, victim)
@@ -70,7 +70,7 @@ def test_peer_sigkilled_in_a_stream_of_collectives(size: int, victim: int) -> No
 @pytest.mark.parametrize("size", [2, 3])
 def test_peer_hangs(size: int) -> None:
     with World(size, gang_timeout=TIMEOUT) as world:
-        results = world.run(hang, size - 1, TIMEOUT + 3, timeout=120)
+        results = world.run(hang, size - 1, TIMEOUT + 1, timeout=120)
     for rank, report in enumerate(results[:-1]):
         _check_survivor(rank, size, report, "all_reduce", "Timed out")
         assert report["elapsed"] >= TIMEOUT * 0.9  # it was the gang's timeout that fired
@@ -79,7 +79,7 @@ def test_peer_hangs(size: int) -> None:
 
 def test_sub_gang_honours_the_root_timeout() -> None:
     with World(3, gang_timeout=TIMEOUT) as world:
-        results = world.run(hang_in_sub_gang, 1, TIMEOUT + 3, timeout=120)
+        results = world.run(hang_in_sub_gang, 1, TIMEOUT + 1, timeout=120)
     survivor = results[0]
     _check_survivor(0, 2, survivor, "all_reduce", "Timed out")
     assert survivor["elapsed"] >= TIMEOUT * 0.9
@@ -90,7 +90,7 @@ def test_sub_gang_honours_the_root_timeout() -> None:
 
 def test_peer_never_arrives_at_rendezvous() -> None:
     with World(3, init_gang=False) as world:
-        results = world.run(never_arrives, 2, TIMEOUT + 4, TIMEOUT, timeout=120)
+        results = world.run(never_arrives, 2, TIMEOUT + 1, TIMEOUT, timeout=120)
     for report in results[:2]:
         assert report["error"] is not None
         assert "`create_default_process_group` failed during the rendezvous" in report["error"]

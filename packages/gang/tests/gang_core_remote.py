@@ -208,35 +208,6 @@ def wrap_user_group(g: Gang) -> list[Any]:
     return [t.item(), got, t2.item(), wrapped.as_process_group is not None]
 
 
-def peer_exits(g: Gang, victim: int) -> str:
-    """``victim`` exits abruptly; every survivor must get a GangError from its next collective."""
-    import os
-
-    g.barrier()
-    if g.rank == victim:
-        os._exit(3)
-    try:
-        for _ in range(50):
-            g.all_reduce(torch.ones(1000), ReduceOperation.SUM)
-    except gang.GangError as ex:
-        return str(ex)
-    return "no error"
-
-
-def peer_hangs(g: Gang, victim: int, seconds: float) -> str:
-    """``victim`` never calls the collective; survivors time out with a GangError."""
-    import time
-
-    if g.rank == victim:
-        time.sleep(seconds)
-        return "slept"
-    try:
-        g.all_reduce(torch.ones(4), ReduceOperation.SUM)
-    except gang.GangError as ex:
-        return str(ex)
-    return "no error"
-
-
 def helpers_tour(g: Gang) -> dict[str, Any]:
     flag = gang.broadcast_flag(g, g.rank == 1, source_rank=1)
     total = gang.all_sum(g, g.rank + 1).item()
