@@ -96,7 +96,7 @@ class FakeGang(Gang):
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        output_tensor.copy_(input_tensor.unsqueeze(0).expand_as(output_tensor))
+        output_tensor.copy_(input_tensor)  # broadcasts along the leading `size` axis
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
@@ -105,13 +105,16 @@ class FakeGang(Gang):
 
     @override
     def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
-        output_tensor.copy_(input_tensor[self._rank])
-        self._reduce_copies(output_tensor, op)
+        if op is ReduceOperation.SUM:
+            torch.mul(input_tensor[self._rank], self._size, out=output_tensor)
+        else:
+            output_tensor.copy_(input_tensor[self._rank])
+            self._reduce_copies(output_tensor, op)
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
         # Row i comes from rank i, which (holding the same data) sends its row `rank`.
-        output_tensor.copy_(input_tensor[self._rank].unsqueeze(0).expand_as(output_tensor))
+        output_tensor.copy_(input_tensor[self._rank])  # broadcasts along the leading `size` axis
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int) -> None:

@@ -461,6 +461,14 @@ class Gang(ABC):
             raise ValueError(f"`source_rank` must be in the range [0, {self.size}), but is {source_rank} instead.")
 
     def _check_tensor(self, name: str, value: object, *, contiguous: bool = False) -> Tensor:
+        if isinstance(value, Tensor):  # the common case first
+            if value.device != self.device:
+                raise ValueError(
+                    f"`{name}` must be on the gang's device {self.device}, but is on {value.device} instead."
+                )
+            if contiguous and not value.is_contiguous():
+                raise ValueError(f"`{name}` must be contiguous, but is not (strides {list(value.stride())}).")
+            return value
         if isinstance(value, np.ndarray):
             if self.device.type != "cpu":
                 raise TypeError(f"`{name}` must be a `torch.Tensor` on {self.device}, but is a NumPy array instead.")
@@ -482,7 +490,7 @@ class Gang(ABC):
 
     @staticmethod
     def _check_shape(name: str, value: Tensor, shape: tuple[int, ...]) -> None:
-        if tuple(value.shape) != shape:
+        if value.shape != shape:
             raise ValueError(f"`{name}` must have shape {list(shape)}, but has shape {list(value.shape)} instead.")
 
     @staticmethod

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import final
 
@@ -23,6 +21,9 @@ from gang.gang import Gang, ReduceOperation
 
 DEFAULT_TIMEOUT = timedelta(minutes=15)
 """The collective timeout of :meth:`ProcessGroupGang.create_default_process_group` when none is given."""
+
+# What torch raises when a collective fails (DistError and its kin derive from RuntimeError).
+_BACKEND_ERRORS = (RuntimeError, ValueError, OSError)
 
 _REDUCE_OPS = {
     ReduceOperation.SUM: dist.ReduceOp.SUM,
@@ -233,12 +234,9 @@ class ProcessGroupGang(Gang):
         """The global rank of each member, in gang rank order."""
         return self._global_ranks
 
-    @contextmanager
-    def _translate(self, operation: str) -> Iterator[None]:
-        try:
-            yield
-        except (RuntimeError, ValueError, OSError) as ex:  # DistError and its kin derive from RuntimeError
-            raise GangError(f"`{operation}` failed on rank {self._rank} of a gang of size {self._size}: {ex}") from ex
+    def _error(self, operation: str, ex: Exception) -> GangError:
+        """The :class:`GangError` that reports ``ex``, raised by ``operation``."""
+        return GangError(f"`{operation}` failed on rank {self._rank} of a gang of size {self._size}: {ex}")
 
     def _can_split(self) -> bool:
         default = dist.group.WORLD
@@ -255,7 +253,7 @@ class ProcessGroupGang(Gang):
         split_index = self._splits
         self._splits += 1
         mine = [i for i, g in enumerate(global_groups) if self._global_ranks[self._rank] in g]
-        with self._translate("create_gang"):
+        try:
             if self._can_split():
                 pg = dist.split_group(self._pg, global_groups, timeout=self._timeout)
             elif not mine:
@@ -264,6 +262,8 @@ class ProcessGroupGang(Gang):
                 pg = dist.new_group(global_groups[mine[0]], timeout=self._timeout, use_local_synchronization=True)
             else:
                 pg = new_named_group(global_groups[mine[0]], f"{self._name}.{split_index}.{mine[0]}", self._timeout)
+        except _BACKEND_ERRORS as ex:
+            raise self._error("create_gang", ex) from ex
         if pg is None or dist.get_rank(pg) < 0:
             return None
         name = None if self._name is None or not mine else f"{self._name}.{split_index}.{mine[0]}"
@@ -275,41 +275,55 @@ class ProcessGroupGang(Gang):
 
     @override
     def _barrier(self) -> None:
-        with self._translate("barrier"):
+        try:
             if self._device.type == "cuda":
                 dist.barrier(group=self._pg, device_ids=[self._device.index])
             else:
                 dist.barrier(group=self._pg)
+        except _BACKEND_ERRORS as ex:
+            raise self._error("barrier", ex) from ex
 
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
-        with self._translate("all_reduce"):
+        try:
             dist.all_reduce(tensor, _REDUCE_OPS[op], group=self._pg)
+        except _BACKEND_ERRORS as ex:
+            raise self._error("all_reduce", ex) from ex
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        with self._translate("all_gather"):
+        try:
             dist.all_gather_single(output_tensor.view(-1), input_tensor.view(-1), group=self._pg)
+        except _BACKEND_ERRORS as ex:
+            raise self._error("all_gather", ex) from ex
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
-        with self._translate("all_gather_to_list"):
+        try:
             dist.all_gather(output_tensors, input_tensor, group=self._pg)
+        except _BACKEND_ERRORS as ex:
+            raise self._error("all_gather_to_list", ex) from ex
 
     @override
     def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
-        with self._translate("reduce_scatter"):
+        try:
             dist.reduce_scatter_single(output_tensor.view(-1), input_tensor.view(-1), _REDUCE_OPS[op], group=self._pg)
+        except _BACKEND_ERRORS as ex:
+            raise self._error("reduce_scatter", ex) from ex
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        with self._translate("all_to_all"):
+        try:
             dist.all_to_all_single(output_tensor.view(-1), input_tensor.view(-1), group=self._pg)
+        except _BACKEND_ERRORS as ex:
+            raise self._error("all_to_all", ex) from ex
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        with self._translate("broadcast"):
+        try:
             dist.broadcast(tensor, group=self._pg, group_src=source_rank)
+        except _BACKEND_ERRORS as ex:
+            raise self._error("broadcast", ex) from ex
 
     @override
     def _close(self) -> None:
