@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.nn import functional
 
-from benchmarks.benchmath import Row, make_row, median
+from benchmarks.benchmath import Row, make_row, median, paired_ratio
 from gang import Gang, Gangs, ProcessGroupGang, create_fsdp_gangs, create_parallel_gangs
 from gang_mesh import to_device_mesh
 
@@ -129,7 +129,12 @@ def bench_fsdp_step(root: ProcessGroupGang, steps: int) -> list[Row]:
                 times[name].append(elapsed)
     slow = _slowest(times)
     _close_sub_gangs(gangs, root)
-    return [make_row(name, "fsdp_step", 0, root.size, median(ts), iters=steps) for name, ts in slow.items()]
+    # Both meshes train the same model on the same data; pair the steps that ran back to back.
+    paired = paired_ratio(slow["gang-mesh"], slow["native-mesh"])
+    return [
+        make_row("gang-mesh", "fsdp_step", 0, root.size, median(slow["gang-mesh"]), iters=steps, paired_ratio=paired),
+        make_row("native-mesh", "fsdp_step", 0, root.size, median(slow["native-mesh"]), iters=steps),
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -143,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     if root.rank == 0:
         for row in rows:
             print(f"# {row['op']:>16} {row['impl']:>12} {row['time_us'] / 1e3:10.2f} ms", flush=True)
-    step_rows = bench_fsdp_step(root, 6 if args.quick else 30)
+    step_rows = bench_fsdp_step(root, 12 if args.quick else 40)
     rows += step_rows
     if root.rank == 0:
         for row in step_rows:

@@ -50,13 +50,15 @@ def summary(rows: list[Row]) -> str:
                 text += f"  (worst {worst[0]:.2f}: {worst[1]} {format_size(worst[2])})"
             lines.append(text)
     extra = {(r["op"], r["impl"]): float(r["time_us"]) for r in rows if r["world_size"] != 0}
+    paired = {(r["op"], r["impl"]): r.get("paired_ratio") for r in rows if r["world_size"] != 0}
     for op, ours, base in (
         ("create_groups", "gang", "torch"),
         ("fsdp_step", "gang-mesh", "native-mesh"),
     ):
         if (op, ours) in extra and (op, base) in extra:
             a, b = extra[(op, ours)], extra[(op, base)]
-            lines.append(f"{op:>14}: {ours} {a / 1e3:.2f} ms, {base} {b / 1e3:.2f} ms, ratio {a / b:.3f}")
+            ratio = paired.get((op, ours)) or a / b
+            lines.append(f"{op:>14}: {ours} {a / 1e3:.2f} ms, {base} {b / 1e3:.2f} ms, ratio {ratio:.3f}")
     if ("to_device_mesh", "gang") in extra:
         lines.append(f"{'to_device_mesh':>14}: {extra[('to_device_mesh', 'gang')] / 1e3:.2f} ms")
     fake_rows = [r for r in rows if r["impl"] in ("fake", "plain")]
