@@ -38,18 +38,21 @@ def _read_int(names: tuple[str, ...], default: int, *, minimum: int) -> tuple[in
     return default, None
 
 
+def _read_rank(names: tuple[str, ...], size: int, what: str) -> int:
+    rank, name = _read_int(names, 0, minimum=0)
+    if rank >= size:
+        raise ValueError(
+            f"The environment variable `{name}` must be less than the {what} ({size}), but is {rank} instead."
+        )
+    return rank
+
+
 def get_rank() -> int:
     """Return this process's global rank (``RANK``, ``SLURM_PROCID``, ``OMPI_COMM_WORLD_RANK``; else 0).
 
     :raises ValueError: If the variable is malformed or not smaller than the world size.
     """
-    rank, name = _read_int(_RANK_VARS, 0, minimum=0)
-    world_size = get_world_size()
-    if rank >= world_size:
-        raise ValueError(
-            f"The environment variable `{name}` must be less than the world size ({world_size}), but is {rank} instead."
-        )
-    return rank
+    return _read_rank(_RANK_VARS, get_world_size(), "world size")
 
 
 def get_world_size() -> int:
@@ -65,13 +68,7 @@ def get_local_rank() -> int:
 
     :raises ValueError: If the variable is malformed or not smaller than the local world size.
     """
-    rank, name = _read_int(_LOCAL_RANK_VARS, 0, minimum=0)
-    size = get_local_world_size()
-    if rank >= size:
-        raise ValueError(
-            f"The environment variable `{name}` must be less than the local world size ({size}), but is {rank} instead."
-        )
-    return rank
+    return _read_rank(_LOCAL_RANK_VARS, get_local_world_size(), "local world size")
 
 
 def get_local_world_size() -> int:
