@@ -88,7 +88,7 @@ def test_large_reduce_scatter(world: World, op: str, dtype: str) -> None:
 def test_results_are_not_trivial(world: World) -> None:
     # Guards the suite itself: a SUM must differ from the input, or equality would prove nothing.
     results = world.run(cw.run_collective, "all_reduce", "SUM", "int64", SHAPE)
-    expected = sum(cw.make_input(r, SHAPE, torch.int64, None) for r in range(world.world_size))
+    expected = torch.stack([cw.make_input(r, SHAPE, torch.int64, None) for r in range(world.world_size)]).sum(0)
     for r in results:
         assert torch.equal(r["jax"], expected)
 

@@ -139,7 +139,7 @@ CATALOGUE: dict[str, tuple[BadCall, type[Exception], str]] = {
     "create_gang negative rank": (lambda g: g.create_gang([-1]), ValueError, "`ranks`"),
     "create_gang empty": (lambda g: g.create_gang([]), ValueError, "empty"),
     "create_gang not ints": (lambda g: g.create_gang(["0"]), TypeError, "`ranks`"),  # type: ignore[list-item]
-    "create_gang a string": (lambda g: g.create_gang("01"), TypeError, "`ranks`"),
+    "create_gang a string": (lambda g: g.create_gang("01"), TypeError, "`ranks`"),  # type: ignore[arg-type]
     "split overlapping": (lambda g: g.split([[0], [0]]), ValueError, "disjoint"),
     "collective on closed gang": (_closed_sub, InvalidOperationError, "closed"),
 }

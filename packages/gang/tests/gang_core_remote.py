@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -175,12 +176,13 @@ def close_and_reinit(rounds: int) -> list[float]:
 def lifecycle_errors() -> list[str]:
     out = []
     root = gang.ProcessGroupGang.create_default_process_group(torch.device("cpu"))
-    for call in (
+    calls: list[Callable[[], object]] = [
         lambda: gang.ProcessGroupGang.create_default_process_group(torch.device("cpu")),
         lambda: gang.ProcessGroupGang.create_default_process_group(torch.device("meta")),
         lambda: gang.ProcessGroupGang.create_default_process_group("cpu"),  # type: ignore[arg-type]
         lambda: gang.ProcessGroupGang.create_default_process_group(torch.device("cpu"), timeout=5),  # type: ignore[arg-type]
-    ):
+    ]
+    for call in calls:
         try:
             call()
         except Exception as ex:

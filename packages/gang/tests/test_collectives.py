@@ -20,17 +20,14 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 def _reduce(stack: np.ndarray, op: str) -> np.ndarray:
-    if op == "SUM":
-        return stack.sum(axis=0)
-    if op == "MEAN":
-        return stack.sum(axis=0) / stack.shape[0]
-    if op == "PRODUCT":
-        return stack.prod(axis=0)
-    if op == "MIN":
-        return stack.min(axis=0)
-    if op == "MAX":
-        return stack.max(axis=0)
-    raise AssertionError(op)
+    reductions = {
+        "SUM": lambda s: s.sum(axis=0),
+        "MEAN": lambda s: s.sum(axis=0) / s.shape[0],
+        "PRODUCT": lambda s: s.prod(axis=0),
+        "MIN": lambda s: s.min(axis=0),
+        "MAX": lambda s: s.max(axis=0),
+    }
+    return np.asarray(reductions[op](stack))
 
 
 def expected(collective: str, dtype: torch.dtype, size: int, rank: int) -> dict[str, np.ndarray]:

@@ -28,7 +28,7 @@ def test_valid_gangs_and_keyword_only() -> None:
     gangs = _gangs()
     assert [name for name, _ in gangs.items()] == ["root", "dp", "rdp", "sdp", "tp", "pp"]
     with pytest.raises(TypeError):
-        Gangs(gangs.root, gangs.dp, gangs.rdp, gangs.sdp, gangs.tp, gangs.pp)  # type: ignore[misc]
+        Gangs(gangs.root, gangs.dp, gangs.rdp, gangs.sdp, gangs.tp, gangs.pp)  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(
@@ -51,7 +51,7 @@ def test_non_gang_field_is_a_type_error() -> None:
     import dataclasses
 
     with pytest.raises(TypeError, match="`pp` must be a `Gang`"):
-        dataclasses.replace(_gangs(), pp=None)
+        dataclasses.replace(_gangs(), pp=None)  # type: ignore[arg-type]
 
 
 def test_current_gangs_nest_and_are_per_thread() -> None:
