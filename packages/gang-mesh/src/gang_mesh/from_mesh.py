@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 import torch
@@ -10,12 +11,21 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from gang import FakeGang, Gang, Gangs, ProcessGroupGang
+from gang.process_group import new_named_group
 
 MESH_ROLES = ("dp", "rdp", "sdp", "tp", "pp")
 """The gang roles a mesh dimension can play."""
 
 ALIASES: dict[str, str] = {"dp_replicate": "rdp", "dp_shard": "sdp"}
 """Mesh dimension names other libraries use (torchtitan) and the role each plays."""
+
+
+# How often this process converted each mesh: part of the names of the groups a conversion creates.
+_calls: dict[str, int] = {}
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha1(repr(value).encode(), usedforsecurity=False).hexdigest()[:16]
 
 
 def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None) -> Gangs:
@@ -34,8 +44,8 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     * every other role absent from the mesh: a size-1 :class:`~gang.FakeGang`.
 
     No group is created when an existing one has the same members. The groups it does create
-    are made with ``use_local_synchronization=True`` (only their members take part) and are
-    released with the default group; closing the returned gangs does not destroy any group.
+    are made by their members alone, under names derived from the mesh (so members agree on them
+    whatever other groups each has), and are released with the default group; closing the returned gangs does not destroy any group.
     Every process of the mesh must call it with the same arguments.
 
     :param mesh: A mesh whose dimensions have names (``init_device_mesh(...,
@@ -49,6 +59,9 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     """
     roles = _check_mesh(mesh, names)
     device = _mesh_device(mesh)
+    layout = (tuple(roles), tuple(mesh.mesh.shape), *mesh.mesh.flatten().tolist())
+    signature = "gang_mesh/" + _digest(layout)
+    _calls[signature] = call = _calls.get(signature, 0) + 1
 
     # Every mesh group becomes a gang; equal member lists share one gang.
     wrapped: dict[tuple[int, ...], Gang] = {}
@@ -62,7 +75,9 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     def group_of(ranks: list[int]) -> Gang:
         key = tuple(sorted(ranks))
         if key not in wrapped:
-            pg = dist.new_group(list(key), use_local_synchronization=True)
+            # Named after the mesh, this call and the members, so every member agrees on the name
+            # whatever other groups it has (see `gang.process_group.new_named_group`).
+            pg = new_named_group(list(key), f"{signature}/{call}/{_digest(key)}", None)
             if not isinstance(pg, ProcessGroup):  # Cannot happen: this process is a member.
                 raise AssertionError(f"rank {dist.get_rank()} is not in the new group {list(key)}")
             wrapped[key] = ProcessGroupGang.from_process_group(pg, device)

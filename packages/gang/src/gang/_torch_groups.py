@@ -23,8 +23,16 @@ from torch.distributed import ProcessGroup
 
 
 def new_named_group(global_ranks: list[int], name: str, timeout: timedelta | None) -> ProcessGroup | None:
-    """Create the group of ``global_ranks`` named ``name``; only its members call this.
+    """Create a torch process group of ``global_ranks`` called ``name``; only its members call this.
 
+    Every member must pass the same ``name``, and a name must not be used twice while the default
+    group lives: derive it from something all members share (the parent gang and its split
+    counter, a mesh and its call counter), never from per-process state such as the number of
+    groups alive. This is what gangs use instead of ``new_group(use_local_synchronization=True)``.
+
+    :param global_ranks: The members, as global ranks, in group rank order.
+    :param name: The group's name (its rendezvous keys live under it).
+    :param timeout: The collective timeout (``None``: the backend's default).
     :returns: The group, or ``None`` if this process is not a member.
     """
     me = dist.get_rank()

@@ -15,6 +15,8 @@ from torch.distributed import ProcessGroup
 from typing_extensions import override
 
 from gang._torch_groups import new_named_group
+
+__all__ = ["DEFAULT_TIMEOUT", "ProcessGroupGang", "new_named_group"]
 from gang.env import get_master_address, get_rank, get_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
 from gang.gang import Gang, ReduceOperation
