@@ -45,8 +45,9 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
 
     No group is created when an existing one has the same members. The groups it does create
     are made by their members alone, under names derived from the mesh (so members agree on them
-    whatever other groups each has), and are released with the default group; closing the returned gangs does not destroy any group.
-    Every process of the mesh must call it with the same arguments.
+    whatever other groups each has), and are released with the default group; closing the
+    returned gangs does not destroy any group. Every process of the mesh must call it with the
+    same arguments.
 
     :param mesh: A mesh whose dimensions have names (``init_device_mesh(...,
         mesh_dim_names=...)``, :func:`~gang_mesh.to_device_mesh`) and that holds this process.
