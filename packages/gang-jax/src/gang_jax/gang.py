@@ -44,11 +44,13 @@ class JaxGang(Gang):
 
     :param members: The JAX process index of each member, in gang rank order.
     :param owns_runtime: Whether closing this gang shuts ``jax.distributed`` down.
+    :param debug: Whether every collective first checks that all ranks make the same call
+        (``None``: on when the environment variable ``GANG_DEBUG`` says so). Sub-gangs inherit it.
     :raises ValueError: If this process is not one of ``members`` or a member owns no CPU device.
     """
 
-    def __init__(self, members: list[int], *, owns_runtime: bool = False) -> None:
-        super().__init__()
+    def __init__(self, members: list[int], *, owns_runtime: bool = False, debug: bool | None = None) -> None:
+        super().__init__(debug=debug)
         devices = _process_devices()
         me = jax.process_index()
         if me not in members:
@@ -68,6 +70,7 @@ class JaxGang(Gang):
         num_processes: int | None = None,
         process_id: int | None = None,
         timeout: timedelta | None = None,
+        debug: bool | None = None,
     ) -> JaxGang:
         """Initialise ``jax.distributed`` and return a gang of every JAX process.
 
@@ -82,6 +85,8 @@ class JaxGang(Gang):
         :param num_processes: The number of processes.
         :param process_id: This process's index, in ``[0, num_processes)``.
         :param timeout: How long to wait for every process to join (default 5 minutes).
+        :param debug: Turn debug mode on or off for this gang and its sub-gangs (``None``: from
+            ``GANG_DEBUG``); see :attr:`gang.Gang.debug`.
         :raises TypeError: If an argument has the wrong type.
         :raises ValueError: If ``num_processes`` or ``process_id`` is out of range, or ``timeout``
             is not positive.
@@ -109,7 +114,7 @@ class JaxGang(Gang):
                 raise InvalidOperationError(
                     "`jax.distributed` is already initialised; call `create_default()` without arguments to wrap it."
                 )
-            return cls(list(range(jax.process_count())), owns_runtime=False)
+            return cls(list(range(jax.process_count())), owns_runtime=False, debug=debug)
 
         where = resolve(coordinator_address, num_processes, process_id, timeout)
         try:
@@ -124,7 +129,7 @@ class JaxGang(Gang):
                 f"`create_default` failed on rank {where.process_id} of a gang of size {where.num_processes} "
                 f"(coordinator {where.coordinator_address}): {ex}"
             ) from ex
-        return cls(list(range(jax.process_count())), owns_runtime=True)
+        return cls(list(range(jax.process_count())), owns_runtime=True, debug=debug)
 
     # -- properties -----------------------------------------------------------------------------
 
