@@ -16,7 +16,6 @@ import jax_workers
 from gang.testing import World
 
 _HERE = Path(__file__).parent
-_CORE_TESTS = _HERE.parents[1] / "packages" / "gang" / "tests"
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"world{n}")

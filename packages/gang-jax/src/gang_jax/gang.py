@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
@@ -84,7 +85,13 @@ class JaxGang(Gang):
         :param coordinator_address: ``host:port`` of the JAX coordinator (served by process 0).
         :param num_processes: The number of processes.
         :param process_id: This process's index, in ``[0, num_processes)``.
-        :param timeout: How long to wait for every process to join (default 5 minutes).
+        :param timeout: How long to wait for every process to join (default 5 minutes). It is
+            also JAX's heartbeat and shutdown timeout: when a process of the job dies, JAX's
+            coordination service notices within ``timeout`` and then *terminates every other
+            process* (``SIGABRT``, exit status 134, "Terminating process because the JAX
+            distributed service detected fatal errors ... Task N heartbeat timeout" on stderr).
+            Survivors whose collective talks to the dead process directly get a
+            :class:`~gang.GangError` first. See "JAX gangs" in the failures guide.
         :param debug: Turn debug mode on or off for this gang and its sub-gangs (``None``: from
             ``GANG_DEBUG``); see :attr:`gang.Gang.debug`.
         :raises TypeError: If an argument has the wrong type.
@@ -117,12 +124,15 @@ class JaxGang(Gang):
             return cls(list(range(jax.process_count())), owns_runtime=False, debug=debug)
 
         where = resolve(coordinator_address, num_processes, process_id, timeout)
+        seconds = max(1, math.ceil(timeout.total_seconds()))
         try:
             jax.distributed.initialize(
                 where.coordinator_address,
                 where.num_processes,
                 where.process_id,
-                initialization_timeout=max(1, int(timeout.total_seconds())),
+                initialization_timeout=seconds,
+                heartbeat_timeout_seconds=seconds,
+                shutdown_timeout_seconds=seconds,
             )
         except (RuntimeError, ValueError, OSError) as ex:
             raise GangError(
