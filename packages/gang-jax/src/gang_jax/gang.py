@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
@@ -44,11 +45,13 @@ class JaxGang(Gang):
 
     :param members: The JAX process index of each member, in gang rank order.
     :param owns_runtime: Whether closing this gang shuts ``jax.distributed`` down.
+    :param debug: Whether every collective first checks that all ranks make the same call
+        (``None``: on when the environment variable ``GANG_DEBUG`` says so). Sub-gangs inherit it.
     :raises ValueError: If this process is not one of ``members`` or a member owns no CPU device.
     """
 
-    def __init__(self, members: list[int], *, owns_runtime: bool = False) -> None:
-        super().__init__()
+    def __init__(self, members: list[int], *, owns_runtime: bool = False, debug: bool | None = None) -> None:
+        super().__init__(debug=debug)
         devices = _process_devices()
         me = jax.process_index()
         if me not in members:
@@ -68,6 +71,7 @@ class JaxGang(Gang):
         num_processes: int | None = None,
         process_id: int | None = None,
         timeout: timedelta | None = None,
+        debug: bool | None = None,
     ) -> JaxGang:
         """Initialise ``jax.distributed`` and return a gang of every JAX process.
 
@@ -81,7 +85,15 @@ class JaxGang(Gang):
         :param coordinator_address: ``host:port`` of the JAX coordinator (served by process 0).
         :param num_processes: The number of processes.
         :param process_id: This process's index, in ``[0, num_processes)``.
-        :param timeout: How long to wait for every process to join (default 5 minutes).
+        :param timeout: How long to wait for every process to join (default 5 minutes). It is
+            also JAX's heartbeat and shutdown timeout: when a process of the job dies, JAX's
+            coordination service notices within ``timeout`` and then *terminates every other
+            process* (``SIGABRT``, exit status 134, "Terminating process because the JAX
+            distributed service detected fatal errors ... Task N heartbeat timeout" on stderr).
+            Survivors whose collective talks to the dead process directly get a
+            :class:`~gang.GangError` first. See "JAX gangs" in the failures guide.
+        :param debug: Turn debug mode on or off for this gang and its sub-gangs (``None``: from
+            ``GANG_DEBUG``); see :attr:`gang.Gang.debug`.
         :raises TypeError: If an argument has the wrong type.
         :raises ValueError: If ``num_processes`` or ``process_id`` is out of range, or ``timeout``
             is not positive.
@@ -109,22 +121,25 @@ class JaxGang(Gang):
                 raise InvalidOperationError(
                     "`jax.distributed` is already initialised; call `create_default()` without arguments to wrap it."
                 )
-            return cls(list(range(jax.process_count())), owns_runtime=False)
+            return cls(list(range(jax.process_count())), owns_runtime=False, debug=debug)
 
         where = resolve(coordinator_address, num_processes, process_id, timeout)
+        seconds = max(1, math.ceil(timeout.total_seconds()))
         try:
             jax.distributed.initialize(
                 where.coordinator_address,
                 where.num_processes,
                 where.process_id,
-                initialization_timeout=max(1, int(timeout.total_seconds())),
+                initialization_timeout=seconds,
+                heartbeat_timeout_seconds=seconds,
+                shutdown_timeout_seconds=seconds,
             )
         except (RuntimeError, ValueError, OSError) as ex:
             raise GangError(
                 f"`create_default` failed on rank {where.process_id} of a gang of size {where.num_processes} "
                 f"(coordinator {where.coordinator_address}): {ex}"
             ) from ex
-        return cls(list(range(jax.process_count())), owns_runtime=True)
+        return cls(list(range(jax.process_count())), owns_runtime=True, debug=debug)
 
     # -- properties -----------------------------------------------------------------------------
 
