@@ -7,6 +7,7 @@ one pip call, so the unrelated ``gang`` distribution on the registry is never ch
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import nox
@@ -72,10 +73,21 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over every package, its tests, the examples and the benchmarks."""
-    install(session, "mypy", "pytest", "nox")
-    targets = [str(ROOT / "packages" / name / "src") for name in PACKAGES]
-    session.run("mypy", *targets, str(ROOT / "examples"), str(ROOT / "benchmarks"), str(ROOT / "noxfile.py"))
+    """mypy --strict over every package, the examples, the benchmarks and every test folder."""
+    install(session, "mypy", "pytest", "nox", "matplotlib")
+    sources = [ROOT / "packages" / name / "src" for name in PACKAGES]
+    session.run("mypy", *map(str, sources), str(ROOT / "examples"), str(ROOT / "benchmarks"), str(ROOT / "noxfile.py"))
+    # Test folders import their helper modules by name (as the processes they start do), so each
+    # folder is checked on its own with the folders it imports from on the path.
+    test_folders = {ROOT / "packages" / name / "tests": [ROOT / "packages" / name / "tests"] for name in PACKAGES}
+    test_folders[ROOT / "tests"] = [
+        ROOT / "tests",
+        ROOT / "tests" / "reliability",
+        ROOT / "packages" / "gang" / "tests",
+    ]
+    for folder, path in test_folders.items():
+        mypy_path = os.pathsep.join(map(str, [*sources, ROOT / "examples", *path]))
+        session.run("mypy", str(folder), env={"MYPYPATH": mypy_path})
 
 
 @nox.session

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -58,7 +59,7 @@ def x64_sum() -> tuple[bool, torch.Tensor]:
     g = gang()
     t = torch.tensor([2**40 + g.rank, -(2**50)], dtype=torch.int64)
     g.all_reduce(t, ReduceOperation.SUM)
-    return bool(jax.config.jax_enable_x64), t
+    return bool(jax.config.values.get("jax_enable_x64")), t
 
 
 def compile_cache() -> tuple[int, int, int]:
@@ -93,13 +94,14 @@ def functional_ops() -> dict[str, Any]:
 def functional_errors() -> list[str]:
     g = gang()
     errors = []
-    for call in (
+    calls: list[Callable[[], object]] = [
         lambda: functional.all_reduce(g, np.ones(2), ReduceOperation.SUM),  # type: ignore[arg-type]
         lambda: functional.all_reduce(g, jnp.ones(2, jnp.int32), ReduceOperation.MEAN),
         lambda: functional.reduce_scatter(g, jnp.ones((g.size + 1, 2)), ReduceOperation.SUM),
         lambda: functional.broadcast(g, jnp.ones(2), source_rank=g.size),
         lambda: functional.all_gather(object(), jnp.ones(2)),  # type: ignore[arg-type]
-    ):
+    ]
+    for call in calls:
         try:
             call()
         except (TypeError, ValueError) as ex:
@@ -111,11 +113,12 @@ def checks_before_communication() -> list[str]:
     """Bad arguments raise the core's errors on every rank, before anything is sent."""
     g = gang()
     errors = []
-    for call in (
+    calls: list[Callable[[], object]] = [
         lambda: g.all_reduce(torch.ones(2, dtype=torch.int32), ReduceOperation.MEAN),
         lambda: g.all_gather(torch.empty(g.size + 1, 2), torch.ones(2)),
         lambda: g.broadcast(torch.ones(2), source_rank=-1),
-    ):
+    ]
+    for call in calls:
         try:
             call()
         except ValueError as ex:
@@ -131,6 +134,7 @@ def subgang_and_close() -> dict[str, Any]:
         return {"member": False}
     t = torch.tensor([float(g.rank)])
     sub.all_reduce(t, ReduceOperation.SUM)
+    assert isinstance(sub, JaxGang)
     info = {"member": True, "rank": sub.rank, "size": sub.size, "sum": t.item(), "members": sub.members}
     sub.close()
     try:
