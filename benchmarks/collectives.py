@@ -14,6 +14,7 @@ rank. The reported time is the median over iterations.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.benchmath import IMPLS, OPS, PAIRS, Row, make_row, median, paired_ratio, table_header, table_line
-from gang import ProcessGroupGang, ReduceOperation
+from gang import ProcessGroupGang, ReduceOperation, get_default_device
 
 Call = Callable[[], object]
 
@@ -73,13 +74,15 @@ class TorchImpls:
     def __init__(self, gang: ProcessGroupGang) -> None:
         self.gang = gang
         self.n = gang.size
+        self.device = gang.device
 
     def cases(self, op: str, numel: int) -> dict[str, Call]:
         """Return the ``torch`` and ``gang`` callables of ``op`` on a full buffer of ``numel`` floats."""
         n, gang = self.n, self.gang
+        zeros = functools.partial(torch.zeros, device=self.device)
         chunk = numel // n if op not in ("all_reduce", "broadcast") else numel
-        raw_in, gang_in = torch.zeros(numel), torch.zeros(numel)
-        raw_out, gang_out = torch.zeros(numel), torch.zeros(numel)
+        raw_in, gang_in = zeros(numel), zeros(numel)
+        raw_out, gang_out = zeros(numel), zeros(numel)
         sum_ = dist.ReduceOp.SUM
         if op == "all_reduce":
             return {
@@ -87,14 +90,14 @@ class TorchImpls:
                 "gang": lambda: gang.all_reduce(gang_in, ReduceOperation.SUM),
             }
         if op == "all_gather":
-            small_raw, small_gang = torch.zeros(chunk), torch.zeros(chunk)
+            small_raw, small_gang = zeros(chunk), zeros(chunk)
             gang_rows = gang_out.view(n, chunk)
             return {
                 "torch": lambda: dist.all_gather_single(raw_out, small_raw),
                 "gang": lambda: gang.all_gather(gang_rows, small_gang),
             }
         if op == "reduce_scatter":
-            out_raw, out_gang = torch.zeros(chunk), torch.zeros(chunk)
+            out_raw, out_gang = zeros(chunk), zeros(chunk)
             gang_rows = gang_in.view(n, chunk)
             return {
                 "torch": lambda: dist.reduce_scatter_single(out_raw, raw_in, sum_),
@@ -175,12 +178,17 @@ class JaxImpls:
         return {"jax": lambda: fn(x).block_until_ready(), "gang-jax": gang_call}
 
 
-def time_interleaved(calls: dict[str, Call], warmup: int, iters: int) -> dict[str, list[float]]:
+def time_interleaved(
+    calls: dict[str, Call], warmup: int, iters: int, device: torch.device | None = None
+) -> dict[str, list[float]]:
     """Time every callable ``iters`` times, interleaved (rotating order), after ``warmup`` untimed rounds.
 
     Each call starts after a barrier. Returns, per implementation, the slowest rank's time of each
-    iteration in seconds (a MAX all-reduce of the per-rank times, done after the loop).
+    iteration in seconds (a MAX all-reduce of the per-rank times, done after the loop). On a CUDA
+    ``device`` each call is followed by a synchronisation, so the time covers the collective.
     """
+    device = device or torch.device("cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
     names = list(calls)
     for _ in range(warmup):
         for name in names:
@@ -196,9 +204,12 @@ def time_interleaved(calls: dict[str, Call], warmup: int, iters: int) -> dict[st
             dist.barrier()
             start = clock()
             call()
+            if sync is not None:
+                sync()  # CUDA collectives return before they finish
             local[index, it] = clock() - start
-    dist.all_reduce(local, dist.ReduceOp.MAX)
-    return {name: local[i].tolist() for i, name in enumerate(names)}
+    slowest = local.to(device)
+    dist.all_reduce(slowest, dist.ReduceOp.MAX)
+    return {name: slowest[i].tolist() for i, name in enumerate(names)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -211,8 +222,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-bytes", type=int, default=None)
     args = parser.parse_args(argv)
 
-    root = ProcessGroupGang.create_default_process_group(torch.device("cpu"))
+    # gloo on CPU here; NCCL on `cuda:LOCAL_RANK` when the machine has GPUs (the same command).
+    device = get_default_device()
+    root = ProcessGroupGang.create_default_process_group(device)
     rank, n = root.rank, root.size
+    if device.type != "cpu":  # JaxGang works on CPU tensors; compare JAX on GPUs with its own tools
+        args.impls = [impl for impl in args.impls if impl not in ("jax", "gang-jax")]
     jax_impls = JaxImpls() if {"jax", "gang-jax"} & set(args.impls) else None
     torch_impls = TorchImpls(root)
     max_bytes = args.max_bytes or (QUICK_MAX_BYTES if args.quick else FULL_MAX_BYTES)
@@ -232,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
                 calls.update(jax_impls.cases(op, numel))
             calls = {name: calls[name] for name in args.impls}
             warmup, iters = iterations(numel * 4, args.quick)
-            times = time_interleaved(calls, warmup, iters)
+            times = time_interleaved(calls, warmup, iters, device)
             by_impl = {name: make_row(name, op, numel * 4, n, median(ts), iters=iters) for name, ts in times.items()}
             rows.extend(by_impl.values())
             for ours, base in PAIRS:
