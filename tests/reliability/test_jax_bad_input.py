@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[2] / "packages" / "gang" / "tests"))
 
-import jax_workers
+import jax_reliability_workers
 from gang_core_bad_calls import CATALOGUE
 
 from gang.testing import World
@@ -36,6 +36,6 @@ def world() -> Iterator[World]:
 @pytest.mark.parametrize("name", list(CATALOGUE))
 def test_bad_call_on_jax_gang_matches_fake_gang(world: World, name: str) -> None:
     _, error, text = CATALOGUE[name]
-    for rank, outcome in enumerate(world.run(jax_workers.try_bad_call, name)):
+    for rank, outcome in enumerate(world.run(jax_reliability_workers.try_bad_call, name)):
         assert outcome.startswith(error.__name__ + ":"), f"rank {rank}: {outcome}"
         assert text in outcome, f"rank {rank}: {outcome}"

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import jax_workers
+import jax_reliability_workers
 
 from gang.testing import World
 
@@ -33,7 +33,7 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
 
 
 def test_mismatched_shapes_name_every_rank(world: World) -> None:
-    messages = world.run(jax_workers.on_debug_gang, "mismatched_shapes")
+    messages = world.run(jax_reliability_workers.on_debug_gang, "mismatched_shapes")
     for rank, message in enumerate(messages):
         assert f"(this is rank {rank})" in message
         for r in range(world.world_size):
@@ -41,13 +41,13 @@ def test_mismatched_shapes_name_every_rank(world: World) -> None:
 
 
 def test_mismatched_collectives(world: World) -> None:
-    for message in world.run(jax_workers.on_debug_gang, "mismatched_collectives"):
+    for message in world.run(jax_reliability_workers.on_debug_gang, "mismatched_collectives"):
         assert "rank 0: broadcast(shape=[2], dtype=float32, source_rank=0)" in message
         assert "rank 1: all_reduce(shape=[2], dtype=float32, op=MAX)" in message
 
 
 def test_sub_gangs_inherit_debug_mode(world: World) -> None:
-    messages = world.run(jax_workers.on_debug_gang, "mismatched_in_sub_gang")
+    messages = world.run(jax_reliability_workers.on_debug_gang, "mismatched_in_sub_gang")
     for message in messages[:2]:
         assert "op=MIN" in message and "op=SUM" in message and "size 2" in message
     assert all(m == "not a member" for m in messages[2:])
@@ -56,9 +56,12 @@ def test_sub_gangs_inherit_debug_mode(world: World) -> None:
 def test_matching_calls_still_work_in_debug_mode(world: World) -> None:
     size = world.world_size
     total = sum(range(size))
-    assert world.run(jax_workers.on_debug_gang, "matching_calls_work") == [[total, total * 4 * size, 1.0]] * size
+    assert (
+        world.run(jax_reliability_workers.on_debug_gang, "matching_calls_work")
+        == [[total, total * 4 * size, 1.0]] * size
+    )
 
 
 def test_debug_mode_is_off_by_default(world: World) -> None:
     # Default gang off (no GANG_DEBUG), its sub-gang off, debug=False off, debug=True on.
-    assert world.run(jax_workers.default_debug_flags) == [[False, False, False, True]] * world.world_size
+    assert world.run(jax_reliability_workers.default_debug_flags) == [[False, False, False, True]] * world.world_size
