@@ -48,7 +48,7 @@ def iterations(nbytes: int, quick: bool) -> tuple[int, int]:
     """Return (warm-up, timed) iteration counts for a buffer of ``nbytes``: fewer for large buffers."""
     # Medians of fewer calls than this swing by tens of percent on a loaded 2-core machine.
     if quick:
-        return (3, 50) if nbytes <= (256 << 10) else (2, 15)
+        return (3, 40) if nbytes <= (256 << 10) else (2, 12)
     if nbytes <= (1 << 20):
         return 5, 100
     return (2, 30) if nbytes <= (16 << 20) else (1, 10)

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     root = ProcessGroupGang.create_default_process_group(torch.device("cpu"))
-    rows = bench_creation(root, 3 if args.quick else 10)
+    rows = bench_creation(root, 10 if args.quick else 30)
     if root.rank == 0:
         for row in rows:
             print(f"# {row['op']:>16} {row['impl']:>12} {row['time_us'] / 1e3:10.2f} ms", flush=True)
