@@ -37,19 +37,9 @@ def debug_jax_gang() -> JaxGang:
 
 def try_bad_call(_: Gang, name: str) -> str:
     """Run one catalogued bad call on the JAX gang; return ``"Type: message"``; then prove it still works."""
-    from gang_core_bad_calls import BAD_CALLS
+    from gang_core_remote import try_call
 
-    g = jax_gang()
-    try:
-        BAD_CALLS[name](g)
-    except Exception as ex:
-        outcome = f"{type(ex).__name__}: {ex}"
-    else:
-        outcome = "no error"
-    t = torch.ones(1)
-    g.all_reduce(t, ReduceOperation.SUM)
-    assert t.item() == g.size, t
-    return outcome
+    return try_call(jax_gang(), name)
 
 
 def on_debug_gang(_: Gang, fn_name: str) -> Any:
