@@ -76,7 +76,14 @@ def typecheck(session: nox.Session) -> None:
     """mypy --strict over every package, the examples, the benchmarks and every test folder."""
     install(session, "mypy", "pytest", "nox", "matplotlib")
     sources = [ROOT / "packages" / name / "src" for name in PACKAGES]
-    session.run("mypy", *map(str, sources), str(ROOT / "examples"), str(ROOT / "benchmarks"), str(ROOT / "noxfile.py"))
+    session.run(
+        "mypy",
+        *map(str, sources),
+        str(ROOT / "examples"),
+        str(ROOT / "benchmarks"),
+        str(ROOT / "noxfile.py"),
+        str(ROOT / "conftest.py"),
+    )
     # Test folders import their helper modules by name (as the processes they start do), so each
     # folder is checked on its own with the folders it imports from on the path.
     test_folders = {ROOT / "packages" / name / "tests": [ROOT / "packages" / name / "tests"] for name in PACKAGES}

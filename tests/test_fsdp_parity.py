@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from gang.testing import World
 
@@ -20,18 +17,6 @@ for folder in (ROOT / "examples", Path(__file__).resolve().parent):
 import parity_workers as pw  # noqa: E402
 
 STEPS = 5
-
-
-@pytest.fixture(scope="module")
-def world4() -> Iterator[World]:
-    with World(4) as world:
-        yield world
-
-
-@pytest.fixture(scope="module")
-def world8() -> Iterator[World]:
-    with World(8) as world:
-        yield world
 
 
 def check(results: list[dict[str, object]], names: tuple[str, ...]) -> None:

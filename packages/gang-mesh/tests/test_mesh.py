@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,18 +13,6 @@ sys.path.insert(0, str(Path(__file__).parent))  # The workers import the helpers
 import mesh_workers as w
 
 FULL_8 = list(range(8))
-
-
-@pytest.fixture(scope="module")
-def world4() -> Iterator[World]:
-    with World(4) as world:
-        yield world
-
-
-@pytest.fixture(scope="module")
-def world8() -> Iterator[World]:
-    with World(8) as world:
-        yield world
 
 
 def check_lines(results: list[dict[str, object]]) -> None:
