@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import get_world
 from gang_core_bad_calls import CATALOGUE
 from gang_core_remote import try_call
+from gang_core_worlds import get_world
 
 from gang import FakeGang
 

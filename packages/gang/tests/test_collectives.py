@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import get_world
 from gang_core_remote import DTYPES, run_collective, values
+from gang_core_worlds import get_world
 
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_gather_to_list", "all_to_all", "broadcast"]
 SHAPE = (3, 2)

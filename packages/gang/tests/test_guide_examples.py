@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from conftest import get_world
 from gang_core_remote import (
     guide_fsdp_and_hsdp,
     guide_gang_vs_device_mesh,
@@ -11,6 +10,7 @@ from gang_core_remote import (
     guide_some_distributed_function,
     guide_tensor_parallel_setup,
 )
+from gang_core_worlds import get_world
 
 from gang import FakeGang, Gangs, create_fake_gangs, get_default_device, get_world_size, maybe_get_current_gangs
 

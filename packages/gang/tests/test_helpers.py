@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import get_world
 from gang_core_remote import helpers_tour
+from gang_core_worlds import get_world
 
 import gang
 from gang import FakeGang, ReduceOperation

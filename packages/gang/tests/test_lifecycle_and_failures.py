@@ -7,13 +7,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import get_world
 from gang_core_remote import (
     asymmetric_history,
     close_and_reinit,
     lifecycle_errors,
     wrap_user_group,
 )
+from gang_core_worlds import get_world
 
 from gang.testing import launch
 

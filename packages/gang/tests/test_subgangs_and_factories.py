@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import get_world
 from gang_core_remote import parallel_layout, sub_gang_members
+from gang_core_worlds import get_world
 
 from gang import FakeGang, create_fsdp_gangs, create_parallel_gangs
 from gang.topology import parallel_grid, sharded_grid
