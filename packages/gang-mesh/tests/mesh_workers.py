@@ -173,3 +173,38 @@ def round_trip(root: Gang, dims: Sequence[str], tp: int = 1, pp: int = 1, intra:
         ],
     }
     return result
+
+
+def _roles_of(dim_names: Sequence[str]) -> tuple[str, ...]:
+    return tuple({"dp_replicate": "rdp", "dp_shard": "sdp"}.get(name, name) for name in dim_names)
+
+
+def sub_mesh_round_trip(root: Gang, shape: tuple[int, ...], dim_names: tuple[str, ...], sub: Any) -> dict[str, Any]:
+    """Slice an ``init_device_mesh`` mesh, turn it into gangs, back into a mesh, and into gangs again."""
+    sliced = init_device_mesh("cpu", shape, mesh_dim_names=dim_names)[sub]
+    gangs = from_device_mesh(sliced)
+    dims = _roles_of(sliced.mesh_dim_names or ())
+    mesh = to_device_mesh(gangs, dims)
+    back = from_device_mesh(mesh)
+    return {
+        "sliced": sliced.mesh.tolist(),
+        "mesh": mesh.mesh.tolist(),
+        "names": mesh.mesh_dim_names,
+        "same_group": [mesh.get_group(name) is getattr(gangs, name).as_process_group() for name in dims],
+        "before": {role: members(getattr(gangs, role)) for role in ROLES},
+        "after": {role: members(getattr(back, role)) for role in ROLES},
+        "sums": from_mesh_report(back)["sums"],
+    }
+
+
+def fake_backend_error(root: Gang, shape: tuple[int, ...], dim_names: tuple[str, ...], fake: str) -> tuple[str, str]:
+    """``from_device_mesh`` on a mesh whose dimension ``fake`` is on torch's ``fake`` backend."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=dim_names, backend_override={fake: "fake"})
+    assert dist.get_backend(mesh.get_group(fake)) == "fake"
+    try:
+        from_device_mesh(mesh)
+    except (ValueError, TypeError) as ex:
+        return type(ex).__name__, str(ex)
+    return "no error", ""
