@@ -197,14 +197,23 @@ def sub_mesh_round_trip(root: Gang, shape: tuple[int, ...], dim_names: tuple[str
     }
 
 
-def fake_backend_error(root: Gang, shape: tuple[int, ...], dim_names: tuple[str, ...], fake: str) -> tuple[str, str]:
-    """``from_device_mesh`` on a mesh whose dimension ``fake`` is on torch's ``fake`` backend."""
+def fake_backend_error(
+    root: Gang, shape: tuple[int, ...], dim_names: tuple[str, ...], fake: str
+) -> tuple[str, str, float]:
+    """``from_device_mesh`` on a mesh whose dimension ``fake`` is on torch's ``fake`` backend.
+
+    Returns the error, and how far the sum of global ranks over ``root`` of the gangs from the mesh
+    with that dimension sliced out (which must work) is from the sum of that mesh's ranks.
+    """
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
 
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=dim_names, backend_override={fake: "fake"})
     assert dist.get_backend(mesh.get_group(fake)) == "fake"
+    kind, message = "no error", ""
     try:
         from_device_mesh(mesh)
     except (ValueError, TypeError) as ex:
-        return type(ex).__name__, str(ex)
-    return "no error", ""
+        kind, message = type(ex).__name__, str(ex)
+    rest = mesh[tuple(name for name in dim_names if name != fake)]
+    total = from_mesh_report(from_device_mesh(rest))["sums"]["root"]
+    return kind, message, total - sum(rest.mesh.flatten().tolist())

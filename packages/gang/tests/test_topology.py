@@ -170,7 +170,7 @@ def test_infer_grid_transposed_and_disconnected() -> None:
             "the line along 'b' through rank 3 is [1, 3], but the gang along 'b' of rank 3 is [2, 3]",
         ),
         (("a",), {0: [[1, 2]], 1: [[1, 2]], 2: [[1, 2]]}, "without rank 0"),
-        (("a",), {0: [[0, 5]]}, "[5] that are not among the processes [0]"),
+        (("a",), {0: [[0, 5]]}, "with ranks [5] that reported no gangs"),
         (("a", "b"), {0: [[0]]}, "1 gangs for the 2 dimensions"),
     ],
 )

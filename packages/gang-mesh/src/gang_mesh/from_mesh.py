@@ -36,12 +36,14 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     ``dp_replicate`` and ``dp_shard`` become ``rdp`` and ``sdp``; ``names`` maps any other
     dimension name to one of those roles. The returned gangs are:
 
-    * ``root``: the default group when the mesh spans every process, the group of a 1-D mesh,
-      otherwise a new group of the mesh's processes;
+    * ``root``: the group of a 1-D mesh, else the default group when the mesh spans every
+      process, otherwise a new group of the mesh's processes (a sub-mesh: one pipeline stage, or a
+      mesh with an axis sliced out);
     * ``dp``: from a ``dp`` dimension, or derived from ``rdp`` and ``sdp``: the one of them that is
       given, or a new group of the processes that share this process's position on every other
       dimension when both are; ``rdp = dp`` and a size-1 ``sdp`` when only ``dp`` is given (as
-      :func:`gang.create_parallel_gangs` does);
+      :func:`gang.create_parallel_gangs` does). These rules are
+      :func:`gang.topology.role_spans`;
     * every other role absent from the mesh: a size-1 :class:`~gang.FakeGang`.
 
     No group is created when an existing one has the same members. The groups it does create
@@ -57,7 +59,8 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     :raises TypeError: If ``mesh`` is not a ``DeviceMesh`` or ``names`` not a mapping of ``str``.
     :raises ValueError: If the mesh has no dimension names, a dimension has no role, two dimensions
         play the same role, ``dp`` comes with ``rdp`` or ``sdp``, ``names`` holds a key that is not a
-        dimension or a value that is not a role, or this process is not in the mesh.
+        dimension or a value that is not a role, this process is not in the mesh, or a dimension's
+        group is on torch's ``fake`` backend (which computes nothing).
     """
     roles = _check_mesh(mesh, names)
     spans = _role_spans(mesh, roles)

@@ -205,7 +205,7 @@ def infer_grid(
                 if outside:
                     raise _NotAGridError(
                         f"the gang along {name!r} of rank {r} is {list(gang)}, with ranks {outside} "
-                        f"that are not among the processes {sorted(members)}"
+                        "that reported no gangs (they are not among the processes)"
                     )
         placed = [_place(names, members, component) for component in _components(members)]
     except _NotAGridError as ex:
