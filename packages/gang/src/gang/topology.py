@@ -1,11 +1,12 @@
 """Pure rank arithmetic: named grids of ranks and the gangs they define.
 
-Nothing in this module communicates or touches ``torch.distributed``. The factories in
-:mod:`gang.factories`, the mesh bridge in ``gang_mesh`` and the JAX gang all derive their layouts
-from :class:`Grid`, so every package agrees on which rank sits where: the factories split gangs
-along :func:`parallel_grid` and :func:`sharded_grid`, the mesh bridge checks gangs against the
-grid :func:`infer_grid` finds in them, and :func:`role_spans` says, for all of them, which grid
-dimensions make up each gang of :class:`~gang.Gangs` (how ``dp`` relates to ``rdp`` and ``sdp``).
+Nothing in this module communicates or touches ``torch.distributed``. Every layout in the
+monorepo comes from :class:`Grid`, so every package agrees on which rank sits where: the factories
+in :mod:`gang.factories` (through which every kind of gang is split, the JAX gang included) split
+gangs along :func:`parallel_grid` and :func:`sharded_grid`; the mesh bridge ``gang_mesh`` checks
+gathered gangs against the grid :func:`infer_grid` finds in them and reads a mesh as a
+:class:`Grid`; and :func:`role_spans` says, for all of them, which grid dimensions make up each
+gang of :class:`~gang.Gangs` (how ``dp`` relates to ``rdp`` and ``sdp``).
 
 Vocabulary: a grid's *dimensions* are ``(name, size)`` pairs; when the names are roles of
 :class:`~gang.Gangs` (``dp``, ``rdp``, ``sdp``, ``tp``, ``pp``) each dimension's groups are that
