@@ -10,10 +10,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from gang import Gang, Gangs, ProcessGroupGang, ReduceOperation, create_fsdp_gangs, create_parallel_gangs
-from gang_mesh import from_device_mesh, fsdp_mesh, to_device_mesh
-
-ROLES = ("root", "dp", "rdp", "sdp", "tp", "pp")
-
+from gang.extend import ROLES
+from gang_mesh import ALIASES, from_device_mesh, fsdp_mesh, to_device_mesh
 
 # Gangs of each layout are created once per worker and kept: closing sub-gangs and creating the
 # same ones again fails on gloo (see the package's report about `ProcessGroupGang._close`).
@@ -144,7 +142,7 @@ def from_init_mesh(
 
 
 def _gang_for(gangs: Gangs, name: str, names: Mapping[str, str] | None) -> Gang:
-    role = (names or {}).get(name) or {"dp_replicate": "rdp", "dp_shard": "sdp"}.get(name, name)
+    role = (names or {}).get(name) or ALIASES.get(name, name)
     gang: Gang = getattr(gangs, role)
     return gang
 
@@ -176,7 +174,7 @@ def round_trip(root: Gang, dims: Sequence[str], tp: int = 1, pp: int = 1, intra:
 
 
 def _roles_of(dim_names: Sequence[str]) -> tuple[str, ...]:
-    return tuple({"dp_replicate": "rdp", "dp_shard": "sdp"}.get(name, name) for name in dim_names)
+    return tuple(ALIASES.get(name, name) for name in dim_names)
 
 
 def sub_mesh_round_trip(root: Gang, shape: tuple[int, ...], dim_names: tuple[str, ...], sub: Any) -> dict[str, Any]:

@@ -9,10 +9,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from gang import Gang, Gangs, all_gather_objects
+from gang.extend import ROLES
 from gang.topology import infer_grid
-
-ROLES = ("root", "dp", "rdp", "sdp", "tp", "pp")
-"""The fields of :class:`~gang.Gangs` that :func:`to_device_mesh` accepts as dimension names."""
 
 
 def to_device_mesh(gangs: Gangs, dims: Sequence[str]) -> DeviceMesh:
