@@ -81,9 +81,8 @@ def launchers(session: nox.Session) -> None:
     posargs = [arg for arg in session.posargs if arg != "--install"]
     asked = "--install" in session.posargs or os.environ.get("CI") == "true"
     sbin = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-    missing = [
-        p for p in ("srun", "sbatch", "slurmctld", "slurmd", "munged", "mpirun") if not shutil.which(p, path=sbin)
-    ]
+    programs = ("srun", "sbatch", "slurmctld", "slurmd", "munged", "mpirun")
+    missing = [program for program in programs if not shutil.which(program, path=sbin)]
     if missing and not asked:
         session.skip(
             f"{', '.join(missing)} not installed; `nox -s launchers -- --install` (or CI=true) "
@@ -120,18 +119,10 @@ def typecheck(session: nox.Session) -> None:
         str(ROOT / "noxfile.py"),
         str(ROOT / "conftest.py"),
     )
-    # Test folders import their helper modules by name (as the processes they start do), so each
-    # folder is checked on its own with the folders it imports from on the path.
-    test_folders = {ROOT / "packages" / name / "tests": [ROOT / "packages" / name / "tests"] for name in PACKAGES}
-    test_folders[ROOT / "tests"] = [
-        ROOT / "tests",
-        ROOT / "tests" / "reliability",
-        ROOT / "tests" / "launchers",
-        ROOT / "packages" / "gang" / "tests",
-    ]
-    for folder, path in test_folders.items():
-        mypy_path = os.pathsep.join(map(str, [*sources, ROOT / "examples", *path]))
-        session.run("mypy", str(folder), env={"MYPYPATH": mypy_path})
+    # Test folders import their helper modules (`*_workers.py`) by name: pytest finds them through
+    # its `pythonpath` setting and mypy through its `mypy_path` (both in the root pyproject.toml).
+    test_folders = [ROOT / "packages" / name / "tests" for name in PACKAGES] + [ROOT / "tests"]
+    session.run("mypy", *map(str, test_folders))
 
 
 @nox.session

@@ -3,7 +3,7 @@
 A one-node SLURM cluster on localhost with two ``slurmd`` as two nodes (``srun`` with and
 without ``--ntasks-per-node``, an ``sbatch`` job running two concurrent ``srun --exact`` steps),
 Open MPI's ``mpirun``, and two torchrun agents as two nodes (c10d rendezvous). Every process runs
-``worker.py``; the checks here look at all processes' results together.
+``launch_worker.py``; the checks here look at all processes' results together.
 
 Skipped (one line) when the programs are missing, unless ``GANG_REQUIRE_LAUNCHERS=1`` (set by
 ``nox -s launchers`` on CI), where missing programs fail the run.
@@ -20,12 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from launcher_workers import SlurmCluster, free_port, missing_programs, which
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from cluster import SlurmCluster, free_port, missing_programs, which
-
-WORKER = str(Path(__file__).with_name("worker.py"))
+WORKER = str(Path(__file__).with_name("launch_worker.py"))
 MISSING = missing_programs()
 if MISSING and os.environ.get("GANG_REQUIRE_LAUNCHERS") != "1":
     pytest.skip(

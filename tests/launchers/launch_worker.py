@@ -7,7 +7,7 @@ are proven by all-gathering (global rank, node) through it. The result of each p
 written as JSON to ``<out>/<tag>-<rank>.json``; the test that started the launcher checks them
 together.
 
-Usage: ``python worker.py OUT TAG [--tp N] [--node-var NAME] [--meet DIR COUNT]``. ``--node-var``
+Usage: ``python launch_worker.py OUT TAG [--tp N] [--node-var NAME] [--meet DIR COUNT]``. ``--node-var``
 names the launcher variable that numbers this process's node (``SLURM_NODEID``, torchrun's
 ``GROUP_RANK``; 0 when absent). ``--meet`` waits until ``COUNT`` processes (of every launch
 sharing ``DIR``) have arrived, before the rendezvous and again after the first collective, so
