@@ -54,8 +54,10 @@ def results(out: Path, tag: str) -> list[dict[str, Any]]:
     return sorted(found, key=lambda r: r["helpers"][0])
 
 
-def launched(proc: subprocess.CompletedProcess[str]) -> None:
-    assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+def launched(proc: subprocess.CompletedProcess[str], log: Path | None = None) -> None:
+    """Assert that the launcher succeeded, showing its output (and the job's log) if not."""
+    job_log = log.read_text()[-6000:] if log is not None and log.exists() else ""
+    assert proc.returncode == 0, f"exit status {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}{job_log}"
 
 
 def check(found: list[dict[str, Any]], *, launcher: str, world: int, nodes: int, tp: int = 1) -> None:
@@ -95,7 +97,8 @@ def check(found: list[dict[str, Any]], *, launcher: str, world: int, nodes: int,
 
 def test_srun_without_ntasks_per_node(slurm: SlurmCluster, tmp_path: Path) -> None:
     """The usual case: SLURM sets no SLURM_NTASKS_PER_NODE, only the tasks-per-node lists."""
-    launched(slurm.run(["srun", "-n", "4", "-t", "5", *worker(tmp_path, "srun", "--node-var", "SLURM_NODEID")]))
+    command = ["srun", "-n", "4", "-t", "5", *worker(tmp_path, "srun", "--node-var", "SLURM_NODEID")]
+    launched(slurm.run(command, check=False))
     found = results(tmp_path, "srun")
     check(found, launcher="slurm", world=4, nodes=2)
     assert "SLURM_NTASKS_PER_NODE" not in found[0]["env"]
@@ -104,7 +107,7 @@ def test_srun_without_ntasks_per_node(slurm: SlurmCluster, tmp_path: Path) -> No
 
 def test_srun_with_ntasks_per_node_and_tp(slurm: SlurmCluster, tmp_path: Path) -> None:
     command = ["srun", "-N", "2", "--ntasks-per-node", "2", "-t", "5"]
-    launched(slurm.run([*command, *worker(tmp_path, "srun", "--tp", "2", "--node-var", "SLURM_NODEID")]))
+    launched(slurm.run([*command, *worker(tmp_path, "srun", "--tp", "2", "--node-var", "SLURM_NODEID")], check=False))
     found = results(tmp_path, "srun")
     check(found, launcher="slurm", world=4, nodes=2, tp=2)
     assert found[0]["env"]["SLURM_NTASKS_PER_NODE"] == "2"
@@ -122,8 +125,8 @@ def test_sbatch_job_with_two_concurrent_steps(slurm: SlurmCluster, tmp_path: Pat
         "wait $A && wait $B\n"
     )
     log = tmp_path / "job.log"
-    proc = slurm.run(["sbatch", "-N", "2", "-n", "4", "-t", "5", "--wait", "-o", str(log), str(script)])
-    launched(proc)
+    proc = slurm.run(["sbatch", "-N", "2", "-n", "4", "-t", "5", "--wait", "-o", str(log), str(script)], check=False)
+    launched(proc, log)
     steps = [results(tmp_path, tag) for tag in ("stepA", "stepB")]
     for found in steps:
         check(found, launcher="slurm", world=2, nodes=1)
