@@ -210,6 +210,12 @@ def test_open_mpi_without_address(monkeypatch: pytest.MonkeyPatch) -> None:
         get_master_address()
 
 
+def test_open_mpi_blank_uri_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    setenv(monkeypatch, open_mpi(0, 0, OMPI_MCA_orte_hnp_uri=" "))
+    with pytest.raises(ValueError, match=r"Open MPI's mpirun.*`mpirun -x MASTER_ADDR=.* -x MASTER_PORT="):
+        get_master_address()
+
+
 def test_torchrun_wins_over_slurm_as_a_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     """torchrun inside an srun step: nothing of SLURM's (local size, host) leaks in."""
     setenv(monkeypatch, slurm_task(4, 1, 1))

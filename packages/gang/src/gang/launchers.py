@@ -9,8 +9,11 @@ several launchers are present, the innermost launcher wins, in this order:
    ``mpirun`` inside a SLURM job inherits the job's ``SLURM_*`` variables; they are ignored).
 3. **SLURM** ``srun``: ``SLURM_PROCID`` and ``SLURM_STEP_ID`` are set. The batch script of
    ``sbatch`` is not a step (it has ``SLURM_PROCID=0`` and the job's ``SLURM_NTASKS`` but no
-   ``SLURM_STEP_ID``): it is one process, and its ``srun`` starts the tasks.
+   ``SLURM_STEP_ID``): it is one process, and its ``srun`` starts the tasks. A ``salloc`` shell
+   (no ``SLURM_PROCID``) is one process too.
 4. None of them: a world of one process.
+
+A variable set to blanks counts as unset.
 
 Derived rendezvous ports are even, so ``port + 1`` is free for a second service of the same
 job (``gang_jax`` puts the JAX coordinator there).
@@ -187,7 +190,8 @@ class Launcher:
         - torchrun: both are always set; plain ``env://`` must set them.
         - SLURM: the host is the first node of ``SLURM_STEP_NODELIST`` (else
           ``SLURM_JOB_NODELIST``), and the port is derived from ``SLURM_JOB_ID`` and
-          ``SLURM_STEP_ID``, so concurrent steps of one job never collide.
+          ``SLURM_STEP_ID``, so concurrent steps of one job (whose step ids differ by less than
+          6000) never collide.
         - Open MPI: the host is ``mpirun``'s address in ``OMPI_MCA_orte_hnp_uri`` (as JAX finds its
           coordinator; rank 0 must run on ``mpirun``'s node) and the port is derived from the
           Open MPI job id there. Open MPI 5 has no such variable: set ``MASTER_ADDR``.
@@ -237,7 +241,7 @@ class Launcher:
         return host, port
 
     def _ompi_address(self, host: str | None, port: int | None) -> tuple[str, int]:
-        uri = self._env.get("OMPI_MCA_orte_hnp_uri", "")
+        uri = self._env.get("OMPI_MCA_orte_hnp_uri", "").strip()
         if not uri:
             missing = " and ".join(f"`{n}`" for n, v in (("MASTER_ADDR", host), ("MASTER_PORT", port)) if v is None)
             raise ValueError(
