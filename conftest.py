@@ -8,6 +8,10 @@ import pytest
 
 from gang.testing import World
 
+# gang's pytest plugin (`@pytest.mark.gang`). Installing gang registers it through its entry point;
+# naming it here also works where gang is only on the path (the two do not load it twice).
+pytest_plugins = ["gang.pytest_plugin"]
+
 
 @pytest.fixture(scope="module")
 def world4() -> Iterator[World]:
