@@ -25,7 +25,7 @@ PACKAGES: dict[str, list[str]] = {
 # Cross-package tests in tests/ need every package.
 TEST_TARGETS = [*PACKAGES, "integration"]
 
-nox.options.sessions = ["lint", "typecheck", "tests", "docs"]
+nox.options.sessions = ["lint", "typecheck", "tests", "plugin", "docs"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -61,6 +61,21 @@ def tests(session: nox.Session, target: str) -> None:
         install(session, "pytest", "pytest-timeout", packages=[target, *PACKAGES[target]])
         path = ROOT / "packages" / target / "tests"
     session.run("pytest", str(path), "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session
+def plugin(session: nox.Session) -> None:
+    """A user's project tested through gang's pytest plugin: ``examples/plugin-project``.
+
+    Installs gang from its folder (which registers the plugin through its ``pytest11`` entry point),
+    then the example project, and runs the project's own pytest from its folder, so that its own
+    ``pyproject.toml`` configures pytest and nothing of this repository's test set-up is loaded.
+    """
+    project = ROOT / "examples" / "plugin-project"
+    install(session, "pytest", packages=["gang"])
+    session.install(*CONSTRAINTS, str(project))
+    session.chdir(project)
+    session.run("pytest", "tests", "-p", "no:cacheprovider", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session
