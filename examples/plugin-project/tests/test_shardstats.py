@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from shardstats import global_mean, global_min_max, histogram, shard
 
 from gang import FakeGang, Gang, all_gather_objects
-from shardstats import global_mean, global_min_max, histogram, shard
 
 
 @pytest.fixture

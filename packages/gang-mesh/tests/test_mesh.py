@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import mesh_workers as w
 import pytest
 
 from gang.testing import World
-
-sys.path.insert(0, str(Path(__file__).parent))  # The workers import the helpers by this name.
-import mesh_workers as w
 
 FULL_8 = list(range(8))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gang_core_remote import DTYPES, run_collective, values
+from core_workers import DTYPES, run_collective, values
 
 from gang import Gang
 

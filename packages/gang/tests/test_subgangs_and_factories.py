@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
-from gang_core_remote import parallel_layout, sub_gang_members
-from gang_core_worlds import get_world
+from core_workers import parallel_layout, sub_gang_members
 
 from gang import FakeGang, create_fsdp_gangs, create_parallel_gangs
+from gang.testing import World
 from gang.topology import parallel_grid, sharded_grid
 
 
-def test_create_gang_members_and_nested_sub_gangs() -> None:
+def test_create_gang_members_and_nested_sub_gangs(worlds: Callable[[int], World]) -> None:
     # Sub-gang [1, 2, 3] of 4 ranks, then ranks [0, 2] of *that* gang: global ranks 1 and 3.
-    results = get_world(4).run(sub_gang_members, [3, 1, 2], [0, 2])
+    results = worlds(4).run(sub_gang_members, [3, 1, 2], [0, 2])
     assert results[0] == {"sub": None, "rank": None}
     for global_rank in (1, 2, 3):
         got = results[global_rank]
@@ -70,8 +71,10 @@ LAYOUTS = [
 
 
 @pytest.mark.parametrize(("world", "tp", "pp", "intra", "fsdp"), LAYOUTS)
-def test_factory_layout(world: int, tp: int, pp: int, intra: int | None, fsdp: bool) -> None:
-    results = get_world(world).run(parallel_layout, tp, pp, intra, fsdp)
+def test_factory_layout(
+    world: int, tp: int, pp: int, intra: int | None, fsdp: bool, worlds: Callable[[int], World]
+) -> None:
+    results = worlds(world).run(parallel_layout, tp, pp, intra, fsdp)
     expected = _expected_layout(world, tp, pp, intra, fsdp)
     for rank, (got, want) in enumerate(zip(results, expected, strict=True)):
         for role, members in want.items():

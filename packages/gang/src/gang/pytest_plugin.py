@@ -2,8 +2,8 @@
 
 A test marked ``@pytest.mark.gang(world_size=4)`` whose first parameter is ``gang`` runs its body
 on 4 real local processes, each holding a gloo :class:`~gang.ProcessGroupGang` on the CPU; the
-processes (a :class:`gang.testing.World` per size) are reused by every test of that size and
-stopped at the end of the session. ``world_size=[2, 4]`` runs the test once per size.
+processes (the :func:`gang.testing.shared_world` of that size) are reused by every test of that size
+and stopped at the end of the session. ``world_size=[2, 4]`` runs the test once per size.
 
 * Fixtures and parameters of the test are computed once, in the pytest process, and sent to every
   rank by pickle (a value that does not pickle fails the test, naming the argument).
@@ -37,14 +37,12 @@ from typing import Any, NoReturn
 import pytest
 
 from gang import testing
-from gang.testing import DEFAULT_TIMEOUT, RemoteTraceback, WorkerDiedError, World
+from gang.testing import DEFAULT_TIMEOUT, RemoteTraceback, WorkerDiedError, close_shared_worlds, shared_world
 
 __all__ = ["GangSlot"]
 
 MARKER = "gang"
 FIXTURE = "gang"
-
-_POOL_KEY = pytest.StashKey["_Pool"]()
 
 
 @dataclass(frozen=True)
@@ -73,30 +71,6 @@ class _Skipped:
     reason: str
 
 
-class _Pool:
-    """One :class:`World` per size, started on first use and replaced after a failure."""
-
-    def __init__(self) -> None:
-        self._worlds: dict[int, World] = {}
-
-    def get(self, size: int) -> World:
-        world = self._worlds.get(size)
-        if world is None or not world.alive:
-            world = World(size)
-            self._worlds[size] = world
-        return world
-
-    def stop(self, size: int) -> None:
-        world = self._worlds.pop(size, None)
-        if world is not None:
-            world.close(force=True)
-
-    def close(self) -> None:
-        for world in self._worlds.values():
-            world.close()
-        self._worlds.clear()
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Add ``--gang-timeout`` and the ``gang_timeout`` ini option."""
     help_text = f"default seconds a @pytest.mark.gang test body may run (default {DEFAULT_TIMEOUT:g})"
@@ -106,20 +80,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the marker (so ``--strict-markers`` accepts it) and the pool of worlds."""
+    """Register the marker (so ``--strict-markers`` accepts it)."""
     config.addinivalue_line(
         "markers",
         "gang(world_size, timeout=None): run the test body, whose first parameter is `gang`, on "
         "`world_size` real local gloo processes (a list of sizes parametrizes the test).",
     )
-    config.stash[_POOL_KEY] = _Pool()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Stop every process the plugin started."""
-    pool = config.stash.get(_POOL_KEY, None)
-    if pool is not None:
-        pool.close()
+    """Stop every process the plugin started (the shared worlds of :func:`gang.testing.shared_world`)."""
+    close_shared_worlds()
 
 
 def _usage_error(message: str) -> NoReturn:
@@ -243,23 +214,22 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     names = list(pyfuncitem._fixtureinfo.argnames)  # the test's own parameters, as pytest passes them
     blob = _pickled_arguments(pyfuncitem, names)
     target = _target(pyfuncitem)
-    pool = pyfuncitem.config.stash[_POOL_KEY]
-    world = pool.get(size)
+    world = shared_world(size)
     failure = None
     try:
         results = world.run(_run_on_rank, target, blob, timeout=timeout)
     except TimeoutError:
-        pool.stop(size)
+        world.close(force=True)
         failure = (
             f"{pyfuncitem.nodeid} ran past its timeout of {timeout:g} s on {size} ranks; every rank was stopped "
             "(raise it with `@pytest.mark.gang(..., timeout=SECONDS)` or `--gang-timeout`)."
         )
     except WorkerDiedError as ex:
-        pool.stop(size)
+        world.close(force=True)
         failure = f"{pyfuncitem.nodeid}: {ex}"
     except BaseException as ex:
         # A rank failed, or the run was interrupted (Ctrl-C, pytest-timeout) while the ranks were running.
-        pool.stop(size)
+        world.close(force=True)
         cause = ex.__cause__
         if not isinstance(cause, RemoteTraceback):
             raise

@@ -30,9 +30,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import TCPStore
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, but not in torch's stubs
 
-__all__ = ["RemoteTraceback", "World", "WorkerDiedError", "launch", "spawn"]
+from gang.extend import check_int
+
+__all__ = ["RemoteTraceback", "World", "WorkerDiedError", "close_shared_worlds", "launch", "shared_world", "spawn"]
 
 DEFAULT_TIMEOUT = 120.0
 """Seconds a single :meth:`World.run` (or :func:`spawn`) may take before every rank is stopped."""
@@ -148,10 +150,7 @@ class World:
         start_timeout: float = 120.0,
         env: dict[str, str] | None = None,
     ) -> None:
-        if not isinstance(world_size, int) or isinstance(world_size, bool):
-            raise TypeError(f"`world_size` must be an `int`, but is {world_size!r} instead.")
-        if world_size <= 0:
-            raise ValueError(f"`world_size` must be greater than 0, but is {world_size} instead.")
+        world_size = check_int("world_size", world_size, minimum=1)
         if gang_timeout <= 0:
             raise ValueError(f"`gang_timeout` must be positive, but is {gang_timeout} instead.")
         self.world_size = world_size
@@ -297,6 +296,30 @@ class World:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+_SHARED: dict[int, World] = {}
+
+
+def shared_world(size: int) -> World:
+    """Return this process's shared live :class:`World` of ``size`` processes, starting it on first use.
+
+    A world that a failure stopped is replaced by a new one. Test suites (and the pytest plugin's
+    ``@pytest.mark.gang`` tests) share these worlds, so that each size starts only once per session.
+    Stop them with :func:`close_shared_worlds` (they are also stopped when the process exits).
+    """
+    world = _SHARED.get(size)
+    if world is None or not world.alive:
+        world = World(size, gang_timeout=60.0)
+        _SHARED[size] = world
+    return world
+
+
+def close_shared_worlds() -> None:
+    """Stop every world of :func:`shared_world`. Idempotent."""
+    for world in _SHARED.values():
+        world.close()
+    _SHARED.clear()
 
 
 def spawn(

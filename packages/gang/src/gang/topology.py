@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from itertools import product
 from math import prod
 
+from gang.extend import check_int
+
 
 @dataclass(frozen=True)
 class Grid:
@@ -32,9 +34,7 @@ class Grid:
         if len(set(names)) != len(names):
             raise ValueError(f"`dims` must have unique names, but has {names} instead.")
         for name, size in self.dims:
-            if not isinstance(size, int) or isinstance(size, bool):
-                raise TypeError(f"The size of dimension {name!r} must be an `int`, but is {size!r} instead.")
-            if size <= 0:
+            if check_int(f"dims[{name!r}]", size) <= 0:
                 raise ValueError(f"The size of dimension {name!r} must be positive, but is {size} instead.")
 
     @property
@@ -128,9 +128,9 @@ def parallel_grid(world_size: int, *, tp_size: int = 1, pp_size: int = 1) -> Gri
     :raises ValueError: If a size is not positive or ``tp_size * pp_size`` does not divide
         ``world_size``.
     """
-    _check_positive("world_size", world_size)
-    _check_positive("tp_size", tp_size)
-    _check_positive("pp_size", pp_size)
+    world_size = check_int("world_size", world_size, minimum=1)
+    tp_size = check_int("tp_size", tp_size, minimum=1)
+    pp_size = check_int("pp_size", pp_size, minimum=1)
     if world_size % tp_size != 0:
         raise ValueError(f"`tp_size` must be a factor of the root gang size ({world_size}), but is {tp_size} instead.")
     if world_size % pp_size != 0:
@@ -152,20 +152,13 @@ def sharded_grid(dp_size: int, intra_node_size: int | None) -> Grid:
 
     :raises ValueError: If ``intra_node_size`` is not positive or does not divide ``dp_size``.
     """
-    _check_positive("dp_size", dp_size)
+    dp_size = check_int("dp_size", dp_size, minimum=1)
     if intra_node_size is None:
         intra_node_size = dp_size
-    _check_positive("intra_node_size", intra_node_size)
+    intra_node_size = check_int("intra_node_size", intra_node_size, minimum=1)
     if dp_size % intra_node_size != 0:
         raise ValueError(
             f"`intra_node_size` must be a factor of the data parallel gang size ({dp_size}), "
             f"but is {intra_node_size} instead."
         )
     return Grid((("rdp", dp_size // intra_node_size), ("sdp", intra_node_size)))
-
-
-def _check_positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"`{name}` must be an `int`, but is {value!r} of type `{type(value).__name__}` instead.")
-    if value <= 0:
-        raise ValueError(f"`{name}` must be greater than 0, but is {value} instead.")
