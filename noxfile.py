@@ -121,8 +121,9 @@ def docs(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Collective and overhead benchmarks (not in the default sessions): ``nox -s bench -- --quick --out results.json``.
 
-    Launches torchrun itself (2 and 4 ranks for the collectives, 8 for the set-up benchmark);
-    writes the JSON rows to ``--out`` and the PNG plots next to it. See ``docs/performance.rst``.
+    Runs ``python -m gang.bench --nproc N`` (the benchmark that ships in the package) for 2 and 4
+    ranks, then the repository-only benchmarks (8-rank set-up, FakeGang); writes the JSON rows to
+    ``--out`` and the PNG plots next to it. See ``docs/performance.rst``.
     """
     install(session, "matplotlib", packages=["gang", "gang-mesh", "gang-jax"])
     session.run("python", "-m", "benchmarks.run", *session.posargs, env={"OMP_NUM_THREADS": "1"})
