@@ -72,7 +72,7 @@ def plugin(session: nox.Session) -> None:
     """
     project = ROOT / "examples" / "plugin-project"
     install(session, "pytest", packages=["gang"])
-    session.install(*CONSTRAINTS, str(project))
+    session.install(*CONSTRAINTS, "-e", str(project))  # editable: no build/ copy of it in the tree
     session.chdir(project)
     session.run("pytest", "tests", "-p", "no:cacheprovider", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
@@ -107,7 +107,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the Sphinx site warning-free, run its doctests, and run every example."""
-    install(session, "sphinx")
+    install(session, "sphinx", "furo")
     build = ROOT / "docs" / "_build"
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build / "html"))
     session.run("sphinx-build", "-W", "--keep-going", "-b", "doctest", "docs", str(build / "doctest"))

@@ -9,9 +9,14 @@ rank. The reported time is the median over iterations.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import re
+import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -56,6 +61,37 @@ def numel_for(nbytes: int, world_size: int, op: str) -> int:
     if op == "all_reduce" or op == "broadcast":
         return numel
     return -(-numel // world_size) * world_size
+
+
+GLOO_NOTICE = re.compile(
+    r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected peer ranks is : \d+"
+)
+
+
+@contextlib.contextmanager
+def without_gloo_notice() -> Iterator[None]:
+    """Drop the line ``[Gloo] Rank r is connected to n peer ranks. ...`` from this process's stdout meanwhile.
+
+    The gloo library bundled with jaxlib prints it on stdout (file descriptor 1) when JAX's CPU
+    collectives first connect, with no setting to turn it off (``GLOO_LOG_LEVEL`` only governs
+    torch's own copy of gloo). Stdout is held in a temporary file meanwhile, and everything else
+    written to it is passed on; stderr, where errors go, is left alone.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 1)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            held.seek(0)
+            for line in held.read().decode(errors="replace").splitlines(keepends=True):
+                if not GLOO_NOTICE.fullmatch(line.strip()):
+                    sys.stdout.write(line)
+            sys.stdout.flush()
 
 
 class TorchImpls:
@@ -126,6 +162,9 @@ class JaxImpls:
         self.mesh = Mesh(np.array([devices[p] for p in range(jax.process_count())], dtype=object), ("x",))
         self.spec = cast(Callable[..., Any], PartitionSpec)("x")
         self.sharding = NamedSharding(self.mesh, self.spec)
+        with without_gloo_notice():  # JAX's collectives connect on their first call
+            for call in self.cases("all_reduce", 1).values():
+                call()
 
     def _global(self, block: np.ndarray[Any, Any]) -> Any:
         """The global array ``[n * len(block)]`` whose shard on this process is ``block`` (already on device)."""

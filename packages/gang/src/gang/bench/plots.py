@@ -17,7 +17,8 @@ from gang.bench.metrics import OPS, Row, format_size, ratio_table
 
 def _size_axis(ax: Any, sizes: Sequence[int]) -> None:
     ax.set_xscale("log", base=2)
-    ticks = sorted(set(sizes))[:: max(1, len(set(sizes)) // 8)]
+    # 4 B, 64 B, 1 KiB, ... (every power of 16) within the measured range.
+    ticks = [4 << (4 * k) for k in range(16) if min(sizes) <= 4 << (4 * k) <= max(sizes)] or sorted(set(sizes))
     ax.set_xticks(ticks)
     ax.set_xticklabels([format_size(t) for t in ticks], rotation=30, ha="right")
     ax.set_xlabel("buffer size")
