@@ -25,4 +25,5 @@ html_theme = "furo"
 html_title = f"gang {release}"
 html_static_path: list[str] = []
 # The doctests import the examples by module name (as the processes they start do).
-doctest_global_setup = f"import sys\nsys.path.insert(0, {str(ROOT / 'examples')!r})\nimport torch\nimport gang\nfrom gang import *\n"
+EXAMPLES = str(ROOT / "examples")
+doctest_global_setup = f"import sys\nsys.path.insert(0, {EXAMPLES!r})\nimport torch\nimport gang\nfrom gang import *\n"
