@@ -107,7 +107,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the Sphinx site warning-free, run its doctests, and run every example."""
-    install(session, "sphinx", "furo")
+    install(session, "sphinx", "furo", "pytest")  # pytest: the API reference documents the pytest plugin
     build = ROOT / "docs" / "_build"
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build / "html"))
     session.run("sphinx-build", "-W", "--keep-going", "-b", "doctest", "docs", str(build / "doctest"))

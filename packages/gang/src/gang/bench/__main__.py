@@ -96,6 +96,7 @@ class Progress:
         self.op = ""
 
     def __call__(self, op: str, nbytes: int, index: int, total: int) -> None:
+        """Show that measurement ``index`` of ``total`` (``op`` at ``nbytes``) starts."""
         elapsed = time.perf_counter() - self.started
         text = f"[gang.bench] {index + 1}/{total} {op} {metrics.format_size(nbytes)} ({elapsed:.0f} s)"
         if self.tty:
@@ -106,6 +107,7 @@ class Progress:
         self.stream.flush()
 
     def done(self) -> None:
+        """Show the total time."""
         text = f"[gang.bench] done in {time.perf_counter() - self.started:.0f} s"
         self.stream.write(f"\r\033[K{text}\n" if self.tty else f"{text}\n")
         self.stream.flush()
