@@ -40,9 +40,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import AllreduceOptions
 
-from benchmarks.benchmath import OPS as BENCH_OPS
-from benchmarks.collectives import TorchImpls, numel_for
 from gang import ProcessGroupGang, ReduceOperation
+from gang.bench.collectives import TorchImpls, numel_for
+from gang.bench.metrics import OPS as BENCH_OPS
 
 Call = Callable[[], object]
 
@@ -53,7 +53,7 @@ OPS = ("all_reduce", "all_gather", "all_gather_to_list", "reduce_scatter", "all_
 def collective_cases(gang: ProcessGroupGang, op: str) -> dict[str, Call]:
     """Return the ``torch`` and ``gang`` callables of ``op`` with one float32 per rank (and per row).
 
-    The five collectives of :mod:`benchmarks.collectives` are its own cases at 4 bytes per rank;
+    The five collectives of :mod:`gang.bench.collectives` are its own cases at 4 bytes per rank;
     ``all_gather_to_list`` and ``barrier`` are added here.
     """
     if op in BENCH_OPS:
@@ -125,7 +125,7 @@ class Timings:
 def time_paired(calls: dict[str, Call], warmup: int, iters: int, *, barrier: bool = True) -> Timings:
     """Time every callable ``iters`` times in rotating order after ``warmup`` untimed rounds.
 
-    With ``barrier`` every call starts after a barrier (as in :mod:`benchmarks.collectives`);
+    With ``barrier`` every call starts after a barrier (as in :mod:`gang.bench.collectives`);
     without, each callable runs ``iters`` times back to back in a tight loop (the *hot* cost).
     The wall times are reduced with MAX over the ranks after the loop.
     """
