@@ -302,6 +302,8 @@ ALL_SLURM = slurm_task(0, 0, 0)
          "`LOCAL_RANK` must be less than the local world size (2)"),
         ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, gang.get_local_rank, "`LOCAL_WORLD_SIZE` must be set"),
         ({**ALL_SLURM, "SLURM_NTASKS": "1.5"}, gang.get_world_size, "`SLURM_NTASKS` must be an integer, but is '1.5'"),
+        ({**ALL_SLURM, "SLURM_NTASKS": "1_0"}, gang.get_world_size, "`SLURM_NTASKS` must be an integer, but is '1_0'"),
+        ({"RANK": "\u0663", "WORLD_SIZE": "4"}, gang.get_rank, "`RANK` must be an integer, but is '\u0663'"),
         ({**ALL_SLURM, "SLURM_STEP_TASKS_PER_NODE": "2(x"}, gang.get_local_world_size,
          "`SLURM_STEP_TASKS_PER_NODE` must be a SLURM tasks-per-node list such as `2(x3),1`, but is '2(x'"),
         ({**ALL_SLURM, "SLURM_NODEID": "3"}, gang.get_local_world_size,

@@ -55,10 +55,10 @@ def _int(env: Mapping[str, str], name: str, *, minimum: int, default: int | None
         if default is None:
             raise ValueError(f"The environment variable `{name}` must be set, but is not set.")
         return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise _error(name, raw, "an integer") from None
+    # Plain ASCII digits: `int()` would also take "1_000" or non-ASCII digits, which no launcher writes.
+    if re.fullmatch(r"[+-]?[0-9]+", raw.strip()) is None:
+        raise _error(name, raw, "an integer")
+    value = int(raw.strip())
     if value < minimum:
         raise _error(name, raw, f"at least {minimum}")
     return value
