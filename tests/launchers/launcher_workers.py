@@ -162,4 +162,21 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=10 State=UP
                 daemon.kill()
                 daemon.wait()
         self._daemons.clear()
+        self._kill_orphans()
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def _kill_orphans(self) -> None:
+        """Kill what outlived the daemons: a ``slurmstepd`` whose job was being revoked when slurmd stopped.
+
+        Only processes that run under this cluster's ``SLURM_CONF`` (which slurmd hands to every
+        step) are touched; they are this cluster's by construction.
+        """
+        mine = f"SLURM_CONF={self.root / 'slurm.conf'}".encode()
+        for proc in Path("/proc").glob("[0-9]*"):
+            if int(proc.name) == os.getpid():
+                continue
+            try:
+                if mine in (proc / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(proc.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue  # Gone, or not ours to read.
