@@ -133,7 +133,8 @@ def _check_mesh(mesh: DeviceMesh, names: Mapping[str, str] | None) -> list[str]:
     for key, value in names.items():
         if key not in dim_names:
             raise ValueError(
-                f"`names` must only map dimensions of `mesh` {tuple(dim_names)}, but maps {key!r} instead."
+                f"`names` must only map dimensions of `mesh` {tuple(dim_names)}, but maps {key!r} (to {value!r}) "
+                "instead."
             )
         if value not in MESH_ROLES:
             raise ValueError(f"`names` must map to roles {MESH_ROLES}, but maps {key!r} to {value!r} instead.")
