@@ -226,6 +226,13 @@ def test_torchrun_wins_over_slurm_as_a_whole(monkeypatch: pytest.MonkeyPatch) ->
     assert get_master_address() == ("127.0.0.1", 29400)
 
 
+def test_hand_made_env_inside_srun_is_plain_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS` in an srun step: plain env://, local rank 0 of 1 (documented)."""
+    setenv(monkeypatch, slurm_task(4, 1, 1, RANK="4", WORLD_SIZE="7", MASTER_ADDR="gpu01", MASTER_PORT="29500"))
+    assert helpers() == (4, 7, 0, 1)
+    assert get_launcher().name == "torchrun"
+
+
 def test_local_rank_never_mixed_with_other_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
     """`LOCAL_RANK` alone (without torchrun's sizes) is not read together with SLURM's sizes."""
     setenv(monkeypatch, slurm_task(6, 0, 2, LOCAL_RANK="3"))
