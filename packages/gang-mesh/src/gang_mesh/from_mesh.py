@@ -36,9 +36,10 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     ``dp_replicate`` and ``dp_shard`` become ``rdp`` and ``sdp``; ``names`` maps any other
     dimension name to one of those roles. The returned gangs are:
 
-    * ``root``: the group of a 1-D mesh, else the default group when the mesh spans every
-      process, otherwise a new group of the mesh's processes (a sub-mesh: one pipeline stage, or a
-      mesh with an axis sliced out);
+    * ``root``: the group of a 1-D mesh (or of the one dimension that spans the whole mesh when
+      the others have size 1), else the default group when the mesh spans every process,
+      otherwise a new group of the mesh's processes (a sub-mesh: one pipeline stage, or a mesh
+      with an axis sliced out);
     * ``dp``: from a ``dp`` dimension, or derived from ``rdp`` and ``sdp``: the one of them that is
       given, or a new group of the processes that share this process's position on every other
       dimension when both are; ``rdp = dp`` and a size-1 ``sdp`` when only ``dp`` is given (as
@@ -132,7 +133,8 @@ def _check_mesh(mesh: DeviceMesh, names: Mapping[str, str] | None) -> list[str]:
     for key, value in names.items():
         if key not in dim_names:
             raise ValueError(
-                f"`names` must only map dimensions of `mesh` {tuple(dim_names)}, but maps {key!r} instead."
+                f"`names` must only map dimensions of `mesh` {tuple(dim_names)}, but maps {key!r} (to {value!r}) "
+                "instead."
             )
         if value not in MESH_ROLES:
             raise ValueError(f"`names` must map to roles {MESH_ROLES}, but maps {key!r} to {value!r} instead.")
@@ -151,7 +153,9 @@ def _check_mesh(mesh: DeviceMesh, names: Mapping[str, str] | None) -> list[str]:
             )
         roles.append(role)
     if mesh.get_coordinate() is None:
-        raise ValueError(f"`mesh` must hold this process (rank {dist.get_rank()}), but is {mesh.mesh.tolist()}.")
+        raise ValueError(
+            f"`mesh` must hold this process (rank {dist.get_rank()}), but is {mesh.mesh.tolist()} instead."
+        )
     for axis, name in enumerate(dim_names):
         if dist.get_backend(mesh.get_group(axis)) == "fake":
             raise ValueError(
