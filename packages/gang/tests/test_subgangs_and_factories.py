@@ -122,3 +122,16 @@ def test_factories_on_fake_gangs_agree_with_topology(rank: int) -> None:
     assert (gangs.sdp.size, gangs.rdp.size) == (2, 2)
     assert gangs.sdp.rank == gangs.dp.rank % 2
     assert gangs.rdp.rank == gangs.dp.rank // 2
+
+
+def test_split_plan_gives_split_group_the_parent_groups_own_ranks() -> None:
+    # `dist.split_group` (the NCCL path) takes ranks of the *parent* group. A sub-gang of a
+    # sub-gang: global ranks [1, 3, 5, 7], split into its ranks [[0, 1], [2, 3]].
+    from gang.process_group import plan_split
+
+    plan = plan_split((1, 3, 5, 7), 2, [[0, 1], [2, 3]])
+    assert plan.parent_groups == [[0, 1], [2, 3]]
+    assert plan.group_index == 1
+    assert plan.members == [5, 7]  # what the named-group path (gloo) creates its group from
+    outsider = plan_split((2, 4, 6), 0, [[1, 2]])
+    assert (outsider.parent_groups, outsider.group_index, outsider.members) == ([[1, 2]], None, [])
