@@ -377,3 +377,16 @@ def dict_kinds(g: Gang) -> dict[str, Any]:
             result[label] = f"{type(ex).__name__}: {ex}"
     result["after"] = gang.all_sum(g, 1.0).item()
     return result
+
+
+def numpy_ranks_and_cpu0(g: Gang) -> dict[str, Any]:
+    """A real gang on ``cpu:0`` called with NumPy integer ranks."""
+    world = dist.group.WORLD
+    assert world is not None
+    wrapped = gang.ProcessGroupGang.from_process_group(world, torch.device("cpu", 0))
+    t = torch.full((2,), float(wrapped.rank))
+    wrapped.broadcast(t, source_rank=np.int32(1))
+    sub = wrapped.create_gang([np.int64(0), np.int64(1)])
+    result = {"device": str(wrapped.device), "broadcast": t.tolist(), "sub": members(sub)}
+    wrapped.close()
+    return result

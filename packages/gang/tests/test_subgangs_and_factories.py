@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from gang_core_remote import parallel_layout, sub_gang_members
+from gang_core_remote import numpy_ranks_and_cpu0, parallel_layout, sub_gang_members
 from gang_core_worlds import get_world
 
 from gang import FakeGang, create_fsdp_gangs, create_parallel_gangs
@@ -135,3 +135,8 @@ def test_split_plan_gives_split_group_the_parent_groups_own_ranks() -> None:
     assert plan.members == [5, 7]  # what the named-group path (gloo) creates its group from
     outsider = plan_split((2, 4, 6), 0, [[1, 2]])
     assert (outsider.parent_groups, outsider.group_index, outsider.members) == ([[1, 2]], None, [])
+
+
+def test_real_gang_on_cpu0_with_numpy_ranks() -> None:
+    for rank, got in enumerate(get_world(2).run(numpy_ranks_and_cpu0)):
+        assert got == {"device": "cpu", "broadcast": [1.0, 1.0], "sub": [0, 1]}, rank
