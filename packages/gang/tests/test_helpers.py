@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
-from gang_core_remote import dict_kinds, helpers_tour
-from gang_core_worlds import get_world
+from core_workers import dict_kinds, helpers_tour
 
 import gang
 from gang import FakeGang, ReduceOperation
+from gang.testing import World
 
 
-def test_helpers_on_four_real_ranks() -> None:
-    results = get_world(4).run(helpers_tour)
+def test_helpers_on_four_real_ranks(worlds: Callable[[int], World]) -> None:
+    results = worlds(4).run(helpers_tour)
     for rank, got in enumerate(results):
         assert got["flag"] is True
         assert got["total"] == 1 + 2 + 3 + 4
@@ -61,8 +63,8 @@ def test_python_numbers_reduce_in_64_bits() -> None:
     assert isinstance(reduced["n"], int)
 
 
-def test_all_reduce_dict_agrees_on_kinds_across_ranks() -> None:
-    results = get_world(2).run(dict_kinds)
+def test_all_reduce_dict_agrees_on_kinds_across_ranks(worlds: Callable[[int], World]) -> None:
+    results = worlds(2).run(dict_kinds)
     for got in results:
         assert got["mixed"] == {"a": 3.5, "b": 4, "c": 2.5}
         assert isinstance(got["mixed"]["a"], float) and isinstance(got["mixed"]["b"], int)
