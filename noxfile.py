@@ -7,6 +7,8 @@ one pip call, so the unrelated ``gang`` distribution on the registry is never ch
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -24,7 +26,7 @@ PACKAGES: dict[str, list[str]] = {
 # Cross-package tests in tests/ need every package.
 TEST_TARGETS = [*PACKAGES, "integration"]
 
-nox.options.sessions = ["lint", "typecheck", "tests", "docs"]
+nox.options.sessions = ["lint", "typecheck", "tests", "launchers", "docs"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -51,15 +53,49 @@ def install(session: nox.Session, *extra: str, packages: list[str] | None = None
 @nox.parametrize("target", TEST_TARGETS)
 def tests(session: nox.Session, target: str) -> None:
     """Run one package's tests (or the cross-package tests in ``tests/``) on real local processes."""
+    ignore: list[str] = []
     if target == "integration":
         path = ROOT / "tests"
         if not list(path.rglob("test_*.py")):
             session.skip("no cross-package tests yet")
         install(session, "pytest", "pytest-timeout")
+        ignore = ["--ignore", str(LAUNCHER_TESTS)]  # the `launchers` session runs them
     else:
         install(session, "pytest", "pytest-timeout", packages=[target, *PACKAGES[target]])
         path = ROOT / "packages" / target / "tests"
-    session.run("pytest", str(path), "-p", "no:cacheprovider", *session.posargs)
+    session.run("pytest", str(path), "-p", "no:cacheprovider", *ignore, *session.posargs)
+
+
+LAUNCHER_TESTS = ROOT / "tests" / "launchers"
+LAUNCHER_PACKAGES = ("slurm-wlm", "munge", "openmpi-bin")
+
+
+@nox.session
+def launchers(session: nox.Session) -> None:
+    """The real launchers: a SLURM cluster on localhost (srun, sbatch), mpirun, two-node torchrun.
+
+    Needs slurm-wlm, munge and Open MPI. When they are missing they are installed with apt-get
+    only if asked (``nox -s launchers -- --install``, or ``CI=true``); otherwise the session is
+    skipped. The tests start and stop their own SLURM daemons (see ``tests/launchers``).
+    """
+    posargs = [arg for arg in session.posargs if arg != "--install"]
+    asked = "--install" in session.posargs or os.environ.get("CI") == "true"
+    sbin = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    programs = ("srun", "sbatch", "slurmctld", "slurmd", "munged", "mpirun")
+    missing = [program for program in programs if not shutil.which(program, path=sbin)]
+    if missing and not asked:
+        session.skip(
+            f"{', '.join(missing)} not installed; `nox -s launchers -- --install` (or CI=true) "
+            f"runs `apt-get install {' '.join(LAUNCHER_PACKAGES)}`"
+        )
+    if missing:
+        sudo = [] if os.geteuid() == 0 else ["sudo"]
+        apt = {"DEBIAN_FRONTEND": "noninteractive"}
+        session.run(*sudo, "apt-get", "update", "-q", external=True, env=apt)
+        session.run(*sudo, "apt-get", "install", "-y", "-q", *LAUNCHER_PACKAGES, external=True, env=apt)
+    install(session, "pytest", "pytest-timeout")
+    env = {"GANG_REQUIRE_LAUNCHERS": "1", "OMP_NUM_THREADS": "1"}
+    session.run("pytest", str(LAUNCHER_TESTS), "-p", "no:cacheprovider", *posargs, env=env)
 
 
 @nox.session
