@@ -26,7 +26,7 @@ PACKAGES: dict[str, list[str]] = {
 # Cross-package tests in tests/ need every package.
 TEST_TARGETS = [*PACKAGES, "integration"]
 
-nox.options.sessions = ["lint", "typecheck", "tests", "launchers", "docs"]
+nox.options.sessions = ["lint", "typecheck", "tests", "launchers", "plugin", "docs"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -99,6 +99,21 @@ def launchers(session: nox.Session) -> None:
 
 
 @nox.session
+def plugin(session: nox.Session) -> None:
+    """A user's project tested through gang's pytest plugin: ``examples/plugin-project``.
+
+    Installs gang from its folder (which registers the plugin through its ``pytest11`` entry point),
+    then the example project, and runs the project's own pytest from its folder, so that its own
+    ``pyproject.toml`` configures pytest and nothing of this repository's test set-up is loaded.
+    """
+    project = ROOT / "examples" / "plugin-project"
+    install(session, "pytest", packages=["gang"])
+    session.install(*CONSTRAINTS, "-e", str(project))  # editable: no build/ copy of it in the tree
+    session.chdir(project)
+    session.run("pytest", "tests", "-p", "no:cacheprovider", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """Ruff lint and format check."""
     session.install(*CONSTRAINTS, "ruff")
@@ -128,7 +143,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the Sphinx site warning-free, run its doctests, and run every example."""
-    install(session, "sphinx")
+    install(session, "sphinx", "furo", "pytest")  # pytest: the API reference documents the pytest plugin
     build = ROOT / "docs" / "_build"
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build / "html"))
     session.run("sphinx-build", "-W", "--keep-going", "-b", "doctest", "docs", str(build / "doctest"))
@@ -142,8 +157,9 @@ def docs(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Collective and overhead benchmarks (not in the default sessions): ``nox -s bench -- --quick --out results.json``.
 
-    Launches torchrun itself (2 and 4 ranks for the collectives, 8 for the set-up benchmark);
-    writes the JSON rows to ``--out`` and the PNG plots next to it. See ``docs/performance.rst``.
+    Runs ``python -m gang.bench --nproc N`` (the benchmark that ships in the package) for 2 and 4
+    ranks, then the repository-only benchmarks (8-rank set-up, FakeGang); writes the JSON rows to
+    ``--out`` and the PNG plots next to it. See ``docs/performance.rst``.
     """
     install(session, "matplotlib", packages=["gang", "gang-mesh", "gang-jax"])
     session.run("python", "-m", "benchmarks.run", *session.posargs, env={"OMP_NUM_THREADS": "1"})

@@ -23,7 +23,28 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch._C._distributed_c10d import (  # the options a process group's own methods take
+    AllgatherOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    ReduceScatterOptions,
+)
 from torch.distributed import ProcessGroup
+
+__all__ = [
+    "AllToAllOptions",
+    "AllgatherOptions",
+    "AllreduceOptions",
+    "BarrierOptions",
+    "BroadcastOptions",
+    "ReduceScatterOptions",
+    "can_split",
+    "group_timeout",
+    "is_non_member",
+    "new_named_group",
+]
 
 _warned_fallback = False
 
