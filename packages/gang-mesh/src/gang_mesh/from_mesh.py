@@ -11,7 +11,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from gang import FakeGang, Gang, Gangs, ProcessGroupGang
-from gang.process_group import new_named_group
+from gang.rendezvous import new_named_group, next_call
 from gang.topology import DIMENSION_ROLES, Grid, role_spans
 
 MESH_ROLES = DIMENSION_ROLES
@@ -19,10 +19,6 @@ MESH_ROLES = DIMENSION_ROLES
 
 ALIASES: dict[str, str] = {"dp_replicate": "rdp", "dp_shard": "sdp"}
 """Mesh dimension names other libraries use (torchtitan) and the role each plays."""
-
-
-# How often this process converted each mesh: part of the names of the groups a conversion creates.
-_calls: dict[str, int] = {}
 
 
 def _digest(value: object) -> str:
@@ -68,7 +64,7 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     device = _mesh_device(mesh)
     layout = (tuple(roles), tuple(mesh.mesh.shape), *mesh.mesh.flatten().tolist())
     signature = "gang_mesh/" + _digest(layout)
-    _calls[signature] = call = _calls.get(signature, 0) + 1
+    call = next_call(signature)  # how often this process converted this mesh: part of the group names
 
     # The mesh as a grid whose dimensions are the roles of its axes; `ranks[i]` is at grid rank i.
     grid = Grid(tuple(zip(roles, (int(size) for size in mesh.mesh.shape), strict=True)))
@@ -93,7 +89,7 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
             wrap(world)
         if key not in wrapped:
             # Named after the mesh, this call and the members, so every member agrees on the name
-            # whatever other groups it has (see `gang.process_group.new_named_group`).
+            # whatever other groups it has (see `gang.rendezvous.new_named_group`).
             pg = new_named_group(list(key), f"{signature}/{call}/{_digest(key)}", None)
             if not isinstance(pg, ProcessGroup):  # Cannot happen: this process is a member.
                 raise AssertionError(f"rank {dist.get_rank()} is not in the new group {list(key)}")
