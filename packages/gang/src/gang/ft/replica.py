@@ -247,7 +247,9 @@ class ReplicaGang(Gang):
         try:
             quorum = self._protocol.form(self._round, self._step_number, self._min_replicas)
         except QuorumTimeoutError as ex:
-            raise GangError(f"`step` failed on replica {self._replica_id!r} at step {self._step_number}: {ex}.") from ex
+            raise GangError(
+                f"`step` failed on replica {self._replica_id!r} before step {self._step_number + 1}: {ex}."
+            ) from ex
         except _STORE_ERRORS as ex:
             raise self._store_error("step", ex) from ex
         self._quorum = quorum
@@ -318,7 +320,7 @@ class ReplicaGang(Gang):
         where = "" if self._quorum is None else f" in {self._quorum.describe()}"
         error = GangError(
             f"`{operation}` failed on replica {self._replica_id!r} (rank {self.rank} of {self.size}) "
-            f"at step {self._step_number}{where}: {ex}"
+            f"in step {self._step_number + 1}{where}: {ex}"
         )
         error.__cause__ = ex
         self._error = error
@@ -409,7 +411,7 @@ class ReplicaGang(Gang):
         where = "" if self._quorum is None else f" in {self._quorum.describe()}"
         host, port = self._address
         return GangError(
-            f"`{operation}` failed on replica {self._replica_id!r} at step {self._step_number}{where}: "
+            f"`{operation}` failed on replica {self._replica_id!r} in step {self._step_number + 1}{where}: "
             f"the coordination store at {host}:{port} is unreachable ({ex})."
         )
 
