@@ -6,7 +6,8 @@ step, ``{"event": "collective", "step": s}`` before the gradient exchange, one `
 the members and the parameters after every committed step, ``error`` when the gang raised, and
 ``done`` at the end. ``FT_PAUSE=<event>:<step>`` makes it report ``paused`` at that point and wait
 until the file ``LOG.release`` exists (the harness kills or stops it there).
-Several pauses are separated by commas; ``FT_GATE=1`` adds ``enter:1`` on every local rank. ``FT_TIMEOUT`` and ``FT_MIN_REPLICAS`` set the gang's
+Several pauses are separated by commas; ``FT_GATE=1`` adds ``enter:1`` on every local rank.
+``FT_TIMEOUT`` and ``FT_MIN_REPLICAS`` set the gang's
 timeout and ``min_replicas``.
 
 Under torchrun (a replica of several processes) each local rank trains its shard of the flat

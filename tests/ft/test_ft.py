@@ -162,13 +162,14 @@ class Cluster:
             time.sleep(0.02)
 
     def finish(self, expect: dict[str, int]) -> None:
-        """Wait for every replica process; ``expect`` maps replica ids to their last exit status."""
+        """Wait for every replica process; ``expect`` maps replica ids to 0 (they must finish
+        training) or 3 (they must end with a ``GangError``), as their last log line shows."""
         deadline = time.monotonic() + WAIT
         for proc in self.procs[1:]:
             try:
                 proc.wait(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"replica process {proc.args} did not end; logs:\n{self.dump()}") from None
+                raise AssertionError(f"replica process {proc.args!r} did not end; logs:\n{self.dump()}") from None
         for rid, code in expect.items():
             last = [e for log in self.current(rid) for e in self.events(log) if e["event"] in ("done", "error")]
             kinds = {e["event"] for e in last}
@@ -208,7 +209,7 @@ class Cluster:
 
     def check_training(self, finishers: list[str]) -> dict[int, list[str]]:
         """Check the invariants over every log; return the membership schedule of the committed steps."""
-        by_step: dict[int, dict[str, Any]] = {}
+        by_step: dict[int, dict[int, dict[str, Any]]] = {}
         shards: dict[int, int] = {}
         for logs in self.logs.values():
             for log in logs:
@@ -329,7 +330,7 @@ def test_restarted_replica_heals_and_rejoins(cluster: Cluster) -> None:
     schedule = cluster.check_training(ALL)
     assert schedule[5] == ["0", "1", "3"] and schedule[6] == ALL
     healed = cluster.wait("2", "healed")
-    first = [e for e in cluster.events(cluster.current("2")[0]) if e["event"] == "commit"][0]
+    first = next(e for e in cluster.events(cluster.current("2")[0]) if e["event"] == "commit")
     assert first["step"] == 6 and healed["t"] <= first["t"]
 
 
@@ -352,7 +353,7 @@ def test_new_replica_joins_and_healer_killed_during_healing(cluster: Cluster) ->
     assert schedule[3] == ["0", "1", "2"]
     assert schedule[4] == ["1", "2", "3"]
     assert cluster.wait("3", "healed")
-    assert [e for e in cluster.events(cluster.current("3")[0]) if e["event"] == "commit"][0]["step"] == 4
+    assert next(e for e in cluster.events(cluster.current("3")[0]) if e["event"] == "commit")["step"] == 4
 
 
 def test_fewer_than_min_replicas_raises_naming_the_quorum(cluster: Cluster) -> None:
