@@ -1,12 +1,12 @@
 """gang.ft on real processes: a store process, replica processes, SIGKILL and SIGSTOP.
 
-Every scenario starts ``python -m gang.ft.store`` and replicas running ``ft_worker.py`` (one
+Every scenario starts ``python -m gang.ft.store`` and replicas running ``ft_workers.py`` (one
 process each, or one torchrun of 2 processes each), injects a failure with a real signal at a
 point the replica reports in its log, and then checks:
 
 - every committed step was committed by every replica that logged it with the same members and
   bit-identical parameters;
-- the final parameters equal a single-process replay (``ft_model.reference``) of the committed
+- the final parameters equal a single-process replay (``ft_workers.reference``) of the committed
   steps with the same data and the same membership schedule;
 - the expected replicas finished (or raised the expected ``GangError``), and no process is left.
 
@@ -28,12 +28,9 @@ from typing import Any
 
 import pytest
 import torch
+from ft_workers import reference
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from ft_model import reference
-
-WORKER = Path(__file__).parent / "ft_worker.py"
+WORKER = Path(__file__).parent / "ft_workers.py"
 STEPS = 8
 TIMEOUT = "3"  # seconds: the gang timeout of every replica
 WAIT = 180.0  # the harness's bound on waiting for one event (a loaded 2-core machine)

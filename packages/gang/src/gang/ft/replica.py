@@ -21,6 +21,7 @@ from typing_extensions import override
 from gang._torch_groups import StandaloneGroup, new_standalone_group
 from gang.env import get_local_rank, get_local_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
+from gang.extend import check_device, check_int, check_open, check_timeout, operation_error
 from gang.ft.quorum import ROOT, Protocol, Quorum, QuorumTimeoutError, write_heartbeat
 from gang.gang import Gang, ReduceOperation
 from gang.process_group import reduce_op
@@ -54,10 +55,9 @@ class ReplicaGang(Gang):
         min_replicas: int,
         timeout: timedelta,
     ) -> None:
-        super().__init__(debug=False)
+        super().__init__(rank=0, size=1, device=device, debug=False)
         self._replica_id = replica_id
         self._address = address
-        self._device = device
         self._state_dict = state_dict
         self._load_state_dict = load_state_dict
         self._min_replicas = min_replicas
@@ -122,11 +122,8 @@ class ReplicaGang(Gang):
         for name, fn in (("state_dict", state_dict), ("load_state_dict", load_state_dict)):
             if not callable(fn):
                 raise TypeError(f"`{name}` must be callable, but is {fn!r} instead.")
-        if not isinstance(min_replicas, int) or isinstance(min_replicas, bool):
-            raise TypeError(f"`min_replicas` must be an `int`, but is {min_replicas!r} instead.")
-        if min_replicas < 1:
-            raise ValueError(f"`min_replicas` must be at least 1, but is {min_replicas} instead.")
-        timeout = _check_timeout(timeout)
+        min_replicas = check_int("min_replicas", min_replicas, minimum=1)
+        timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
         return cls(
             replica_id=rid,
             address=address,
@@ -138,23 +135,6 @@ class ReplicaGang(Gang):
         )
 
     # -- properties -----------------------------------------------------------------------------
-
-    @property
-    @override
-    def rank(self) -> int:
-        if self._quorum is None:
-            return 0
-        return self._quorum.members.index(self._replica_id)
-
-    @property
-    @override
-    def size(self) -> int:
-        return 1 if self._quorum is None else len(self._quorum.members)
-
-    @property
-    @override
-    def device(self) -> torch.device:
-        return self._device
 
     @property
     @override
@@ -196,7 +176,7 @@ class ReplicaGang(Gang):
         :raises GangError: If fewer than ``min_replicas`` replicas stay live for the timeout, or
             the coordination store is unreachable.
         """
-        self._check_open("step")
+        check_open(self, "step")
         if self._in_step:
             raise InvalidOperationError("`step` cannot be entered while a step of this gang is running.")
         self._in_step = True
@@ -232,7 +212,7 @@ class ReplicaGang(Gang):
         :raises InvalidOperationError: Outside ``with gang.step():``.
         :raises GangError: If the coordination store is unreachable.
         """
-        self._check_open("should_commit")
+        check_open(self, "should_commit")
         if not self._in_step:
             raise InvalidOperationError("`should_commit` must be called inside `with gang.step():`.")
         if self._commit is None:
@@ -254,6 +234,7 @@ class ReplicaGang(Gang):
             raise self._store_error("step", ex) from ex
         self._quorum = quorum
         self._round = quorum.round
+        self._rank, self._size = quorum.members.index(self._replica_id), len(quorum.members)
         if self._pg_round != quorum.group:
             self._rebuild(quorum)
         if self._error is None and quorum.max_step > min(quorum.steps):
@@ -317,10 +298,9 @@ class ReplicaGang(Gang):
         return True
 
     def _record(self, operation: str, ex: Exception) -> None:
-        where = "" if self._quorum is None else f" in {self._quorum.describe()}"
-        error = GangError(
-            f"`{operation}` failed on replica {self._replica_id!r} (rank {self.rank} of {self.size}) "
-            f"in step {self._step_number + 1}{where}: {ex}"
+        where = "" if self._quorum is None else f" of {self._quorum.describe()}"
+        error = operation_error(
+            operation, self, f"replica {self._replica_id!r} in step {self._step_number + 1}{where}: {ex}"
         )
         error.__cause__ = ex
         self._error = error
@@ -512,23 +492,10 @@ def _check_store(store: object) -> tuple[str, int]:
 def _check_device(device: object) -> torch.device:
     if device is None:
         return torch.device("cpu")
-    if not isinstance(device, torch.device):
-        raise TypeError(f"`device` must be a `torch.device`, but is {device!r} instead.")
-    if device.type == "cpu":
-        return torch.device("cpu")
-    if device.type != "cuda":
+    device = check_device("device", device)
+    if device.type not in ("cpu", "cuda"):
         raise ValueError(f"`device` must be of type `cpu` or `cuda`, but is of type `{device.type}` instead.")
     return device
-
-
-def _check_timeout(timeout: object) -> timedelta:
-    if timeout is None:
-        return DEFAULT_TIMEOUT
-    if not isinstance(timeout, timedelta):
-        raise TypeError(f"`timeout` must be a `datetime.timedelta`, but is {timeout!r} instead.")
-    if timeout.total_seconds() <= 0:
-        raise ValueError(f"`timeout` must be positive, but is {timeout} instead.")
-    return timeout
 
 
 __all__ = ["DEFAULT_TIMEOUT", "ReplicaGang"]
