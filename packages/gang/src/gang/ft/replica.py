@@ -40,7 +40,8 @@ class ReplicaGang(Gang):
     the quorum of live replicas, rebuilds the process group when membership changed and heals a
     replica that is behind. Inside a step, a failed or hung collective does not raise: it is
     recorded (:meth:`errored`), the step's later collectives are skipped (tensors left as they
-    are), and :meth:`should_commit` returns ``False`` on every member. :attr:`rank` and
+    are; the failed one may have written part of its output), and :meth:`should_commit` returns
+    ``False`` on every member. :attr:`rank` and
     :attr:`size` are those of the current quorum (rank 0 of 1 before the first step).
     """
 
@@ -309,42 +310,34 @@ class ReplicaGang(Gang):
     def _barrier(self) -> None:
         self._run("barrier", lambda pg: pg.barrier())
 
+    # Results are written in place; a collective that fails may leave its output partly written
+    # (the step is then not committed anywhere), and the later ones of the step do not run.
+
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
-        result = tensor.clone()
-        if self._run("all_reduce", lambda pg: pg.allreduce([result], _reduce(op))):
-            tensor.copy_(result)
+        self._run("all_reduce", lambda pg: pg.allreduce([tensor], _reduce(op)))
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        rows = list(torch.empty_like(output_tensor).unbind(0))
-        if self._run("all_gather", lambda pg: pg.allgather([rows], [input_tensor])):
-            output_tensor.copy_(torch.stack(rows))
+        self._run("all_gather", lambda pg: pg.allgather([list(output_tensor.unbind(0))], [input_tensor]))
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
-        rows = [torch.empty_like(t) for t in output_tensors]
-        if self._run("all_gather_to_list", lambda pg: pg.allgather([rows], [input_tensor])):
-            for out, row in zip(output_tensors, rows, strict=True):
-                out.copy_(row)
+        self._run("all_gather_to_list", lambda pg: pg.allgather([output_tensors], [input_tensor]))
 
     @override
     def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
-        total = input_tensor.clone()
+        total = input_tensor.clone()  # gloo has no reduce-scatter of one tensor: reduce all rows
         if self._run("reduce_scatter", lambda pg: pg.allreduce([total], _reduce(op))):
             output_tensor.copy_(total[self.rank])
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        result = torch.empty_like(output_tensor)
-        if self._run("all_to_all", lambda pg: pg.alltoall_base(result.view(-1), input_tensor.view(-1), [], [])):
-            output_tensor.copy_(result)
+        self._run("all_to_all", lambda pg: pg.alltoall_base(output_tensor.view(-1), input_tensor.view(-1), [], []))
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        result = tensor.clone()
-        if self._run("broadcast", lambda pg: pg.broadcast([result], _root(source_rank))):
-            tensor.copy_(result)
+        self._run("broadcast", lambda pg: pg.broadcast([tensor], _root(source_rank)))
 
     @override
     def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:
