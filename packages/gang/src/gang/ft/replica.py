@@ -109,7 +109,8 @@ class ReplicaGang(Gang):
         :param device: ``cpu`` (gloo) or ``cuda[:N]`` (NCCL); ``None`` is ``cpu``.
         :param state_dict: Returns what a replica that is behind needs (model and optimizer
             state); called on a healthy replica when another one heals.
-        :param load_state_dict: Loads what ``state_dict`` returned, on the replica that heals.
+        :param load_state_dict: Loads what ``state_dict`` returned, on the replica that heals (it
+            travels through ``torch.save``/``torch.load(weights_only=False)``: replicas trust each other).
         :param min_replicas: The fewest replicas a step runs with.
         :param timeout: Bounds a stuck collective, forming a quorum and healing, and is the
             heartbeat age after which a replica counts as dead (default 60 seconds).
@@ -253,7 +254,7 @@ class ReplicaGang(Gang):
 
     def _heal(self, quorum: Quorum) -> None:
         source = quorum.heal_source
-        header = torch.zeros(2, dtype=torch.int64)
+        header = torch.zeros(2, dtype=torch.int64, device=self._device)
         payload = b""
         if self.rank == source:
             buffer = io.BytesIO()
@@ -263,11 +264,12 @@ class ReplicaGang(Gang):
         if not self._run("heal", lambda pg: pg.broadcast([header], _root(source))):
             return
         if payload:
-            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self._device)
         else:
-            data = torch.empty(int(header[0]), dtype=torch.uint8)
+            data = torch.empty(int(header[0]), dtype=torch.uint8, device=self._device)
         if self._run("heal", lambda pg: pg.broadcast([data], _root(source))) and self._step_number < int(header[1]):
-            state = torch.load(io.BytesIO(data.numpy().tobytes()), map_location=self._device, weights_only=False)
+            # Like `broadcast_objects`, this unpickles what a peer sent: replicas trust each other.
+            state = torch.load(io.BytesIO(data.cpu().numpy().tobytes()), map_location=self._device, weights_only=False)
             self._load_state_dict(state)
             self._step_number = int(header[1])
 
