@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from torch._C._distributed_c10d import TCPStore
+from gang._torch_groups import TCPStore
 
 ROOT = "gang.ft/"
 """The prefix of every key :mod:`gang.ft` writes in the coordination store."""

@@ -14,11 +14,10 @@ from typing import Any, final
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch._C._distributed_c10d import PrefixStore, TCPStore
 from torch.distributed import ProcessGroup
 from typing_extensions import override
 
-from gang._torch_groups import StandaloneGroup, new_standalone_group
+from gang._torch_groups import PrefixStore, StandaloneGroup, TCPStore, new_standalone_group
 from gang.env import get_local_rank, get_local_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_device, check_int, check_open, check_timeout, operation_error
