@@ -349,9 +349,16 @@ def test_new_replica_joins_and_healer_killed_during_healing(cluster: Cluster) ->
     cluster.finish({"1": 0, "2": 0, "3": 0})
     schedule = cluster.check_training(["1", "2", "3"])
     assert schedule[3] == ["0", "1", "2"]
-    assert schedule[4] == ["1", "2", "3"]
-    assert cluster.wait("3", "healed")
-    assert next(e for e in cluster.events(cluster.current("3")[0]) if e["event"] == "commit")["step"] == 4
+    # Replica 3 waits out the failed heal in a gloo receive (its broadcast parent is not the dead
+    # healer, so it sees no closed socket) for the gang timeout, while 1 and 2 wait for it in the
+    # next quorum for the same timeout: it rejoins at step 4 or, losing that race, at step 5.
+    joined = min(s for s, members in schedule.items() if s >= 4 and "3" in members)
+    assert joined in (4, 5), schedule
+    assert all(members == ["1", "2", "3"] for s, members in schedule.items() if s > joined)
+    assert all(members == ["1", "2"] for s, members in schedule.items() if 4 <= s < joined)
+    healed = cluster.wait("3", "healed")
+    first = next(e for e in cluster.events(cluster.current("3")[0]) if e["event"] == "commit")
+    assert first["step"] == joined and healed["t"] <= first["t"]
 
 
 def test_fewer_than_min_replicas_raises_naming_the_quorum(cluster: Cluster) -> None:
