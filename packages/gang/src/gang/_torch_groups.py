@@ -12,6 +12,10 @@ Doing so needs torch's internal group constructor; this module is the only place
 torch's private API (that constructor, a backend's ``supports_splitting`` and ``options``), and
 every such use has a fallback: the public ``new_group`` (with a warning, since it can deadlock),
 "cannot split", "timeout unknown".
+
+It also builds the standalone groups of :mod:`gang.ft` (:func:`new_standalone_group`) and
+re-exports torch's store classes (``TCPStore``, ``PrefixStore``, ``Store``), which torch's stubs
+only declare in the private ``torch._C`` module.
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ from torch._C._distributed_c10d import (  # the options a process group's own me
     AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
+    PrefixStore,
     ReduceScatterOptions,
+    Store,
+    TCPStore,
 )
 from torch.distributed import ProcessGroup
 
@@ -39,12 +46,20 @@ __all__ = [
     "AllreduceOptions",
     "BarrierOptions",
     "BroadcastOptions",
+    "PrefixStore",
     "ReduceScatterOptions",
+    "StandaloneGroup",
+    "Store",
+    "TCPStore",
     "can_split",
     "group_timeout",
     "is_non_member",
     "new_named_group",
+    "new_standalone_group",
 ]
+
+StandaloneGroup = Any
+"""A torch ``Backend`` (``ProcessGroupGloo``/``ProcessGroupNCCL``): torch's stubs omit its collectives."""
 
 _warned_fallback = False
 
@@ -136,3 +151,26 @@ def group_timeout(pg: ProcessGroup, device: torch.device) -> timedelta | None:
 def is_non_member(pg: object) -> bool:
     """Whether ``pg`` is what torch's ``new_group`` returns to a process outside the group."""
     return type(pg) is int and pg == dist.GroupMember.NON_GROUP_MEMBER
+
+
+def new_standalone_group(
+    store: Store, rank: int, size: int, device: torch.device, timeout: timedelta
+) -> StandaloneGroup:
+    """Create a gloo (CPU) or NCCL (CUDA) group on ``store`` outside torch's group registry.
+
+    :mod:`gang.ft` rebuilds its cross-replica group whenever the quorum changes, next to whatever
+    default group the replica's own processes use, so the group must not touch torch's global
+    state. ``ProcessGroupGloo``/``ProcessGroupNCCL`` are torch ``Backend`` objects (the type lives
+    in a private module); the collective timeout is ``timeout`` for both.
+
+    :param store: The store the members rendezvous on (a fresh prefix for every new group).
+    :param rank: This process's rank in the group.
+    :param size: The number of members.
+    :param device: ``cpu`` for gloo, ``cuda:N`` for NCCL.
+    :param timeout: The collective timeout.
+    """
+    if device.type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)

@@ -117,6 +117,11 @@ def _sync_options(cls: type[_O]) -> _O:
     return opts
 
 
+def reduce_op(op: ReduceOperation) -> dist.ReduceOp:
+    """The torch reduction of ``op`` (``MEAN`` is ``AVG``, which gloo and NCCL both support)."""
+    return dist.ReduceOp(_REDUCE_OPS[op])
+
+
 @final
 class ProcessGroupGang(Gang):
     """A gang that wraps a ``torch.distributed`` process group.
