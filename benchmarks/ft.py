@@ -5,13 +5,13 @@ runs it after the collective benchmarks) starts local processes itself: 3 replic
 each, gloo on CPU, and the coordination store (``python -m gang.ft.store``). Two measurements:
 
 * **Per-step cost** (op ``ft_step_50ms`` and ``ft_step_10ms``): one data-parallel training step of
-  an MLP (its gradients accumulated over enough micro-batches of real matmuls that a plain step
-  takes about 50 or 10 ms here), the flattened gradients all-reduced (MEAN) in one call, an SGD
-  update. The same processes run it through a plain :class:`gang.ProcessGroupGang` (impl
-  ``plain``) and inside ``with gang.step():`` of a ``ReplicaGang`` with ``should_commit()`` (impl
-  ``gang.ft``), in interleaved rounds (the order alternates every round). A step's time is that of
-  the slowest replica; ``ratio`` is the ratio of the medians and ``paired_ratio`` the median over
-  rounds of each round's ratio of medians.
+  an MLP (its gradients accumulated over enough micro-batches of real matmuls that their compute
+  takes about 50 or 10 ms here, as the replicas measure it before the rounds), the flattened
+  gradients all-reduced (MEAN) in one call, an SGD update. The same processes run it through a
+  plain :class:`gang.ProcessGroupGang` (impl ``plain``) and inside ``with gang.step():`` of a
+  ``ReplicaGang`` with ``should_commit()`` (impl ``gang.ft``), in interleaved rounds (the order
+  alternates every round). A step's time is that of the slowest replica; ``ratio`` is the ratio of
+  the medians and ``paired_ratio`` the median over rounds of each round's ratio of medians.
 * **Recovery** (ops ``ft_kill_to_commit`` and ``ft_restart_to_commit``): the replicas train with the
   50 ms step; replica 2 is ``SIGKILL``\\ ed at a random moment of a step, and the time from the
   signal to the survivors' first committed step without it is measured (the later of the two
@@ -19,10 +19,10 @@ each, gloo on CPU, and the coordination store (``python -m gang.ft.store``). Two
   first committed step (after healing from a peer) is measured. Every time is a wall-clock
   timestamp taken in the process where the event happened.
 
-With ``--torchft-python`` or ``TORCHFT_PYTHON`` (the interpreter of a separate virtual environment with torchft 0.2 and
-torch 2.13; torchft is never a dependency of gang), the same model and schedule run through
-torchft's ``Manager`` and Lighthouse (impl ``torchft``, with its own ``plain`` baseline rows
-``plain@torchft``), with the same timeouts; see ``benchmarks/ft_torchft.py``.
+With ``--torchft-python`` or ``TORCHFT_PYTHON`` (the interpreter of a separate virtual environment
+with torchft 0.2 and torch 2.13; torchft is never a dependency of gang), the same model and
+schedule run through torchft's ``Manager`` and Lighthouse (impl ``torchft``, with its own
+``plain`` baseline rows ``plain@torchft``), with the same timeouts; see ``benchmarks/ft_torchft.py``.
 
 A worker process (``python -m benchmarks.ft worker ...``) is one replica; the driver prints a table
 and writes ``<out stem>_ft.json`` (rows as in ``benchmarks.benchmath.make_row``).
@@ -54,9 +54,13 @@ ROOT = Path(__file__).resolve().parent.parent
 REPLICAS = 3
 WIDTH = 256
 DEPTH = 4
-MICRO_BATCH = 32
-TIMEOUT_S = 5.0
-"""The timeout of each fault-tolerant implementation (collectives, quorum, healing)."""
+MICRO_BATCH = 64
+STEP_TIMEOUT_S = 5.0
+"""The timeout of both fault-tolerant implementations while their per-step cost is measured."""
+RECOVERY_TIMEOUT_S = 1.0
+"""The timeout of both while their recovery is measured: gang.ft's ``timeout`` (a replica whose
+heartbeat is older is dead; a quorum waits that long for a live replica), torchft's Lighthouse join
+and heartbeat timeouts and its Manager's timeouts."""
 
 # --------------------------------------------------------------------------------------------------
 # One replica (a worker process)
@@ -171,7 +175,7 @@ class PlainTrainer(StateOwner):
 class GangTrainer(StateOwner):
     """The step inside ``with gang.step():`` of a :class:`gang.ft.ReplicaGang` (joined from the environment)."""
 
-    def __init__(self, replica: int, min_replicas: int) -> None:
+    def __init__(self, replica: int, min_replicas: int, timeout_s: float) -> None:
         from gang.ft import ReplicaGang
 
         super().__init__(replica)
@@ -180,7 +184,7 @@ class GangTrainer(StateOwner):
             state_dict=self.state_dict,
             load_state_dict=self.load_state_dict,
             min_replicas=min_replicas,
-            timeout=timedelta(seconds=TIMEOUT_S),
+            timeout=timedelta(seconds=timeout_s),
         )
 
     @property
@@ -207,28 +211,25 @@ class GangTrainer(StateOwner):
 
 
 def _calibrate(plain: PlainTrainer, step_ms: float) -> int:
-    """Return the number of micro-batches that makes a plain step take about ``step_ms`` (the same on every replica)."""
-
-    def timed(micro_batches: int) -> float:
-        times = []
-        for _ in range(7):
-            start = time.perf_counter()
-            plain.train_step(micro_batches)
-            times.append(time.perf_counter() - start)
-        return median(plain.slowest(times)[2:])
-
-    one, three = timed(1), timed(3)
-    per_batch = max((three - one) / 2, 1e-5)
-    return max(1, round((step_ms / 1e3 - (one - per_batch)) / per_batch))
+    """Return the number of micro-batches whose compute takes about ``step_ms`` (the same on every replica)."""
+    flat_grads(plain.model, 0, plain.replica, 2)  # warm-up
+    per_batch = []
+    for _ in range(5):
+        start = time.perf_counter()
+        flat_grads(plain.model, 0, plain.replica, 4)
+        per_batch.append((time.perf_counter() - start) / 4)
+    slowest = plain.slowest([median(per_batch)])[0]
+    return max(1, round(step_ms / 1e3 / slowest))
 
 
-def _make_trainer(impl: str, replica: int, min_replicas: int, lighthouse: str) -> Trainer:
-    if impl == "torchft":
+def _make_trainer(args: argparse.Namespace, min_replicas: int) -> Trainer:
+    if args.impl == "torchft":
         from benchmarks.ft_torchft import TorchftTrainer
 
-        owner = StateOwner(replica)
-        return TorchftTrainer(owner, replica, min_replicas, lighthouse, TIMEOUT_S, _train_step_parts(owner))
-    return GangTrainer(replica, min_replicas)
+        owner = StateOwner(args.replica)
+        parts = _train_step_parts(owner)
+        return TorchftTrainer(owner, args.replica, min_replicas, args.lighthouse, args.timeout, parts)
+    return GangTrainer(args.replica, min_replicas, args.timeout)
 
 
 def _train_step_parts(owner: StateOwner) -> tuple[Callable[[int, int], Tensor], Callable[[Tensor], None]]:
@@ -242,7 +243,7 @@ def _train_step_parts(owner: StateOwner) -> tuple[Callable[[int, int], Tensor], 
 def worker_overhead(args: argparse.Namespace) -> None:
     """Time plain and fault-tolerant steps in interleaved rounds; replica 0 prints the result."""
     plain = PlainTrainer(args.replica, args.plain_port)
-    ft = _make_trainer(args.impl, args.replica, REPLICAS, args.lighthouse)
+    ft = _make_trainer(args, REPLICAS)
     micro_batches = args.micro_batches or _calibrate(plain, args.step_ms)
     trainers: dict[str, Trainer] = {"plain": plain, "ft": ft}
     for trainer in trainers.values():  # warm-up (the first fault-tolerant step forms the first quorum)
@@ -269,7 +270,7 @@ def worker_overhead(args: argparse.Namespace) -> None:
 def worker_recovery(args: argparse.Namespace) -> None:
     """Train until killed, printing a timestamped line per committed step (and when the trainer is ready)."""
     print(f"@imported {time.time()}", flush=True)
-    trainer = _make_trainer(args.impl, args.replica, 2, args.lighthouse)
+    trainer = _make_trainer(args, 1)
     print(f"@joined {time.time()}", flush=True)
     while True:
         before = trainer.step_number
@@ -285,8 +286,9 @@ def worker_recovery(args: argparse.Namespace) -> None:
 class Runner:
     """Starts the processes of one measurement for one implementation (``gang`` or ``torchft``)."""
 
-    def __init__(self, impl: str, torchft_python: str | None) -> None:
+    def __init__(self, impl: str, torchft_python: str | None, timeout_s: float) -> None:
         self.impl = impl
+        self.timeout_s = timeout_s
         self.python = torchft_python if impl == "torchft" else sys.executable
         paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         if impl == "torchft":  # gang itself (for the plain baseline) from the sources, not installed there
@@ -299,7 +301,16 @@ class Runner:
             port = free_port()
             job.start(
                 "lighthouse",
-                ["-m", "benchmarks.ft_torchft", "--port", str(port), "--min-replicas", "2"],
+                [
+                    "-m",
+                    "benchmarks.ft_torchft",
+                    "--port",
+                    str(port),
+                    "--min-replicas",
+                    "2",
+                    "--timeout",
+                    str(self.timeout_s),
+                ],
                 self.env,
                 python=self.python,
             )
@@ -313,6 +324,7 @@ class Runner:
         env["GANG_FT_REPLICA_ID"] = str(replica)
         flags = [x for k, v in reach.items() if k.startswith("--") for x in (k, v)]
         argv = ["-m", "benchmarks.ft", "worker", "--impl", self.impl, "--replica", str(replica), *flags, *args]
+        argv += ["--timeout", str(self.timeout_s)]
         return job.start(f"replica {replica}", argv, env, python=self.python)
 
 
@@ -439,7 +451,7 @@ def recovery_rows(impl: str, samples: list[dict[str, float]]) -> list[Row]:
     rows = []
     for key in ("kill_to_commit", "restart_to_commit"):
         values = [s[key] for s in samples]
-        extra: dict[str, Any] = {"samples": values, "timeout_s": TIMEOUT_S}
+        extra: dict[str, Any] = {"samples": values, "timeout_s": RECOVERY_TIMEOUT_S}
         if key == "restart_to_commit":
             extra["imported_s"] = median(s["restart_to_imported"] for s in samples)
             extra["joined_s"] = median(s["restart_to_joined"] for s in samples)
@@ -480,6 +492,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument("--rounds", type=int, default=10)
         parser.add_argument("--steps-per-round", type=int, default=8)
         parser.add_argument("--micro-batches", type=int, default=0)
+        parser.add_argument("--timeout", type=float, default=STEP_TIMEOUT_S)
         args = parser.parse_args(argv[1:])
         (worker_overhead if args.mode == "overhead" else worker_recovery)(args)
         return
@@ -501,7 +514,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\n# fault tolerance: per-step cost, 3 replicas of 1 process, gloo", flush=True)
     for step_ms in (50.0, 10.0) if "overhead" not in args.ft_skip else ():
         for impl in impls:
-            runner = Runner(impl, args.torchft_python)
+            runner = Runner(impl, args.torchft_python, STEP_TIMEOUT_S)
             result = measure_overhead(runner, step_ms, rounds, micro_batches.get(step_ms, 0))
             micro_batches[step_ms] = result["micro_batches"]  # torchft runs the same compute as gang
             new = overhead_rows("gang.ft" if impl == "gang" else "torchft", f"ft_step_{step_ms:.0f}ms", result, rounds)
@@ -510,7 +523,7 @@ def main(argv: list[str] | None = None) -> None:
     if "recovery" not in args.ft_skip:
         print("\n# fault tolerance: recovery from a SIGKILLed replica (3 replicas, 50 ms steps)", flush=True)
         for impl in impls:
-            runner = Runner(impl, args.torchft_python)
+            runner = Runner(impl, args.torchft_python, RECOVERY_TIMEOUT_S)
             batches = micro_batches.get(50.0) or 8
             rows += recovery_rows("gang.ft" if impl == "gang" else "torchft", measure_recovery(runner, cycles, batches))
     out = Path(args.out).resolve()

@@ -4,7 +4,9 @@ This module runs only under the interpreter given to ``python -m benchmarks.ft -
 (a separate virtual environment with ``torch==2.13.0 torchft==0.2.0``): torchft is a reference to
 compare with, never a dependency of gang, so it is imported by name at run time.
 
-``python -m benchmarks.ft_torchft --port P`` serves the Lighthouse (torchft's quorum service);
+``python -m benchmarks.ft_torchft --port P --timeout T`` serves the Lighthouse (torchft's quorum
+service; T is its join timeout, how long it waits for the previous quorum's members before forming
+a smaller one, and its heartbeat timeout);
 :class:`TorchftTrainer` is one replica's training step, as torchft's ``OptimizerWrapper`` runs it:
 ``start_quorum()``, the compute, ``allreduce(...).wait()``, ``should_commit()``, the update.
 """
@@ -20,9 +22,6 @@ from typing import Any, Protocol
 
 from torch import Tensor
 from torch._C._distributed_c10d import TCPStore
-
-JOIN_TIMEOUT_MS = 1000
-"""How long the Lighthouse waits for the previous quorum's members before forming a smaller one."""
 
 
 class _StateOwner(Protocol):
@@ -93,10 +92,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--min-replicas", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=1.0, help="join and heartbeat timeout (seconds)")
     args = parser.parse_args()
     coordination: Any = importlib.import_module("torchft.coordination")
+    timeout_ms = round(args.timeout * 1000)
     server = coordination.LighthouseServer(
-        bind=f"[::]:{args.port}", min_replicas=args.min_replicas, join_timeout_ms=JOIN_TIMEOUT_MS
+        bind=f"[::]:{args.port}",
+        min_replicas=args.min_replicas,
+        join_timeout_ms=timeout_ms,
+        heartbeat_timeout_ms=timeout_ms,
     )
     print(f"lighthouse at {server.address()}", flush=True)
     while True:

@@ -4,8 +4,8 @@ A real job runs the coordination store (``python -m gang.ft.store``) on one host
 per replica (``torchrun`` on each replica's node). :class:`LocalJob` does the same with local
 processes, so that an example can kill a replica with ``SIGKILL`` and start it again: every
 process's output is read line by line in a thread (each line stamped with the wall time it was
-read at and echoed with the process's name), and :meth:`LocalJob.close` kills every process that
-is still running, so nothing outlives the example.
+read at, and echoed with the seconds since the job started and the process's name), and
+:meth:`LocalJob.close` kills every process that is still running, so nothing outlives the example.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ class LocalJob:
         self._lines: queue.Queue[Line] = queue.Queue()
         self._history: list[Line] = []
         self._old_sigterm: object = None
+        self._started = time.time()
 
     def __enter__(self) -> LocalJob:
         self._old_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -83,11 +84,10 @@ class LocalJob:
         signal.signal(signal.SIGTERM, self._old_sigterm)  # type: ignore[arg-type]
 
     def start_store(self, *, timeout: float = 60) -> str:
-        """Start ``python -m gang.ft.store`` on a free port; return its ``host:port`` once it accepts connections."""
-        port = free_port()
-        self.start("store", ["-m", "gang.ft.store", "--port", str(port)])
-        wait_for_port(port, timeout)
-        return f"127.0.0.1:{port}"
+        """Start ``python -m gang.ft.store --port 0``; return the ``host:port`` it prints once it listens."""
+        self.start("store", ["-m", "gang.ft.store", "--port", "0"])
+        line = self.expect(matching("GANG_FT_STORE=", "store"), timeout)
+        return line.text.removeprefix("GANG_FT_STORE=")
 
     def start(
         self, name: str, args: Sequence[str], env: dict[str, str] | None = None, *, python: str | None = None
@@ -120,9 +120,13 @@ class LocalJob:
         for raw in proc.stdout:
             line = Line(name, time.time(), raw.rstrip("\n"))
             if self.echo:
-                print(f"[{name:>9}] {line.text}", flush=True)
+                print(f"{line.time - self._started:6.2f}s [{name}] {line.text}", flush=True)
             self._history.append(line)
             self._lines.put(line)
+
+    def say(self, text: str) -> None:
+        """Print ``text`` stamped like the processes' lines (seconds since the job started)."""
+        print(f"{time.time() - self._started:6.2f}s {text}", flush=True)
 
     def kill(self, name: str) -> float:
         """Send ``SIGKILL`` to process ``name`` and wait for it; return ``time.time()`` just before the signal."""

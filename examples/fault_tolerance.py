@@ -72,16 +72,16 @@ def train(steps: int, pace: float) -> None:
         min_replicas=2,
         timeout=timedelta(seconds=5),
     )
-    quorum_size = 0
+    quorum: tuple[str, ...] = ()
     with gang:
         while gang.step_number < steps or gang.size < REPLICAS:
             before = gang.step_number
             with gang.step():  # forms the quorum; heals this replica if it is behind
                 if gang.step_number != before:
                     print(f"healed from a peer: step {before} -> {gang.step_number}")
-                if gang.size != quorum_size:
-                    print(f"quorum of {gang.size} replicas at step {gang.step_number}, I am rank {gang.rank}")
-                    quorum_size = gang.size
+                if gang.quorum != quorum:
+                    quorum = gang.quorum
+                    print(f"quorum {list(quorum)} at step {gang.step_number}: I am rank {gang.rank} of {gang.size}")
                 x, y = batch(gang.step_number, gang.rank, gang.size)
                 loss = functional.mse_loss(model(x), y)
                 optimizer.zero_grad()
@@ -95,7 +95,7 @@ def train(steps: int, pace: float) -> None:
                 committed = gang.should_commit()  # False on every member if any collective failed
                 if committed:
                     optimizer.step()
-            if committed and gang.rank == 0:
+            if committed and gang.rank == 0 and gang.step_number % 5 == 0:
                 print(f"step {gang.step_number:3d}  loss {mean_loss.item():.4f}  ({gang.size} replicas)")
             elif not committed:
                 print(f"step {gang.step_number + 1} not committed: {gang.errored()}")
@@ -116,11 +116,12 @@ def run_local_job(*, steps: int = 24, kill_at: int = 6, restart_at: int = 12, pa
 
         for replica in range(REPLICAS):
             start(replica)
+        job.expect(matching(r"quorum .* of 3$", "replica 2"), timeout=120)  # every replica takes part
         reached(kill_at)
-        print("=== SIGKILL replica 2", flush=True)
+        job.say("=== SIGKILL replica 2")
         job.kill("replica 2")
         reached(restart_at)
-        print("=== starting replica 2 again", flush=True)
+        job.say("=== starting replica 2 again")
         start(2)
         finals = [job.expect(matching("final step"), timeout=120) for _ in range(REPLICAS)]
         for replica in range(REPLICAS):
