@@ -90,6 +90,7 @@ def typecheck(session: nox.Session) -> None:
     test_folders[ROOT / "tests"] = [
         ROOT / "tests",
         ROOT / "tests" / "reliability",
+        ROOT / "tests" / "ft",
         ROOT / "packages" / "gang" / "tests",
     ]
     for folder, path in test_folders.items():

@@ -17,9 +17,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch._C._distributed_c10d import Store
 from torch.distributed import ProcessGroup
+
+StandaloneGroup = Any
+"""A torch ``Backend`` (``ProcessGroupGloo``/``ProcessGroupNCCL``): torch's stubs omit its collectives."""
 
 
 def new_named_group(global_ranks: list[int], name: str, timeout: timedelta | None) -> ProcessGroup | None:
@@ -72,3 +77,26 @@ def _as_group(pg: object) -> ProcessGroup | None:
     if pg is None or isinstance(pg, ProcessGroup):
         return pg
     raise TypeError(f"torch returned {pg!r} instead of a process group")
+
+
+def new_standalone_group(
+    store: Store, rank: int, size: int, device: torch.device, timeout: timedelta
+) -> StandaloneGroup:
+    """Create a gloo (CPU) or NCCL (CUDA) group on ``store`` outside torch's group registry.
+
+    :mod:`gang.ft` rebuilds its cross-replica group whenever the quorum changes, next to whatever
+    default group the replica's own processes use, so the group must not touch torch's global
+    state. ``ProcessGroupGloo``/``ProcessGroupNCCL`` are torch ``Backend`` objects (the type lives
+    in a private module); the collective timeout is ``timeout`` for both.
+
+    :param store: The store the members rendezvous on (a fresh prefix for every new group).
+    :param rank: This process's rank in the group.
+    :param size: The number of members.
+    :param device: ``cpu`` for gloo, ``cuda:N`` for NCCL.
+    :param timeout: The collective timeout.
+    """
+    if device.type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)

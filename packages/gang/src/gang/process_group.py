@@ -43,6 +43,11 @@ _generation = 0
 _wrap_counts: dict[str, int] = {}
 
 
+def reduce_op(op: ReduceOperation) -> dist.ReduceOp:
+    """The torch reduction of ``op`` (``MEAN`` is ``AVG``, which gloo and NCCL both support)."""
+    return dist.ReduceOp(_REDUCE_OPS[op])
+
+
 def _check_timeout(timeout: object) -> timedelta:
     if timeout is None:
         return DEFAULT_TIMEOUT
