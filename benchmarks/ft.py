@@ -36,7 +36,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -125,7 +125,7 @@ class StateOwner:
         """Return the state a healthy replica sends to one that heals."""
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Load the state received from a healthy replica."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -211,15 +211,19 @@ class GangTrainer(StateOwner):
 
 
 def _calibrate(plain: PlainTrainer, step_ms: float) -> int:
-    """Return the number of micro-batches whose compute takes about ``step_ms`` (the same on every replica)."""
+    """Return the number of micro-batches whose compute takes about ``step_ms`` (the same on every replica).
+
+    The time of a micro-batch is the fastest of 10 measurements, the largest over the replicas:
+    on a busy machine that is closer to the cost of the compute than a median is.
+    """
     flat_grads(plain.model, 0, plain.replica, 2)  # warm-up
     per_batch = []
-    for _ in range(5):
+    for _ in range(10):
         start = time.perf_counter()
-        flat_grads(plain.model, 0, plain.replica, 4)
-        per_batch.append((time.perf_counter() - start) / 4)
-    slowest = plain.slowest([median(per_batch)])[0]
-    return max(1, round(step_ms / 1e3 / slowest))
+        flat_grads(plain.model, 0, plain.replica, 2)
+        per_batch.append((time.perf_counter() - start) / 2)
+    fastest = plain.slowest([min(per_batch)])[0]
+    return max(1, round(step_ms / 1e3 / fastest))
 
 
 def _make_trainer(args: argparse.Namespace, min_replicas: int) -> Trainer:
@@ -430,9 +434,9 @@ def overhead_rows(impl: str, op: str, result: dict[str, Any], rounds: int) -> li
         for r in range(rounds)
     ]
     base = "plain" if impl == "gang.ft" else "plain@torchft"
-    extra = {"iters": len(plain), "micro_batches": result["micro_batches"]}
+    extra: dict[str, Any] = {"iters": len(plain), "micro_batches": result["micro_batches"]}
     return [
-        make_row(base, op, 0, REPLICAS, median(plain), **extra),
+        make_row(base, op, 0, REPLICAS, median(plain), times_ms=[round(t * 1e3, 2) for t in plain], **extra),
         make_row(
             impl,
             op,
@@ -441,6 +445,7 @@ def overhead_rows(impl: str, op: str, result: dict[str, Any], rounds: int) -> li
             median(ft),
             ratio=median(ft) / median(plain),
             paired_ratio=median(round_ratios),
+            times_ms=[round(t * 1e3, 2) for t in ft],
             **extra,
         ),
     ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -27,7 +27,7 @@ from torch._C._distributed_c10d import TCPStore
 class _StateOwner(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
 class TorchftTrainer:

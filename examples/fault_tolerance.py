@@ -17,6 +17,7 @@ import hashlib
 import os
 import sys
 import time
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ def train(steps: int, pace: float) -> None:
     def state_dict() -> dict[str, Any]:
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
 
-    def load_state_dict(state: dict[str, Any]) -> None:
+    def load_state_dict(state: Mapping[str, Any]) -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
 
