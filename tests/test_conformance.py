@@ -6,17 +6,12 @@ Inputs are chosen so that every reduction is exact whatever order a backend comb
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+import conformance_workers as cw
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-import conformance_workers as cw
 
 from gang.testing import World
 

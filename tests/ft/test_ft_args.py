@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
-from torch.distributed import TCPStore
+from torch._C._distributed_c10d import TCPStore
 
 from gang import InvalidOperationError, NotSupportedError, ReduceOperation
 from gang.ft import ReplicaGang
@@ -39,13 +40,13 @@ GOOD: dict[str, Any] = {"replica_id": "r0", "store": "127.0.0.1:1", "state_dict"
         ({"state_dict": None}, TypeError, "`state_dict` must be callable, but is None instead"),
         ({"load_state_dict": 3}, TypeError, "`load_state_dict` must be callable, but is 3 instead"),
         ({"min_replicas": 0}, ValueError, "`min_replicas` must be at least 1, but is 0 instead"),
-        ({"min_replicas": True}, TypeError, "`min_replicas` must be an `int`, but is True instead"),
+        ({"min_replicas": True}, TypeError, "`min_replicas` must be an `int`, but is True of type `bool` instead"),
         ({"timeout": 3}, TypeError, "`timeout` must be a `datetime.timedelta`, but is 3 instead"),
         ({"timeout": timedelta(0)}, ValueError, "`timeout` must be positive"),
     ],
 )
 def test_bad_arguments(changes: dict[str, Any], error: type[Exception], text: str) -> None:
-    with pytest.raises(error, match=text.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+    with pytest.raises(error, match=re.escape(text)):
         ReplicaGang.join(**(GOOD | changes))
 
 
@@ -66,7 +67,10 @@ def test_missing_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def gang() -> Iterator[ReplicaGang]:
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     g = ReplicaGang.join(
-        replica_id="solo", store=f"127.0.0.1:{server.port}", state_dict=_state, load_state_dict=_load,
+        replica_id="solo",
+        store=f"127.0.0.1:{server.port}",
+        state_dict=_state,
+        load_state_dict=_load,
         timeout=timedelta(seconds=5),
     )
     try:
@@ -77,9 +81,9 @@ def gang() -> Iterator[ReplicaGang]:
 
 def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang) -> None:
     t = torch.ones(3)
-    with pytest.raises(InvalidOperationError, match="inside `with gang.step\\(\\):`"):
+    with pytest.raises(InvalidOperationError, match=re.escape("inside `with gang.step():`")):
         gang.all_reduce(t, ReduceOperation.SUM)
-    with pytest.raises(InvalidOperationError, match="inside `with gang.step\\(\\):`"):
+    with pytest.raises(InvalidOperationError, match=re.escape("inside `with gang.step():`")):
         gang.should_commit()
     with pytest.raises(NotSupportedError):
         gang.create_gang([0])
@@ -87,11 +91,10 @@ def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang) -> No
         with gang.step():
             assert (gang.rank, gang.size, gang.quorum) == (0, 1, ("solo",))
             gang.all_reduce(t, ReduceOperation.SUM)
-            with pytest.raises(ValueError, match="`op` is `ReduceOperation.MEAN`"):
+            with pytest.raises(ValueError, match=re.escape("`op` is `ReduceOperation.MEAN`")):
                 gang.all_reduce(torch.ones(2, dtype=torch.int64), ReduceOperation.MEAN)
-            with pytest.raises(InvalidOperationError, match="while a step of this gang is running"):
-                with gang.step():
-                    pass
+            with pytest.raises(InvalidOperationError, match="while a step of this gang is running"), gang.step():
+                pass
             assert gang.errored() is None
             assert gang.should_commit() and gang.should_commit()
         assert gang.step_number == expected
@@ -100,6 +103,5 @@ def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang) -> No
     assert gang.step_number == 2
     assert torch.equal(t, torch.ones(3))
     gang.close()
-    with pytest.raises(InvalidOperationError, match="closed gang"):
-        with gang.step():
-            pass
+    with pytest.raises(InvalidOperationError, match="closed gang"), gang.step():
+        pass

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gang import Gang, ReduceOperation
+from gang.extend import check_open, check_rank
 from gang_jax.gang import JaxGang
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
@@ -28,7 +29,7 @@ __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatte
 def _check(gang: object, x: object, operation: str) -> JaxGang:
     if not isinstance(gang, JaxGang):
         raise TypeError(f"`gang` must be a `JaxGang`, but is of type `{type(gang).__name__}` instead.")
-    gang._check_open(operation)
+    check_open(gang, operation)
     if not isinstance(x, jax.Array):
         raise TypeError(f"`x` must be a `jax.Array`, but is of type `{type(x).__name__}` instead.")
     if not x.is_fully_addressable:
@@ -154,7 +155,7 @@ def broadcast(gang: Gang, x: jax.Array, source_rank: int = 0) -> jax.Array:
     :raises GangError: If the collective fails.
     """
     g = _check(gang, x, "broadcast")
-    g._check_source_rank(source_rank)
+    source_rank = check_rank("source_rank", source_rank, g.size)
 
     def run() -> jax.Array:
         bits = g._communicator().broadcast_bits(_to_bits(x), source_rank)

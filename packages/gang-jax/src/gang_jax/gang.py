@@ -16,7 +16,8 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import override
 
-from gang import Gang, GangError, InvalidOperationError, NotSupportedError, ReduceOperation
+from gang import Gang, InvalidOperationError, NotSupportedError, ReduceOperation
+from gang.extend import check_int, check_rank, check_timeout, operation_error
 from gang_jax._collectives import Communicator
 from gang_jax._convert import as_raw_bits, to_numpy
 from gang_jax._rendezvous import resolve
@@ -51,7 +52,6 @@ class JaxGang(Gang):
     """
 
     def __init__(self, members: list[int], *, owns_runtime: bool = False, debug: bool | None = None) -> None:
-        super().__init__(debug=debug)
         devices = _process_devices()
         me = jax.process_index()
         if me not in members:
@@ -62,6 +62,7 @@ class JaxGang(Gang):
         self._members = tuple(members)
         self._owns_runtime = owns_runtime
         self._comm = Communicator([devices[m] for m in members], members.index(me))
+        super().__init__(rank=self._comm.rank, size=self._comm.size, device=torch.device("cpu"), debug=debug)
 
     @classmethod
     def create_default(
@@ -102,19 +103,14 @@ class JaxGang(Gang):
         """
         if coordinator_address is not None and not isinstance(coordinator_address, str):
             raise TypeError(f"`coordinator_address` must be a `str`, but is {coordinator_address!r} instead.")
-        for name, value in (("num_processes", num_processes), ("process_id", process_id)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise TypeError(f"`{name}` must be an `int`, but is {value!r} instead.")
-        if num_processes is not None and num_processes <= 0:
-            raise ValueError(f"`num_processes` must be greater than 0, but is {num_processes} instead.")
-        if process_id is not None and (process_id < 0 or (num_processes is not None and process_id >= num_processes)):
-            raise ValueError(f"`process_id` must be in the range [0, {num_processes}), but is {process_id} instead.")
-        if timeout is None:
-            timeout = DEFAULT_TIMEOUT
-        if not isinstance(timeout, timedelta):
-            raise TypeError(f"`timeout` must be a `datetime.timedelta`, but is {timeout!r} instead.")
-        if timeout.total_seconds() <= 0:
-            raise ValueError(f"`timeout` must be positive, but is {timeout} instead.")
+        if num_processes is not None:
+            num_processes = check_int("num_processes", num_processes, minimum=1)
+        if process_id is not None:
+            if num_processes is None:
+                process_id = check_int("process_id", process_id, minimum=0)
+            else:
+                process_id = check_rank("process_id", process_id, num_processes)
+        timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
 
         if jax.distributed.is_initialized():
             if (coordinator_address, num_processes, process_id) != (None, None, None):
@@ -135,28 +131,14 @@ class JaxGang(Gang):
                 shutdown_timeout_seconds=seconds,
             )
         except (RuntimeError, ValueError, OSError) as ex:
-            raise GangError(
-                f"`create_default` failed on rank {where.process_id} of a gang of size {where.num_processes} "
-                f"(coordinator {where.coordinator_address}): {ex}"
+            raise operation_error(
+                "create_default",
+                (where.process_id, where.num_processes),
+                f"coordinator {where.coordinator_address}: {ex}",
             ) from ex
         return cls(list(range(jax.process_count())), owns_runtime=True, debug=debug)
 
     # -- properties -----------------------------------------------------------------------------
-
-    @property
-    @override
-    def rank(self) -> int:
-        return self._comm.rank
-
-    @property
-    @override
-    def size(self) -> int:
-        return self._comm.size
-
-    @property
-    @override
-    def device(self) -> torch.device:
-        return torch.device("cpu")
 
     @property
     @override
@@ -194,7 +176,7 @@ class JaxGang(Gang):
             with jax.enable_x64(True) if wide else nullcontext():
                 yield
         except (RuntimeError, ValueError, OSError) as ex:  # JaxRuntimeError derives from RuntimeError
-            raise GangError(f"`{operation}` failed on rank {self.rank} of a gang of size {self.size}: {ex}") from ex
+            raise operation_error(operation, self, ex) from ex
 
     def _communicator(self) -> Communicator:
         """The collectives of this gang, for :mod:`gang_jax.functional`."""
@@ -271,7 +253,7 @@ class JaxGang(Gang):
                 clear_backends()  # type: ignore[no-untyped-call]
                 jax.distributed.shutdown()  # type: ignore[no-untyped-call]
             except RuntimeError as ex:
-                raise GangError(f"`close` failed on rank {self.rank} of a gang of size {self.size}: {ex}") from ex
+                raise operation_error("close", self, ex) from ex
 
 
 def _raw_view(tensor: Tensor) -> np.ndarray[Any, Any]:

@@ -33,7 +33,7 @@ ROOT = "gang.ft/"
 """The prefix of every key :mod:`gang.ft` writes in the coordination store."""
 
 _POLL_MIN = 0.0005
-_POLL_MAX = 0.02
+_POLL_MAX = 0.005
 
 
 def replica_sort_key(replica_id: str) -> tuple[int, int, str]:

@@ -21,6 +21,7 @@ from typing_extensions import override
 from gang._torch_groups import StandaloneGroup, new_standalone_group
 from gang.env import get_local_rank, get_local_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
+from gang.extend import check_device, check_int, check_open, check_timeout, operation_error
 from gang.ft.quorum import ROOT, Protocol, Quorum, QuorumTimeoutError, write_heartbeat
 from gang.gang import Gang, ReduceOperation
 from gang.process_group import reduce_op
@@ -39,7 +40,8 @@ class ReplicaGang(Gang):
     the quorum of live replicas, rebuilds the process group when membership changed and heals a
     replica that is behind. Inside a step, a failed or hung collective does not raise: it is
     recorded (:meth:`errored`), the step's later collectives are skipped (tensors left as they
-    are), and :meth:`should_commit` returns ``False`` on every member. :attr:`rank` and
+    are; the failed one may have written part of its output), and :meth:`should_commit` returns
+    ``False`` on every member. :attr:`rank` and
     :attr:`size` are those of the current quorum (rank 0 of 1 before the first step).
     """
 
@@ -54,10 +56,9 @@ class ReplicaGang(Gang):
         min_replicas: int,
         timeout: timedelta,
     ) -> None:
-        super().__init__(debug=False)
+        super().__init__(rank=0, size=1, device=device, debug=False)
         self._replica_id = replica_id
         self._address = address
-        self._device = device
         self._state_dict = state_dict
         self._load_state_dict = load_state_dict
         self._min_replicas = min_replicas
@@ -108,7 +109,8 @@ class ReplicaGang(Gang):
         :param device: ``cpu`` (gloo) or ``cuda[:N]`` (NCCL); ``None`` is ``cpu``.
         :param state_dict: Returns what a replica that is behind needs (model and optimizer
             state); called on a healthy replica when another one heals.
-        :param load_state_dict: Loads what ``state_dict`` returned, on the replica that heals.
+        :param load_state_dict: Loads what ``state_dict`` returned, on the replica that heals (it
+            travels through ``torch.save``/``torch.load(weights_only=False)``: replicas trust each other).
         :param min_replicas: The fewest replicas a step runs with.
         :param timeout: Bounds a stuck collective, forming a quorum and healing, and is the
             heartbeat age after which a replica counts as dead (default 60 seconds).
@@ -122,11 +124,8 @@ class ReplicaGang(Gang):
         for name, fn in (("state_dict", state_dict), ("load_state_dict", load_state_dict)):
             if not callable(fn):
                 raise TypeError(f"`{name}` must be callable, but is {fn!r} instead.")
-        if not isinstance(min_replicas, int) or isinstance(min_replicas, bool):
-            raise TypeError(f"`min_replicas` must be an `int`, but is {min_replicas!r} instead.")
-        if min_replicas < 1:
-            raise ValueError(f"`min_replicas` must be at least 1, but is {min_replicas} instead.")
-        timeout = _check_timeout(timeout)
+        min_replicas = check_int("min_replicas", min_replicas, minimum=1)
+        timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
         return cls(
             replica_id=rid,
             address=address,
@@ -138,23 +137,6 @@ class ReplicaGang(Gang):
         )
 
     # -- properties -----------------------------------------------------------------------------
-
-    @property
-    @override
-    def rank(self) -> int:
-        if self._quorum is None:
-            return 0
-        return self._quorum.members.index(self._replica_id)
-
-    @property
-    @override
-    def size(self) -> int:
-        return 1 if self._quorum is None else len(self._quorum.members)
-
-    @property
-    @override
-    def device(self) -> torch.device:
-        return self._device
 
     @property
     @override
@@ -196,7 +178,7 @@ class ReplicaGang(Gang):
         :raises GangError: If fewer than ``min_replicas`` replicas stay live for the timeout, or
             the coordination store is unreachable.
         """
-        self._check_open("step")
+        check_open(self, "step")
         if self._in_step:
             raise InvalidOperationError("`step` cannot be entered while a step of this gang is running.")
         self._in_step = True
@@ -232,7 +214,7 @@ class ReplicaGang(Gang):
         :raises InvalidOperationError: Outside ``with gang.step():``.
         :raises GangError: If the coordination store is unreachable.
         """
-        self._check_open("should_commit")
+        check_open(self, "should_commit")
         if not self._in_step:
             raise InvalidOperationError("`should_commit` must be called inside `with gang.step():`.")
         if self._commit is None:
@@ -254,6 +236,7 @@ class ReplicaGang(Gang):
             raise self._store_error("step", ex) from ex
         self._quorum = quorum
         self._round = quorum.round
+        self._rank, self._size = quorum.members.index(self._replica_id), len(quorum.members)
         if self._pg_round != quorum.group:
             self._rebuild(quorum)
         if self._error is None and quorum.max_step > min(quorum.steps):
@@ -271,7 +254,7 @@ class ReplicaGang(Gang):
 
     def _heal(self, quorum: Quorum) -> None:
         source = quorum.heal_source
-        header = torch.zeros(2, dtype=torch.int64)
+        header = torch.zeros(2, dtype=torch.int64, device=self._device)
         payload = b""
         if self.rank == source:
             buffer = io.BytesIO()
@@ -281,11 +264,12 @@ class ReplicaGang(Gang):
         if not self._run("heal", lambda pg: pg.broadcast([header], _root(source))):
             return
         if payload:
-            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self._device)
         else:
-            data = torch.empty(int(header[0]), dtype=torch.uint8)
+            data = torch.empty(int(header[0]), dtype=torch.uint8, device=self._device)
         if self._run("heal", lambda pg: pg.broadcast([data], _root(source))) and self._step_number < int(header[1]):
-            state = torch.load(io.BytesIO(data.numpy().tobytes()), map_location=self._device, weights_only=False)
+            # Like `broadcast_objects`, this unpickles what a peer sent: replicas trust each other.
+            state = torch.load(io.BytesIO(data.cpu().numpy().tobytes()), map_location=self._device, weights_only=False)
             self._load_state_dict(state)
             self._step_number = int(header[1])
 
@@ -317,10 +301,9 @@ class ReplicaGang(Gang):
         return True
 
     def _record(self, operation: str, ex: Exception) -> None:
-        where = "" if self._quorum is None else f" in {self._quorum.describe()}"
-        error = GangError(
-            f"`{operation}` failed on replica {self._replica_id!r} (rank {self.rank} of {self.size}) "
-            f"in step {self._step_number + 1}{where}: {ex}"
+        where = "" if self._quorum is None else f" of {self._quorum.describe()}"
+        error = operation_error(
+            operation, self, f"replica {self._replica_id!r} in step {self._step_number + 1}{where}: {ex}"
         )
         error.__cause__ = ex
         self._error = error
@@ -329,42 +312,34 @@ class ReplicaGang(Gang):
     def _barrier(self) -> None:
         self._run("barrier", lambda pg: pg.barrier())
 
+    # Results are written in place; a collective that fails may leave its output partly written
+    # (the step is then not committed anywhere), and the later ones of the step do not run.
+
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
-        result = tensor.clone()
-        if self._run("all_reduce", lambda pg: pg.allreduce([result], _reduce(op))):
-            tensor.copy_(result)
+        self._run("all_reduce", lambda pg: pg.allreduce([tensor], _reduce(op)))
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        rows = list(torch.empty_like(output_tensor).unbind(0))
-        if self._run("all_gather", lambda pg: pg.allgather([rows], [input_tensor])):
-            output_tensor.copy_(torch.stack(rows))
+        self._run("all_gather", lambda pg: pg.allgather([list(output_tensor.unbind(0))], [input_tensor]))
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
-        rows = [torch.empty_like(t) for t in output_tensors]
-        if self._run("all_gather_to_list", lambda pg: pg.allgather([rows], [input_tensor])):
-            for out, row in zip(output_tensors, rows, strict=True):
-                out.copy_(row)
+        self._run("all_gather_to_list", lambda pg: pg.allgather([output_tensors], [input_tensor]))
 
     @override
     def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
-        total = input_tensor.clone()
+        total = input_tensor.clone()  # gloo has no reduce-scatter of one tensor: reduce all rows
         if self._run("reduce_scatter", lambda pg: pg.allreduce([total], _reduce(op))):
             output_tensor.copy_(total[self.rank])
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        result = torch.empty_like(output_tensor)
-        if self._run("all_to_all", lambda pg: pg.alltoall_base(result.view(-1), input_tensor.view(-1), [], [])):
-            output_tensor.copy_(result)
+        self._run("all_to_all", lambda pg: pg.alltoall_base(output_tensor.view(-1), input_tensor.view(-1), [], []))
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        result = tensor.clone()
-        if self._run("broadcast", lambda pg: pg.broadcast([result], _root(source_rank))):
-            tensor.copy_(result)
+        self._run("broadcast", lambda pg: pg.broadcast([tensor], _root(source_rank)))
 
     @override
     def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:
@@ -512,23 +487,10 @@ def _check_store(store: object) -> tuple[str, int]:
 def _check_device(device: object) -> torch.device:
     if device is None:
         return torch.device("cpu")
-    if not isinstance(device, torch.device):
-        raise TypeError(f"`device` must be a `torch.device`, but is {device!r} instead.")
-    if device.type == "cpu":
-        return torch.device("cpu")
-    if device.type != "cuda":
+    device = check_device("device", device)
+    if device.type not in ("cpu", "cuda"):
         raise ValueError(f"`device` must be of type `cpu` or `cuda`, but is of type `{device.type}` instead.")
     return device
-
-
-def _check_timeout(timeout: object) -> timedelta:
-    if timeout is None:
-        return DEFAULT_TIMEOUT
-    if not isinstance(timeout, timedelta):
-        raise TypeError(f"`timeout` must be a `datetime.timedelta`, but is {timeout!r} instead.")
-    if timeout.total_seconds() <= 0:
-        raise ValueError(f"`timeout` must be positive, but is {timeout} instead.")
-    return timeout
 
 
 __all__ = ["DEFAULT_TIMEOUT", "ReplicaGang"]

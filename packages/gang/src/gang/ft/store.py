@@ -2,9 +2,9 @@
 
 It serves torch's ``TCPStore`` (the server side only; no training process hosts it) until it is
 killed (``SIGTERM``/``SIGINT`` end it cleanly). Every replica reaches it at ``GANG_FT_STORE=host:P``.
-With ``--port 0`` the system picks a free port. Once the store listens, one line
-``GANG_FT_STORE=<host>:<port>`` is printed to standard output (and written to ``--port-file`` if
-given), so a launcher can wait for it.
+With ``--port 0`` the system picks a free port. Once the store listens, it prints one line
+``GANG_FT_STORE=<host>:<port>`` to standard output (the host is the machine's name when it listens
+on every address) and writes ``<host>:<port>`` to ``--port-file`` if given, so a launcher can wait.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def serve(port: int, *, host: str = "0.0.0.0", port_file: Path | None = None) ->
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    address = f"{socket.gethostname()}:{store.port}"
+    address = f"{socket.gethostname() if host in ('0.0.0.0', '::', '') else host}:{store.port}"
     line = f"GANG_FT_STORE={address}"
     if port_file is not None:
         tmp = port_file.with_name(port_file.name + ".tmp")

@@ -1,14 +1,19 @@
-"""One process of one replica in the gang.ft tests: trains the shared model until a step count.
+"""The gang.ft test replicas: the deterministic model, its single-process reference, the worker.
 
-Run as ``python ft_worker.py LOG STEPS`` with ``GANG_FT_REPLICA_ID``/``GANG_FT_STORE`` set. It
-appends JSON lines to LOG: ``{"event": "joined"}``, ``{"event": "enter", "step": s}`` before each
-step, ``{"event": "collective", "step": s}`` before the gradient exchange, one ``commit`` line with
-the members and the parameters after every committed step, ``error`` when the gang raised, and
-``done`` at the end. ``FT_PAUSE=<event>:<step>`` makes it report ``paused`` at that point and wait
-until the file ``LOG.release`` exists (the harness kills or stops it there).
-Several pauses are separated by commas; ``FT_GATE=1`` adds ``enter:1`` on every local rank.
-``FT_TIMEOUT`` and ``FT_MIN_REPLICAS`` set the gang's
-timeout and ``min_replicas``.
+The model, data and update rule are shared by the replicas and by :func:`reference`, which
+replays committed steps in one process so the test can compare parameters bit for bit.
+
+One process of one replica trains the shared model until a step count. Run as
+``python ft_workers.py LOG STEPS`` with ``GANG_FT_REPLICA_ID``/``GANG_FT_STORE`` set. It
+appends JSON lines to LOG: ``joined``, ``collective`` (with the step and the quorum) before the
+gradient exchange, ``commit`` with the members and the parameters after every committed step,
+``abort`` with the recorded error after an uncommitted one, ``healed`` when it loaded a peer's
+state, ``error`` when the gang raised, and ``done`` at the end. ``FT_PAUSE=<point>:<step>``
+makes it log ``paused`` at that point (``enter`` before ``with gang.step()``, ``collective``
+inside the step, ``heal:-1`` inside ``state_dict()``) and wait until the file
+``LOG.release.<point>.<step>`` exists (the harness kills or stops it there). Several pauses are
+separated by commas; ``FT_GATE=1`` adds ``enter:1`` on every local rank. ``FT_TIMEOUT`` and
+``FT_MIN_REPLICAS`` set the gang's timeout and ``min_replicas``.
 
 Under torchrun (a replica of several processes) each local rank trains its shard of the flat
 parameters: the replica's tensor-parallel gang (``create_parallel_gangs``) gathers the full
@@ -23,16 +28,14 @@ import json
 import os
 import sys
 import time
+import zlib
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from ft_model import gradient, initial_params, update
+from torch import Tensor
 
 from gang import (
     Gang,
@@ -44,6 +47,44 @@ from gang import (
     get_local_world_size,
 )
 from gang.ft import ReplicaGang
+
+IN, OUT, BATCH = 8, 4, 16
+LR = 0.05
+
+
+def initial_params() -> Tensor:
+    """The flat parameters (weight then bias) every replica starts from."""
+    return torch.randn(IN * OUT + OUT, generator=torch.Generator().manual_seed(1234))
+
+
+def batch(replica_id: str, step: int) -> tuple[Tensor, Tensor]:
+    """The batch replica ``replica_id`` trains on in step ``step`` (the same after a restart)."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"{replica_id}/{step}".encode()))
+    x = torch.randn(BATCH, IN, generator=g)
+    return x, x @ torch.ones(IN, OUT) + torch.randn(BATCH, OUT, generator=g)
+
+
+def gradient(params: Tensor, replica_id: str, step: int) -> Tensor:
+    """The gradient of the mean squared error of ``replica_id``'s batch of ``step`` at ``params``."""
+    p = params.detach().clone().requires_grad_(True)
+    x, y = batch(replica_id, step)
+    weight, bias = p[: IN * OUT].view(IN, OUT), p[IN * OUT :]
+    loss = ((x @ weight + bias - y) ** 2).mean()
+    (grad,) = torch.autograd.grad(loss, p)
+    return grad
+
+
+def update(params: Tensor, table: Tensor) -> Tensor:
+    """One SGD step from the gathered gradients (one row per member, in rank order)."""
+    return params - LR * (table.sum(0) / table.shape[0])
+
+
+def reference(schedule: list[list[str]]) -> Tensor:
+    """Replay committed steps ``1..len(schedule)`` in one process; entry ``s - 1`` lists step ``s``'s members."""
+    params = initial_params()
+    for step, members in enumerate(schedule, start=1):
+        params = update(params, torch.stack([gradient(params, m, step) for m in members]))
+    return params
 
 
 class Replica:
