@@ -23,6 +23,9 @@ from typing import Any, Protocol
 from torch import Tensor
 from torch._C._distributed_c10d import TCPStore
 
+MANAGER_TIMEOUT_S = 5.0
+"""The least timeout of the Manager (collectives, quorum request, connections)."""
+
 
 class _StateOwner(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
@@ -43,7 +46,9 @@ class TorchftTrainer:
         parts: tuple[Callable[[int, int], Tensor], Callable[[Tensor], None]],
     ) -> None:
         torchft: Any = importlib.import_module("torchft")
-        timeout = timedelta(seconds=timeout_s)
+        # The Lighthouse's join and heartbeat timeouts decide when a dead replica is left out; the
+        # Manager's quorum request must outlast a slow step (1 s made it fail under load).
+        timeout = timedelta(seconds=max(timeout_s, MANAGER_TIMEOUT_S))
         self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         self.manager: Any = torchft.Manager(
             pg=torchft.ProcessGroupGloo(timeout=timeout),
