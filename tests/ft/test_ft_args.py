@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import torch
-from torch._C._distributed_c10d import TCPStore
 
 from gang import InvalidOperationError, NotSupportedError, ReduceOperation
+from gang._torch_groups import TCPStore
 from gang.ft import ReplicaGang
 
 

@@ -10,6 +10,10 @@ Gangs instead name each sub-group after its parent gang and the parent's split c
 all members of the parent share because they call ``split``/``create_gang`` in the same order.
 Doing so needs torch's internal group constructor; this module is the only place that touches
 it, and it falls back to the public API if the internal one is missing or changed.
+
+It also builds the standalone groups of :mod:`gang.ft` (:func:`new_standalone_group`) and
+re-exports torch's store classes (``TCPStore``, ``PrefixStore``, ``Store``), which torch's stubs
+only declare in the private ``torch._C`` module.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from torch._C._distributed_c10d import Store
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 from torch.distributed import ProcessGroup
+
+__all__ = ["PrefixStore", "StandaloneGroup", "Store", "TCPStore", "new_named_group", "new_standalone_group"]
 
 StandaloneGroup = Any
 """A torch ``Backend`` (``ProcessGroupGloo``/``ProcessGroupNCCL``): torch's stubs omit its collectives."""

@@ -27,13 +27,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from torch._C._distributed_c10d import TCPStore
+from gang._torch_groups import TCPStore
 
 ROOT = "gang.ft/"
 """The prefix of every key :mod:`gang.ft` writes in the coordination store."""
 
-_POLL_MIN = 0.0005
-_POLL_MAX = 0.005
+_POLL_MIN = 0.0002
+_POLL_MAX = 0.002  # while a wait is young (`_FAST` seconds): a step's members arrive close together
+_POLL_SLOW = 0.01  # afterwards: waiting for a slow or dead replica should not load the store
+_FAST = 0.05
+_RECHECK = 0.02  # seconds between liveness checks while the joins of a round do not change
 
 
 def replica_sort_key(replica_id: str) -> tuple[int, int, str]:
@@ -48,6 +51,7 @@ class Quorum:
     :ivar round: The round number (the quorum id).
     :ivar members: Replica ids in rank order.
     :ivar steps: The step number each member had when it joined.
+    :ivar sizes: The number of processes of each member.
     :ivar group: The round whose process group the members use (a new one when membership or
         health changed, else the previous quorum's).
     """
@@ -55,6 +59,7 @@ class Quorum:
     round: int
     members: tuple[str, ...]
     steps: tuple[int, ...]
+    sizes: tuple[int, ...]
     group: int
 
     @property
@@ -73,13 +78,20 @@ class Quorum:
 
     def to_json(self) -> str:
         """Serialise for the store."""
-        return json.dumps({"round": self.round, "members": self.members, "steps": self.steps, "group": self.group})
+        fields = {"round": self.round, "members": self.members, "steps": self.steps, "sizes": self.sizes}
+        return json.dumps(fields | {"group": self.group})
 
     @staticmethod
     def from_json(text: bytes | str) -> Quorum:
         """Parse what :meth:`to_json` wrote."""
         d = json.loads(text)
-        return Quorum(int(d["round"]), tuple(d["members"]), tuple(int(s) for s in d["steps"]), int(d["group"]))
+        return Quorum(
+            int(d["round"]),
+            tuple(d["members"]),
+            tuple(int(s) for s in d["steps"]),
+            tuple(int(s) for s in d["sizes"]),
+            int(d["group"]),
+        )
 
 
 class QuorumTimeoutError(Exception):
@@ -118,25 +130,21 @@ class Protocol:
         write_heartbeat(self.store, self.replica_id, self.local_rank, step)
         _append(self.store, _key("reg"), f"{self.replica_id}|{self.local_rank}|{self.local_world_size}\n")
 
-    def live_replicas(self) -> tuple[set[str], set[str]]:
-        """Return (live replica ids, replica ids whose processes all left or died)."""
-        registry: dict[str, tuple[int, set[int]]] = {}
-        for rid, lr, lws in _lines(self.store.get(_key("reg"))):
-            size, ranks = registry.setdefault(rid, (int(lws), set()))
-            ranks.add(int(lr))
-            registry[rid] = (max(size, int(lws)), ranks)
-        keys = [(rid, lr) for rid, (size, _) in registry.items() for lr in range(size)]
-        present = [k for k in keys if self.store.check([_key("hb", *k)])]
-        values = dict(zip(present, self.store.multi_get([_key("hb", *k) for k in present]), strict=True))
+    def live_replicas(self) -> tuple[set[str], dict[str, int]]:
+        """Return the live replica ids and the number of processes of every registered replica."""
+        registry = _lines(self.store.get(_key("reg")))
+        sizes = _sizes(registry)
+        registered = {(rid, int(lr)) for rid, lr, _ in registry}
+        keys = sorted(registered)
+        # A process writes its heartbeat before it registers, so every registered key exists.
+        values = dict(zip(keys, self.store.multi_get([_key("hb", *k) for k in keys]), strict=True))
         now = time.time()
-        live, dead = set(), set()
-        for rid, (size, _) in registry.items():
+        live = set()
+        for rid, size in sizes.items():
             beats = [values.get((rid, lr)) for lr in range(size)]
             if all(b is not None and b != b"left" and now - float(b.split()[0]) < self.timeout for b in beats):
                 live.add(rid)
-            else:
-                dead.add(rid)
-        return live, dead
+        return live, sizes
 
     # -- quorum rounds --------------------------------------------------------------------------
 
@@ -151,10 +159,13 @@ class Protocol:
         :raises QuorumTimeoutError: If fewer than ``min_replicas`` replicas stay live for the
             timeout, or this replica itself loses a process.
         """
-        n = self.first_round(last_round)
+        # After a round it took part in, a process joins the next one (the loop below moves on if
+        # that one closed without it); a new process starts after the last closed round.
+        n = last_round + 1 if last_round > 0 else self.first_round(0)
         start = time.monotonic()
         poll = _POLL_MIN
         _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
+        seen, checked = b"", 0.0
         while True:
             result_key = _key("r", n, "result")
             if self.store.check([result_key]):
@@ -163,8 +174,16 @@ class Protocol:
                     return quorum
                 n = max(n + 1, self.first_round(0))  # closed without us: join the next round
                 _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
+                seen, checked = b"", 0.0
                 continue
-            live, _ = self.live_replicas()
+            # Cheap polls (two reads) while nothing changes; liveness is re-read when the joins
+            # change and every `_RECHECK` seconds.
+            joins = self.store.get(_key("r", n, "joins"))
+            if joins == seen and time.monotonic() - checked < _RECHECK:
+                poll = _backoff(poll, start)
+                continue
+            seen, checked = joins, time.monotonic()
+            live, sizes = self.live_replicas()
             waited = time.monotonic() - start
             if waited > self.timeout:
                 if self.replica_id not in live:
@@ -177,20 +196,22 @@ class Protocol:
                         f"only {len(live)} live replica(s) {sorted(live, key=replica_sort_key)} for "
                         f"{self.timeout:g} s while forming quorum {n}, fewer than `min_replicas`={min_replicas}"
                     )
-            proposal = self._try_close(n, live, timed_out=waited > self.timeout, min_replicas=min_replicas)
+            timed_out = waited > self.timeout
+            proposal = self._try_close(n, joins, live, sizes, timed_out=timed_out, min_replicas=min_replicas)
             if proposal is not None:
                 published = self.store.compare_set(result_key, "", proposal.to_json())
                 if published == proposal.to_json().encode():
                     self.store.set(_key("closed"), str(n))
-                continue  # read the published result at the top of the loop
-            time.sleep(poll)
-            poll = min(poll * 2, _POLL_MAX)
+                    return proposal
+                continue  # another process published first: read its result at the top of the loop
+            poll = _backoff(poll, start)
 
-    def _try_close(self, n: int, live: set[str], *, timed_out: bool, min_replicas: int) -> Quorum | None:
+    def _try_close(
+        self, n: int, joins: bytes, live: set[str], sizes: dict[str, int], *, timed_out: bool, min_replicas: int
+    ) -> Quorum | None:
         joined: dict[str, dict[int, int]] = {}
-        for rid, lr, step in _lines(self.store.get(_key("r", n, "joins"))):
+        for rid, lr, step in _lines(joins):
             joined.setdefault(rid, {})[int(lr)] = int(step)
-        sizes = self._sizes()
         complete = {rid for rid, ranks in joined.items() if len(ranks) >= sizes.get(rid, 1)}
         members = sorted(complete & live, key=replica_sort_key)
         if len(members) < min_replicas:
@@ -202,13 +223,8 @@ class Protocol:
             highest = max(self._steps_of(live))
             if not timed_out or max(steps) < highest:
                 return None
-        return Quorum(n, tuple(members), tuple(steps), self._group_round(n, tuple(members)))
-
-    def _sizes(self) -> dict[str, int]:
-        sizes: dict[str, int] = {}
-        for rid, _, lws in _lines(self.store.get(_key("reg"))):
-            sizes[rid] = max(sizes.get(rid, 1), int(lws))
-        return sizes
+        member_sizes = tuple(sizes.get(rid, 1) for rid in members)
+        return Quorum(n, tuple(members), tuple(steps), member_sizes, self._group_round(n, tuple(members)))
 
     def _steps_of(self, replicas: set[str]) -> list[int]:
         keys = [_key("hb", rid, 0) for rid in replicas]
@@ -217,10 +233,11 @@ class Protocol:
 
     def _group_round(self, n: int, members: tuple[str, ...]) -> int:
         """Reuse the previous quorum's group when it has the same members and committed."""
-        prev_key, decision_key = _key("r", n - 1, "result"), _key("r", n - 1, "decision")
-        if n > 1 and self.store.check([prev_key, decision_key]):
-            prev = Quorum.from_json(self.store.get(prev_key))
-            if prev.members == members and self.store.get(decision_key) == b"commit":
+        keys = [_key("r", n - 1, "result"), _key("r", n - 1, "decision")]
+        if n > 1 and self.store.check(keys):
+            result, decision = self.store.multi_get(keys)
+            prev = Quorum.from_json(result)
+            if prev.members == members and decision == b"commit":
                 return prev.group
         return n
 
@@ -230,9 +247,9 @@ class Protocol:
         """Vote on committing the step of ``quorum``; return the decision shared by every member."""
         votes_key, decision_key = _key("r", quorum.round, "votes"), _key("r", quorum.round, "decision")
         _append(self.store, votes_key, f"{self.replica_id}|{self.local_rank}|{'ok' if ok else 'fail'}\n")
-        sizes = self._sizes()
-        expected = {(rid, lr) for rid in quorum.members for lr in range(sizes.get(rid, 1))}
-        deadline = time.monotonic() + self.timeout
+        expected = {(rid, lr) for rid, size in zip(quorum.members, quorum.sizes, strict=True) for lr in range(size)}
+        start = time.monotonic()
+        deadline = start + self.timeout
         poll = _POLL_MIN
         while not self.store.check([decision_key]):
             votes = {(rid, int(lr)): v for rid, lr, v in _lines(self.store.get(votes_key))}
@@ -242,15 +259,27 @@ class Protocol:
             elif expected <= votes.keys():
                 decision = "commit"
             if decision is not None:
-                self.store.compare_set(decision_key, "", decision)
-                break
-            time.sleep(poll)
-            poll = min(poll * 2, _POLL_MAX)
+                return self.store.compare_set(decision_key, "", decision) == b"commit"
+            poll = _backoff(poll, start)
         return self.store.get(decision_key) == b"commit"
 
     def leave(self) -> None:
         """Mark this process as gone, so the next round does not wait for its replica."""
         self.store.set(_key("hb", self.replica_id, self.local_rank), "left")
+
+
+def _backoff(poll: float, start: float) -> float:
+    """Sleep ``poll`` seconds; return the next interval (doubling, capped by how long we waited)."""
+    time.sleep(poll)
+    return min(poll * 2, _POLL_MAX if time.monotonic() - start < _FAST else _POLL_SLOW)
+
+
+def _sizes(registry: list[list[str]]) -> dict[str, int]:
+    """The number of processes of each registered replica."""
+    sizes: dict[str, int] = {}
+    for rid, _, lws in registry:
+        sizes[rid] = max(sizes.get(rid, 1), int(lws))
+    return sizes
 
 
 def _append(store: TCPStore, key: str, value: str) -> None:

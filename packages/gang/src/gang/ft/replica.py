@@ -14,11 +14,10 @@ from typing import Any, final
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch._C._distributed_c10d import PrefixStore, TCPStore
 from torch.distributed import ProcessGroup
 from typing_extensions import override
 
-from gang._torch_groups import StandaloneGroup, new_standalone_group
+from gang._torch_groups import PrefixStore, StandaloneGroup, TCPStore, new_standalone_group
 from gang.env import get_local_rank, get_local_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_device, check_int, check_open, check_timeout, operation_error
@@ -36,12 +35,12 @@ _STORE_ERRORS = (RuntimeError, OSError, ValueError)
 class ReplicaGang(Gang):
     """A gang across replicas that keeps training when a replica dies.
 
-    Create it with :meth:`join`. Each training step runs inside ``with gang.step():``, which forms
-    the quorum of live replicas, rebuilds the process group when membership changed and heals a
-    replica that is behind. Inside a step, a failed or hung collective does not raise: it is
-    recorded (:meth:`errored`), the step's later collectives are skipped (tensors left as they
-    are; the failed one may have written part of its output), and :meth:`should_commit` returns
-    ``False`` on every member. :attr:`rank` and
+    Create it with :meth:`join` (the constructor takes what ``join`` checked). Each training step
+    runs inside ``with gang.step():``, which forms the quorum of live replicas, rebuilds the
+    process group when membership changed and heals a replica that is behind. Inside a step, a
+    failed or hung collective does not raise: it is recorded (:meth:`errored`), the step's later
+    collectives are skipped (tensors left as they are; the failed one may have written part of its
+    output), and :meth:`should_commit` returns ``False`` on every member. :attr:`rank` and
     :attr:`size` are those of the current quorum (rank 0 of 1 before the first step).
     """
 

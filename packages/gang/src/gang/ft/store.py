@@ -17,7 +17,7 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 
-from torch._C._distributed_c10d import TCPStore
+from gang._torch_groups import TCPStore
 
 
 def serve(port: int, *, host: str = "0.0.0.0", port_file: Path | None = None) -> None:
