@@ -25,7 +25,7 @@ schedule run through torchft's ``Manager`` and Lighthouse (impl ``torchft``, wit
 ``plain`` baseline rows ``plain@torchft``), with the same timeouts; see ``benchmarks/ft_torchft.py``.
 
 A worker process (``python -m benchmarks.ft worker ...``) is one replica; the driver prints a table
-and writes ``<out stem>_ft.json`` (rows as in ``benchmarks.benchmath.make_row``).
+and writes ``<out stem>_ft.json`` (rows as in ``gang.bench.metrics.make_row``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from benchmarks.benchmath import Row, make_row, median
+from gang.bench.metrics import Row, make_row, median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from _ft_launch import Line, LocalJob, free_port, wait_for_port
