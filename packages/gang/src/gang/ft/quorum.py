@@ -9,8 +9,9 @@ Everything lives in the coordination store (torch's ``TCPStore``) under :data:`R
 - ``r/<n>/joins``: round ``n`` of the quorum; each process appends ``replica|local_rank|step``.
   The first process that sees the round complete publishes ``r/<n>/result`` with an atomic
   ``compare_set`` (so every process reads the same member list), and ``closed`` = ``n``.
-  A round is complete when every live replica joined (all its local ranks), or when the timeout
-  passed and the joined live replicas include one at the highest step.
+  A round is complete when every live replica joined (all its local ranks), or when twice the
+  timeout passed (a live replica may be finishing a collective that fails at the timeout) and the
+  joined live replicas include one at the highest step.
 - ``r/<n>/votes`` and ``r/<n>/decision``: the commit vote of round ``n``. Each process appends
   ``replica|local_rank|ok`` (or ``fail``); the first process that sees every member's vote, a
   ``fail`` or its deadline writes the decision with ``compare_set``; everyone reads that one.
@@ -196,7 +197,9 @@ class Protocol:
                         f"only {len(live)} live replica(s) {sorted(live, key=replica_sort_key)} for "
                         f"{self.timeout:g} s while forming quorum {n}, fewer than `min_replicas`={min_replicas}"
                     )
-            timed_out = waited > self.timeout
+            # A live replica that has not joined may still be inside a collective that fails only
+            # at the timeout: wait twice as long before going on without it.
+            timed_out = waited > 2 * self.timeout
             proposal = self._try_close(n, joins, live, sizes, timed_out=timed_out, min_replicas=min_replicas)
             if proposal is not None:
                 published = self.store.compare_set(result_key, "", proposal.to_json())

@@ -111,8 +111,11 @@ class ReplicaGang(Gang):
         :param load_state_dict: Loads what ``state_dict`` returned, on the replica that heals (it
             travels through ``torch.save``/``torch.load(weights_only=False)``: replicas trust each other).
         :param min_replicas: The fewest replicas a step runs with.
-        :param timeout: Bounds a stuck collective, forming a quorum and healing, and is the
-            heartbeat age after which a replica counts as dead (default 60 seconds).
+        :param timeout: Bounds a stuck collective and healing, and is the heartbeat age after which
+            a replica counts as dead (default 60 seconds). Forming a quorum waits for a dead
+            replica until its heartbeat is that old, for a live one that does not join up to
+            twice as long (it may be in a collective that fails at the timeout), and raises after
+            ``timeout`` with fewer than ``min_replicas`` live replicas.
         :raises ValueError: If an argument has a bad value or an environment variable is missing.
         :raises TypeError: If an argument has the wrong type.
         :raises GangError: If the store cannot be reached.
@@ -159,7 +162,7 @@ class ReplicaGang(Gang):
 
     @property
     def timeout(self) -> timedelta:
-        """The bound on a stuck collective, on forming a quorum and on healing."""
+        """The bound on a stuck collective and on healing; the heartbeat age of a dead replica (see :meth:`join`)."""
         return self._timeout
 
     # -- the step ---------------------------------------------------------------------------------
