@@ -74,6 +74,7 @@ class LocalJob:
         self._history: list[Line] = []
         self._old_sigterm: object = None
         self._started = time.time()
+        self._print_lock = threading.Lock()  # one whole line at a time from the reader threads
 
     def __enter__(self) -> LocalJob:
         self._old_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -120,13 +121,17 @@ class LocalJob:
         for raw in proc.stdout:
             line = Line(name, time.time(), raw.rstrip("\n"))
             if self.echo:
-                print(f"{line.time - self._started:6.2f}s [{name}] {line.text}", flush=True)
+                self._print(f"{line.time - self._started:6.2f}s [{name}] {line.text}")
             self._history.append(line)
             self._lines.put(line)
 
     def say(self, text: str) -> None:
         """Print ``text`` stamped like the processes' lines (seconds since the job started)."""
-        print(f"{time.time() - self._started:6.2f}s {text}", flush=True)
+        self._print(f"{time.time() - self._started:6.2f}s {text}")
+
+    def _print(self, text: str) -> None:
+        with self._print_lock:
+            print(text, flush=True)
 
     def kill(self, name: str) -> float:
         """Send ``SIGKILL`` to process ``name`` and wait for it; return ``time.time()`` just before the signal."""
