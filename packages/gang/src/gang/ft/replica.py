@@ -374,6 +374,9 @@ class ReplicaGang(Gang):
         with suppress(*_STORE_ERRORS):  # if the store is gone, the others see the heartbeat stop
             self._protocol.leave()
         self._drop_group()
+        # Destroying a group while the interpreter exits aborts the process (a gloo thread still
+        # runs), so a closed gang's groups are gone when `close()` returns.
+        _reaper.wait(self._timeout.total_seconds())
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -412,7 +415,11 @@ class ReplicaGang(Gang):
 
 
 class _Reaper:
-    """Destroys dropped process groups off the training thread (gloo's destructor waits ~1-2 s)."""
+    """Destroys dropped process groups off the training thread (gloo's destructor waits ~1-2 s).
+
+    The thread is not a daemon: the interpreter waits for it at exit instead of tearing a group
+    down half-destroyed (which aborts the process).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -425,8 +432,15 @@ class _Reaper:
         with self._lock:
             self._pending.append(pg)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="gang.ft reaper", daemon=True)
+                self._thread = threading.Thread(target=self._run, name="gang.ft reaper", daemon=False)
                 self._thread.start()
+
+    def wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for every dropped group to be destroyed."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(seconds)
 
     def _run(self) -> None:
         while True:
