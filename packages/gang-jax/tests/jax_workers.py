@@ -169,19 +169,19 @@ def error_is_gang_error() -> tuple[str, str, str]:
     g = gang()
     from gang_jax import _collectives
 
-    comm = g._communicator()
-    original = comm.all_reduce
+    comm = g.communicator
+    original = comm.run_host
 
-    def broken(x: Any, op: ReduceOperation) -> Any:
+    def broken(*args: Any) -> Any:
         raise RuntimeError("simulated backend failure")
 
-    comm.all_reduce = broken  # type: ignore[method-assign]
+    comm.run_host = broken  # type: ignore[method-assign]
     try:
         g.all_reduce(torch.ones(1), ReduceOperation.SUM)
     except GangError as ex:
         return str(ex), type(ex.__cause__).__name__, _collectives.AXIS
     finally:
-        comm.all_reduce = original  # type: ignore[method-assign]
+        comm.run_host = original  # type: ignore[method-assign]
     return "no error", "", ""
 
 
