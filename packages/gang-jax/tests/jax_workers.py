@@ -170,18 +170,18 @@ def error_is_gang_error() -> tuple[str, str, str]:
     from gang_jax import _collectives
 
     comm = g.communicator
-    original = comm.run_host
+    original = comm.host_call
 
     def broken(*args: Any) -> Any:
         raise RuntimeError("simulated backend failure")
 
-    comm.run_host = broken  # type: ignore[method-assign]
+    comm.host_call = broken  # type: ignore[method-assign]
     try:
-        g.all_reduce(torch.ones(1), ReduceOperation.SUM)
+        g.all_reduce(torch.ones(13), ReduceOperation.SUM)  # a shape no other test uses, so it is prepared here
     except GangError as ex:
         return str(ex), type(ex.__cause__).__name__, _collectives.AXIS
     finally:
-        comm.run_host = original  # type: ignore[method-assign]
+        comm.host_call = original  # type: ignore[method-assign]
     return "no error", "", ""
 
 

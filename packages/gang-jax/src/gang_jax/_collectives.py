@@ -110,13 +110,63 @@ def _broadcast_body(source: int) -> _Body:
     return body
 
 
+def _first_block(out: jax.Array) -> jax.Array:
+    """This process's block of the global array ``out`` (``addressable_data(0)`` without its checks)."""
+    arrays = getattr(out, "_arrays", None)
+    return cast(jax.Array, arrays[0]) if arrays else out.addressable_data(0)
+
+
+class HostCall:
+    """One collective on host memory, ready to run: copy in, run the compiled program, copy out.
+
+    Small inputs are copied (``memmove``) into the plan's device buffer; larger ones are handed to
+    JAX as NumPy views, which JAX aliases on CPU (no copy). The result is copied from JAX's
+    output buffer straight into the destination. Both copies are plain byte copies, so the
+    caller may pass any dtype whose bytes the program expects.
+    """
+
+    __slots__ = ("_device", "_dtype", "_plan", "_shape", "_staged", "nbytes_in")
+
+    def __init__(
+        self,
+        plan: _Plan,
+        staged: tuple[int, jax.Array] | None,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        device: jax.Device,
+    ) -> None:
+        self._plan = plan
+        self._staged = staged
+        self._shape = shape
+        self._dtype = dtype
+        self._device = device
+        self.nbytes_in = int(np.prod(shape)) * dtype.itemsize
+
+    def run(self, source: int, source_array: Callable[[], np.ndarray[Any, Any]], target: int, nbytes_out: int) -> None:
+        """Run on the ``nbytes_in`` bytes at address ``source``; write ``nbytes_out`` result bytes to ``target``.
+
+        :param source_array: Returns the source as a NumPy array of the call's shape and dtype
+            (used instead of ``source`` when the input is not staged).
+        """
+        plan = self._plan
+        if self._staged is not None:
+            ctypes.memmove(self._staged[0], source, self.nbytes_in)
+            out = plan.fn(self._staged[1])
+        else:
+            out = plan.fn(plan.build(jax.device_put(source_array().reshape(self._shape), self._device)))
+        block = _first_block(out)
+        block.block_until_ready()
+        if nbytes_out:
+            ctypes.memmove(target, block.unsafe_buffer_pointer(), nbytes_out)
+
+
 class _Plan:
     """One compiled collective for one (collective, reduction, shape, dtype), with what calls it cheaply.
 
     ``build`` turns this process's single-device block into the global array the compiled
     function takes. For blocks up to :data:`STAGED_BYTES` the plan also owns a device buffer that
-    torch callers copy their data into (``staged``: its writeable host view and the global array
-    wrapping it, made once), so a call in a loop allocates and wraps nothing.
+    torch callers copy their data into (``staged``: its address and the global array wrapping it,
+    made once), so a call in a loop allocates and wraps nothing.
     """
 
     __slots__ = ("build", "fn", "staged")
@@ -124,7 +174,7 @@ class _Plan:
     def __init__(self, fn: Callable[[jax.Array], jax.Array], build: Callable[[jax.Array], jax.Array]) -> None:
         self.fn = fn
         self.build = build
-        self.staged: tuple[np.ndarray[Any, Any], jax.Array] | None = None
+        self.staged: tuple[int, jax.Array] | None = None
 
 
 STAGED_BYTES = 256 << 10
@@ -159,8 +209,8 @@ class Communicator:
 
     Every collective takes this process's block (its data with a leading axis of length 1) and
     returns this process's result block, also with a leading axis of length 1. :meth:`run` takes
-    ``jax.Array`` or NumPy blocks; :meth:`run_host` takes a host NumPy block and returns a
-    read-only NumPy view of the result, the path torch callers use.
+    ``jax.Array`` or NumPy blocks; :meth:`host_call` prepares a :class:`HostCall` that works on
+    host memory, the path torch callers use.
 
     :param devices: One JAX device per member, in gang rank order.
     :param rank: This process's index in ``devices``.
@@ -211,39 +261,27 @@ class Communicator:
         result: jax.Array = out.addressable_data(0)
         return result
 
-    def run_host(self, key: _Key, body: Callable[[], _Body], block: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """Run a collective on the host block ``block``; return a read-only view of the result block.
-
-        Small blocks are copied into the plan's device buffer (allocated on first use); larger
-        ones are aliased by JAX (no copy). ``block`` must stay unchanged until this returns;
-        the returned view is valid until the next call with the same key.
-        """
-        dtype = block.dtype
-        plan = self._plan(key, body, block.shape, dtype)
-        if block.nbytes <= STAGED_BYTES and block.size > 0:
+    def host_call(self, key: _Key, body: Callable[[], _Body], shape: tuple[int, ...], dtype: np.dtype[Any]) -> HostCall:
+        """The collective ``key`` on host memory: a block of ``shape`` (leading axis 1) and ``dtype``."""
+        plan = self._plan(key, body, shape, dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        staged: tuple[int, jax.Array] | None = None
+        if 0 < nbytes <= STAGED_BYTES:
             if plan.staged is None:
-                plan.staged = self._staging_buffer(plan, block.shape, dtype)
-            staged, inp = plan.staged
-            np.copyto(staged, block)
-        else:
-            inp = plan.build(jax.device_put(block, self.device))
-        out = plan.fn(inp)
-        return np.asarray(out.addressable_data(0))
+                plan.staged = self._staging_buffer(plan, shape, dtype)
+            staged = plan.staged
+        return HostCall(plan, staged, shape, dtype, self.device)
 
-    def _staging_buffer(
-        self, plan: _Plan, shape: tuple[int, ...], dtype: np.dtype[Any]
-    ) -> tuple[np.ndarray[Any, Any], jax.Array]:
-        """A device buffer that this plan owns, its writeable host view and its global array.
+    def _staging_buffer(self, plan: _Plan, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[int, jax.Array]:
+        """A device buffer that this plan owns: its address and the global array wrapping it.
 
-        On CPU a JAX buffer is host memory at a fixed address; writing it through a view is safe
-        here because every call waits for its result, so no computation reads the buffer while
-        it is written, and the buffer never leaves the plan.
+        On CPU a JAX buffer is host memory at a fixed address; writing it is safe here because
+        every call waits for its result, so no computation reads the buffer while it is written,
+        and the buffer never leaves the plan.
         """
         local = jax.device_put(np.zeros(shape, dtype), self.device)
         local.block_until_ready()
-        raw = (ctypes.c_uint8 * max(1, local.nbytes)).from_address(local.unsafe_buffer_pointer())
-        view = np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
-        return view, plan.build(local)
+        return local.unsafe_buffer_pointer(), plan.build(local)
 
     def all_reduce(self, x: Any, op: ReduceOperation) -> jax.Array:
         """All-reduce ``x``; return the result block (shape ``[1, *x.shape]``)."""
