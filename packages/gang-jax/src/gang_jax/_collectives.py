@@ -154,10 +154,9 @@ class HostCall:
             out = plan.fn(self._staged[1])
         else:
             out = plan.fn(plan.build(jax.device_put(source_array().reshape(self._shape), self._device)))
-        block = _first_block(out)
-        block.block_until_ready()
+        out.block_until_ready()  # as raw JAX waits, on the global array
         if nbytes_out:
-            ctypes.memmove(target, block.unsafe_buffer_pointer(), nbytes_out)
+            ctypes.memmove(target, _first_block(out).unsafe_buffer_pointer(), nbytes_out)
 
 
 class _Plan:

@@ -41,7 +41,7 @@ from gang_jax._rendezvous import Rendezvous
 
 _ALIGN = 64
 _MIN_SEGMENT = 1 << 20
-_START_GRACE_S = 30.0  # on top of the timeout: starting Python and importing JAX in the child
+_START_GRACE_S = 120.0  # on top of the timeout: starting Python, importing torch and JAX in the child
 _CHILD_COMMAND = "import sys; from gang_jax._isolated import child_main; child_main(int(sys.argv[1]), int(sys.argv[2]))"
 
 
@@ -90,8 +90,9 @@ class _Child:
             raise ChildGone(self.gone)
         try:
             self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-            if not self.conn.poll(self.timeout_s if wait_s is None else wait_s):
-                self.stop(f"the JAX child process (pid {self.pid}) did not answer within {self.timeout_s:g} s")
+            wait_s = self.timeout_s if wait_s is None else wait_s
+            if not self.conn.poll(wait_s):
+                self.stop(f"the JAX child process (pid {self.pid}) did not answer within {wait_s:g} s")
                 raise ChildGone(self.gone)
             status, payload = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError) as ex:
