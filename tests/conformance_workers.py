@@ -1,7 +1,7 @@
 """Functions the conformance suite runs on every rank: the same inputs through two gangs.
 
 Each worker holds the torch :class:`~gang.ProcessGroupGang` that :class:`gang.testing.World`
-created and up to two root :class:`~gang_jax.JaxGang`\ s, one in-process and one isolated (JAX in
+created and up to two root JaxGangs, one in-process and one isolated (JAX in
 a child process), each created on first use and kept in a module global, so a whole test module
 shares one JAX runtime of each kind per process. Every worker takes ``isolated`` to pick one.
 """

@@ -3,7 +3,7 @@
 JAX's coordination service ends every process of a job when one of them dies (``SIGABRT``), and
 a collective that talks to a dead peer may fail or wait. With ``JaxGang.create_default(...,
 isolated=True)`` this process starts one child (:func:`child_main`) that
-initialises ``jax.distributed`` and holds in-process :class:`~gang_jax.JaxGang`\\ s; this
+initialises ``jax.distributed`` and holds in-process JaxGangs; this
 process keeps only an :class:`IsolatedEngine` per gang.
 
 A collective copies the input tensor into a shared-memory segment, sends a short request over a
