@@ -7,7 +7,6 @@ one pip call, so the unrelated ``gang`` distribution on the registry is never ch
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import nox
@@ -84,17 +83,10 @@ def typecheck(session: nox.Session) -> None:
         str(ROOT / "noxfile.py"),
         str(ROOT / "conftest.py"),
     )
-    # Test folders import their helper modules by name (as the processes they start do), so each
-    # folder is checked on its own with the folders it imports from on the path.
-    test_folders = {ROOT / "packages" / name / "tests": [ROOT / "packages" / name / "tests"] for name in PACKAGES}
-    test_folders[ROOT / "tests"] = [
-        ROOT / "tests",
-        ROOT / "tests" / "reliability",
-        ROOT / "packages" / "gang" / "tests",
-    ]
-    for folder, path in test_folders.items():
-        mypy_path = os.pathsep.join(map(str, [*sources, ROOT / "examples", *path]))
-        session.run("mypy", str(folder), env={"MYPYPATH": mypy_path})
+    # Test folders import their helper modules (`*_workers.py`) by name: pytest finds them through
+    # its `pythonpath` setting and mypy through its `mypy_path` (both in the root pyproject.toml).
+    test_folders = [ROOT / "packages" / name / "tests" for name in PACKAGES] + [ROOT / "tests"]
+    session.run("mypy", *map(str, test_folders))
 
 
 @nox.session

@@ -8,6 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 for package in ("gang", "gang-mesh", "gang-jax"):
     sys.path.insert(0, str(ROOT / "packages" / package / "src"))
+# The guides' doctests import the runnable examples by name (``from quickstart import ...``).
 sys.path.insert(0, str(ROOT / "examples"))
 
 project = "gang"

@@ -14,16 +14,12 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _mesh_model import ModelConfig, train
-
 from gang import ProcessGroupGang, create_fsdp_gangs, create_parallel_gangs
 from gang_mesh import to_device_mesh
+from gang_mesh.testing import ModelConfig, train
 
 LOCAL_PROCESSES = 4
 

@@ -7,17 +7,12 @@ runs twice: on an in-process JaxGang and on an isolated one (JAX in a child proc
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+import conformance_workers as cw
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-import conformance_workers as cw
 
 from gang.testing import World
 

@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
+
+import parity_workers as pw
 
 from gang.testing import World
-
-ROOT = Path(__file__).resolve().parent.parent
-# The workers import the model and the worker functions by module name; children inherit sys.path.
-for folder in (ROOT / "examples", Path(__file__).resolve().parent):
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-
-import parity_workers as pw  # noqa: E402
 
 STEPS = 5
 

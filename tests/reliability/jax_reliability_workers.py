@@ -37,16 +37,16 @@ def debug_jax_gang() -> JaxGang:
 
 def try_bad_call(_: Gang, name: str) -> str:
     """Run one catalogued bad call on the JAX gang; return ``"Type: message"``; then prove it still works."""
-    from gang_core_remote import try_call
+    from core_workers import try_call
 
     return try_call(jax_gang(), name)
 
 
 def on_debug_gang(_: Gang, fn_name: str) -> Any:
-    """Run ``faults.<fn_name>`` on this process's debug-mode JAX gang."""
-    import faults
+    """Run ``fault_workers.<fn_name>`` on this process's debug-mode JAX gang."""
+    import fault_workers
 
-    result = getattr(faults, fn_name)(debug_jax_gang())
+    result = getattr(fault_workers, fn_name)(debug_jax_gang())
     # Whatever happened, the plain gang must still work afterwards.
     g = jax_gang()
     t = torch.ones(1)

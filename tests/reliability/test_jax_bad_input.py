@@ -6,30 +6,18 @@ on a FakeGang and a ProcessGroupGang, and a following all-reduce must succeed on
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parents[2] / "packages" / "gang" / "tests"))
 
 import jax_reliability_workers
-from gang_core_bad_calls import CATALOGUE
+import pytest
+from bad_call_workers import CATALOGUE
 
 from gang.testing import World
-
-_HERE = Path(__file__).parent
-_CORE_TESTS = _HERE.parents[1] / "packages" / "gang" / "tests"
 
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[World]:
-    # The workers import the catalogue and the worker module by name.
-    path = os.pathsep.join([str(_HERE), str(_CORE_TESTS), os.environ.get("PYTHONPATH", "")])
-    with World(2, env={"OMP_NUM_THREADS": "1", "PYTHONPATH": path, "GANG_DEBUG": "0"}) as w:
+    with World(2, env={"OMP_NUM_THREADS": "1", "GANG_DEBUG": "0"}) as w:
         yield w
 
 

@@ -9,15 +9,10 @@ harness's own timeout bounds every scenario.
 from __future__ import annotations
 
 import socket
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from faults import (
+from fault_workers import (
     close_on_error_path,
     exit_before_collective,
     hang,

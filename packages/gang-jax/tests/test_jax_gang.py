@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
+import jax_workers as jw
 import numpy as np
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-import jax_workers as jw
 
 from gang.testing import World
 from gang_jax import JaxGang

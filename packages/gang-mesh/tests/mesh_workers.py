@@ -10,10 +10,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from gang import Gang, Gangs, ProcessGroupGang, ReduceOperation, create_fsdp_gangs, create_parallel_gangs
-from gang_mesh import from_device_mesh, fsdp_mesh, to_device_mesh
-
-ROLES = ("root", "dp", "rdp", "sdp", "tp", "pp")
-
+from gang.extend import ROLES
+from gang_mesh import ALIASES, from_device_mesh, fsdp_mesh, to_device_mesh
 
 # Gangs of each layout are created once per worker and kept: closing sub-gangs and creating the
 # same ones again fails on gloo (see the package's report about `ProcessGroupGang._close`).
@@ -144,7 +142,7 @@ def from_init_mesh(
 
 
 def _gang_for(gangs: Gangs, name: str, names: Mapping[str, str] | None) -> Gang:
-    role = (names or {}).get(name) or {"dp_replicate": "rdp", "dp_shard": "sdp"}.get(name, name)
+    role = (names or {}).get(name) or ALIASES.get(name, name)
     gang: Gang = getattr(gangs, role)
     return gang
 
@@ -173,3 +171,47 @@ def round_trip(root: Gang, dims: Sequence[str], tp: int = 1, pp: int = 1, intra:
         ],
     }
     return result
+
+
+def _roles_of(dim_names: Sequence[str]) -> tuple[str, ...]:
+    return tuple(ALIASES.get(name, name) for name in dim_names)
+
+
+def sub_mesh_round_trip(root: Gang, shape: tuple[int, ...], dim_names: tuple[str, ...], sub: Any) -> dict[str, Any]:
+    """Slice an ``init_device_mesh`` mesh, turn it into gangs, back into a mesh, and into gangs again."""
+    sliced = init_device_mesh("cpu", shape, mesh_dim_names=dim_names)[sub]
+    gangs = from_device_mesh(sliced)
+    dims = _roles_of(sliced.mesh_dim_names or ())
+    mesh = to_device_mesh(gangs, dims)
+    back = from_device_mesh(mesh)
+    return {
+        "sliced": sliced.mesh.tolist(),
+        "mesh": mesh.mesh.tolist(),
+        "names": mesh.mesh_dim_names,
+        "same_group": [mesh.get_group(name) is getattr(gangs, name).as_process_group() for name in dims],
+        "before": {role: members(getattr(gangs, role)) for role in ROLES},
+        "after": {role: members(getattr(back, role)) for role in ROLES},
+        "sums": from_mesh_report(back)["sums"],
+    }
+
+
+def fake_backend_error(
+    root: Gang, shape: tuple[int, ...], dim_names: tuple[str, ...], fake: str
+) -> tuple[str, str, float]:
+    """``from_device_mesh`` on a mesh whose dimension ``fake`` is on torch's ``fake`` backend.
+
+    Returns the error, and how far the sum of global ranks over ``root`` of the gangs from the mesh
+    with that dimension sliced out (which must work) is from the sum of that mesh's ranks.
+    """
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=dim_names, backend_override={fake: "fake"})
+    assert dist.get_backend(mesh.get_group(fake)) == "fake"
+    kind, message = "no error", ""
+    try:
+        from_device_mesh(mesh)
+    except (ValueError, TypeError) as ex:
+        kind, message = type(ex).__name__, str(ex)
+    rest = mesh[tuple(name for name in dim_names if name != fake)]
+    total = from_mesh_report(from_device_mesh(rest))["sums"]["root"]
+    return kind, message, total - sum(rest.mesh.flatten().tolist())

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import mesh_workers as w
 import pytest
 
 from gang.testing import World
-
-sys.path.insert(0, str(Path(__file__).parent))  # The workers import the helpers by this name.
-import mesh_workers as w
 
 FULL_8 = list(range(8))
 
@@ -256,3 +251,51 @@ def test_round_trip_keeps_members(world8: World, dims: tuple[str, ...], tp: int,
     for result in world8.run(w.round_trip, dims, tp, pp, intra):
         assert result["after"] == result["before"]
         assert all(result["same_groups"])
+
+
+# -- sub-meshes of init_device_mesh (torchtitan's layouts) --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dim_names", "sub"),
+    [
+        (("pp", "sdp", "tp"), ("sdp", "tp")),  # one pipeline stage
+        (("pp", "dp_replicate", "dp_shard"), ("dp_replicate", "dp_shard")),  # HSDP within a stage
+        (("dp", "cp", "tp"), ("dp", "tp")),  # the context parallel axis sliced out
+        (("dp_shard", "cp", "tp"), ("dp_shard", "tp")),
+        (("cp", "dp_replicate", "dp_shard"), ("dp_replicate", "dp_shard")),
+    ],
+)
+def test_sub_mesh_round_trip(world8: World, dim_names: tuple[str, ...], sub: tuple[str, ...]) -> None:
+    for rank, result in enumerate(world8.run(w.sub_mesh_round_trip, (2, 2, 2), dim_names, sub)):
+        assert result["mesh"] == result["sliced"], rank
+        assert all(result["same_group"]), rank
+        assert result["after"] == result["before"], rank
+        stage = sorted(r for row in result["sliced"] for r in row)
+        assert rank in stage
+        assert result["before"]["root"] == tuple(stage)
+        assert result["sums"]["root"] == sum(stage)
+
+
+# -- groups on torch's fake backend ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "dim_names", "fake"),
+    [
+        ((2, 2), ("dp", "tp"), "tp"),
+        ((2, 2, 1), ("dp_replicate", "dp_shard", "tp"), "tp"),  # a size-1 axis, as torchtitan disables one
+        ((2, 2), ("dp_replicate", "dp_shard"), "dp_shard"),
+    ],
+)
+def test_fake_backend_dimension_is_refused(
+    world4: World, shape: tuple[int, ...], dim_names: tuple[str, ...], fake: str
+) -> None:
+    results = world4.run(w.fake_backend_error, shape, dim_names, fake)
+    assert len({(kind, message) for kind, message, _ in results}) == 1  # The same error on every rank.
+    kind, message, _ = results[0]
+    assert kind == "ValueError"
+    assert repr(fake) in message
+    assert "fake" in message and "`mesh`" in message
+    # With that dimension sliced out, the rest of the mesh works: its root sums its own ranks.
+    assert [error for _, _, error in results] == [0.0] * 4

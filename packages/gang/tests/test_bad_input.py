@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
-from gang_core_bad_calls import CATALOGUE
-from gang_core_remote import try_call
-from gang_core_worlds import get_world
+from bad_call_workers import CATALOGUE
+from core_workers import try_call
 
 from gang import FakeGang
+from gang.testing import World
 
 
 def test_catalogue_is_large() -> None:
@@ -28,10 +30,10 @@ def test_bad_call_on_fake_gang(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(CATALOGUE))
-def test_bad_call_on_process_group_gang_matches_fake_gang(name: str) -> None:
+def test_bad_call_on_process_group_gang_matches_fake_gang(name: str, worlds: Callable[[int], World]) -> None:
     _, error, text = CATALOGUE[name]
     # Every rank makes the bad call, then an all_reduce proves nobody was left behind.
-    outcomes = get_world(2).run(try_call, name)
+    outcomes = worlds(2).run(try_call, name)
     for outcome in outcomes:
         assert outcome.startswith(error.__name__ + ":"), outcome
         assert text in outcome

@@ -5,11 +5,14 @@ Expected values are computed here, independently, from every rank's input with N
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
-from gang_core_remote import DTYPES, run_collective, values
-from gang_core_worlds import get_world
+from core_workers import DTYPES, run_collective, values
+
+from gang.testing import World
 
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_gather_to_list", "all_to_all", "broadcast"]
 SHAPE = (3, 2)
@@ -50,9 +53,11 @@ def expected(collective: str, dtype: torch.dtype, size: int, rank: int) -> dict[
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 @pytest.mark.parametrize("collective", COLLECTIVES)
 @pytest.mark.parametrize("size", [1, 2, 4, 8])
-def test_collective_matches_independent_computation(size: int, collective: str, dtype_name: str) -> None:
+def test_collective_matches_independent_computation(
+    size: int, collective: str, dtype_name: str, worlds: Callable[[int], World]
+) -> None:
     dtype = DTYPES[dtype_name]
-    results = get_world(size).run(run_collective, collective, dtype_name, SHAPE)
+    results = worlds(size).run(run_collective, collective, dtype_name, SHAPE)
     for rank, got in enumerate(results):
         want = expected(collective, dtype, size, rank)
         assert sorted(got) == sorted(want), f"rank {rank}: reductions {sorted(got)} != {sorted(want)}"

@@ -36,7 +36,7 @@ def test_valid_gangs_and_keyword_only() -> None:
     [
         ("dp", FakeGang(CPU, size=3), "`dp.size * tp.size * pp.size` must equal `root.size` (8)"),
         ("rdp", FakeGang(CPU, size=4), "`rdp.size * sdp.size` must equal `dp.size` (4)"),
-        ("tp", FakeGang(torch.device("cpu", 1), size=2), "`tp` must be on the root gang's device"),
+        ("tp", FakeGang(torch.device("cuda", 0), size=2), "`tp` must be on the root gang's device"),
     ],
 )
 def test_validation(field: str, replacement: FakeGang, text: str) -> None:

@@ -2,40 +2,42 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-from gang_core_remote import (
+from core_workers import (
     guide_fsdp_and_hsdp,
     guide_gang_vs_device_mesh,
     guide_gang_vs_process_group,
     guide_some_distributed_function,
     guide_tensor_parallel_setup,
 )
-from gang_core_worlds import get_world
 
 from gang import FakeGang, Gangs, create_fake_gangs, get_default_device, get_world_size, maybe_get_current_gangs
+from gang.testing import World
 
 
-def test_tensor_parallel_setup() -> None:
-    results = get_world(8).run(guide_tensor_parallel_setup)
+def test_tensor_parallel_setup(worlds: Callable[[int], World]) -> None:
+    results = worlds(8).run(guide_tensor_parallel_setup)
     for rank, got in enumerate(results):
         assert got == {"root": (8, rank), "tp": (rank, 8), "sum": 8.0}
 
 
-def test_gang_vs_process_group() -> None:
-    for raw, via_gang in get_world(4).run(guide_gang_vs_process_group):
+def test_gang_vs_process_group(worlds: Callable[[int], World]) -> None:
+    for raw, via_gang in worlds(4).run(guide_gang_vs_process_group):
         assert raw == via_gang == 10.0
 
 
-def test_gang_vs_device_mesh() -> None:
-    results = get_world(8).run(guide_gang_vs_device_mesh)
+def test_gang_vs_device_mesh(worlds: Callable[[int], World]) -> None:
+    results = worlds(8).run(guide_gang_vs_device_mesh)
     for rank, got in enumerate(results):
         assert got["dp"] == 2.0 and got["tp"] == 4.0
         assert got["tp_members"] == [4 * (rank // 4) + i for i in range(4)]
         assert got["dp_members"] == [rank % 4, rank % 4 + 4]
 
 
-def test_fsdp_and_hsdp() -> None:
-    results = get_world(8).run(guide_fsdp_and_hsdp)
+def test_fsdp_and_hsdp(worlds: Callable[[int], World]) -> None:
+    results = worlds(8).run(guide_fsdp_and_hsdp)
     for rank, got in enumerate(results):
         assert got["fsdp_sdp_is_dp"] and got["fsdp_rdp_size"] == 1 and got["fsdp_rdp_fake"] == "FakeGang"
         # The guide's comment: intra-node [d0..d3], [d4..d7]; inter-node [d0, d4], [d1, d5], ...
@@ -43,7 +45,7 @@ def test_fsdp_and_hsdp() -> None:
         assert got["hsdp_rdp"] == [rank % 4, rank % 4 + 4]
 
 
-def test_simulated_environment() -> None:
+def test_simulated_environment(worlds: Callable[[int], World]) -> None:
     # "Running in a simulated environment": one process, a FakeGang, the same function.
     device = get_default_device()
     world_size = get_world_size()
@@ -51,7 +53,7 @@ def test_simulated_environment() -> None:
     gang = FakeGang(device)
     assert guide_some_distributed_function(gang) == 1.0
     assert guide_some_distributed_function(FakeGang(torch.device("cpu"), rank=3, size=8)) == 8.0
-    assert get_world(2).run(guide_some_distributed_function) == [2.0, 2.0]
+    assert worlds(2).run(guide_some_distributed_function) == [2.0, 2.0]
 
 
 def test_current_gangs_in_nested_functions() -> None:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
-from gang_core_remote import helpers_tour
-from gang_core_worlds import get_world
+from core_workers import helpers_tour
 
 import gang
 from gang import FakeGang, ReduceOperation
+from gang.testing import World
 
 
-def test_helpers_on_four_real_ranks() -> None:
-    results = get_world(4).run(helpers_tour)
+def test_helpers_on_four_real_ranks(worlds: Callable[[int], World]) -> None:
+    results = worlds(4).run(helpers_tour)
     for rank, got in enumerate(results):
         assert got["flag"] is True
         assert got["total"] == 1 + 2 + 3 + 4

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
-from gang_core_remote import (
+from core_workers import (
     asymmetric_history,
     close_and_reinit,
     lifecycle_errors,
     wrap_user_group,
 )
-from gang_core_worlds import get_world
 
-from gang.testing import launch
+from gang.testing import World, launch
 
 
-def test_group_names_survive_asymmetric_histories_and_recreation() -> None:
-    results = get_world(4).run(asymmetric_history)
+def test_group_names_survive_asymmetric_histories_and_recreation(worlds: Callable[[int], World]) -> None:
+    results = worlds(4).run(asymmetric_history)
     assert results[0] == [None, [0, 2], [0, 2]]
     assert results[2] == [[1, 2, 3], [0, 2], [0, 2]]
     assert results[1] == [[1, 2, 3], None, None]
@@ -35,21 +36,20 @@ def test_close_and_reinitialise_under_torchrun(tmp_path: Path) -> None:
     script.write_text(
         textwrap.dedent(
             """
-            import sys
-            sys.path.insert(0, %r)
-            from gang_core_remote import close_and_reinit
+            from core_workers import close_and_reinit
             sums = close_and_reinit(3)
             assert sums == [4.0, 4.0, 4.0], sums
             print("REINIT-OK")
             """
-        ).replace("%r", repr(str(Path(__file__).parent)))
+        )
     )
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+        # torchrun's processes import the helper module by name, as this process does.
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("REINIT-OK") == 2
@@ -60,8 +60,8 @@ def test_lifecycle_errors() -> None:
     assert results == [["InvalidOperationError", "ValueError", "TypeError", "TypeError", "InvalidOperationError"]] * 2
 
 
-def test_from_process_group_wraps_without_owning() -> None:
-    results = get_world(4).run(wrap_user_group)
+def test_from_process_group_wraps_without_owning(worlds: Callable[[int], World]) -> None:
+    results = worlds(4).run(wrap_user_group)
     for rank, (total, sub, after, _) in enumerate(results):
         assert total == 6.0
         assert sub == ([2, 3] if rank >= 2 else None)

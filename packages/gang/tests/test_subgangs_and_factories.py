@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import pytest
 import torch
-from gang_core_remote import parallel_layout, sub_gang_members
-from gang_core_worlds import get_world
+from core_workers import parallel_layout, sub_gang_members
 
 from gang import FakeGang, create_fsdp_gangs, create_parallel_gangs
-from gang.topology import parallel_grid, sharded_grid
+from gang.testing import World
+from gang.topology import Grid, parallel_grid, role_spans, sharded_grid
 
 
-def test_create_gang_members_and_nested_sub_gangs() -> None:
+def test_create_gang_members_and_nested_sub_gangs(worlds: Callable[[int], World]) -> None:
     # Sub-gang [1, 2, 3] of 4 ranks, then ranks [0, 2] of *that* gang: global ranks 1 and 3.
-    results = get_world(4).run(sub_gang_members, [3, 1, 2], [0, 2])
+    results = worlds(4).run(sub_gang_members, [3, 1, 2], [0, 2])
     assert results[0] == {"sub": None, "rank": None}
     for global_rank in (1, 2, 3):
         got = results[global_rank]
@@ -31,26 +31,17 @@ def test_create_gang_members_and_nested_sub_gangs() -> None:
     assert results[1]["timeout"] == timedelta(seconds=60)
 
 
-def _expected_layout(world: int, tp: int, pp: int, intra: int | None, fsdp: bool) -> list[dict[str, Any]]:
-    grid = parallel_grid(world, tp_size=tp, pp_size=pp)
-    layouts = []
-    for rank in range(world):
-        roles: dict[str, list[int]] = {
-            "root": list(range(world)),
-            "tp": grid.group_of(rank, "tp"),
-            "dp": grid.group_of(rank, "dp"),
-            "pp": grid.group_of(rank, "pp"),
-        }
-        dp = roles["dp"]
-        if fsdp:
-            sgrid = sharded_grid(len(dp), intra)
-            local = dp.index(rank)
-            roles["sdp"] = [dp[i] for i in sgrid.group_of(local, "sdp")]
-            roles["rdp"] = [dp[i] for i in sgrid.group_of(local, "rdp")]
-        else:
-            roles["rdp"], roles["sdp"] = dp, [rank]
-        layouts.append(roles)
-    return layouts
+def _expected_layout(world: int, tp: int, pp: int, intra: int | None, fsdp: bool) -> list[dict[str, list[int]]]:
+    # The factories split twice (parallel_grid, then sharded_grid inside dp); the oracle lays out
+    # one grid, (pp, rdp, sdp, tp) or (pp, dp, tp), and takes each role's gang from `role_spans`.
+    dp = world // (tp * pp)
+    if fsdp:
+        sdp = dp if intra is None else intra
+        grid = Grid((("pp", pp), ("rdp", dp // sdp), ("sdp", sdp), ("tp", tp)))
+    else:
+        grid = Grid((("pp", pp), ("dp", dp), ("tp", tp)))
+    spans = role_spans(grid.names)
+    return [{role: grid.group_of(rank, *span) for role, span in spans.items()} for rank in range(world)]
 
 
 LAYOUTS = [
@@ -70,8 +61,10 @@ LAYOUTS = [
 
 
 @pytest.mark.parametrize(("world", "tp", "pp", "intra", "fsdp"), LAYOUTS)
-def test_factory_layout(world: int, tp: int, pp: int, intra: int | None, fsdp: bool) -> None:
-    results = get_world(world).run(parallel_layout, tp, pp, intra, fsdp)
+def test_factory_layout(
+    world: int, tp: int, pp: int, intra: int | None, fsdp: bool, worlds: Callable[[int], World]
+) -> None:
+    results = worlds(world).run(parallel_layout, tp, pp, intra, fsdp)
     expected = _expected_layout(world, tp, pp, intra, fsdp)
     for rank, (got, want) in enumerate(zip(results, expected, strict=True)):
         for role, members in want.items():

@@ -6,7 +6,7 @@ import os
 import pickle
 
 import pytest
-from gang_core_remote import fail_on, rank_and_pid, sleep_forever
+from core_workers import fail_on, rank_and_pid, sleep_forever
 
 from gang.testing import RemoteTraceback, World, spawn
 
@@ -38,7 +38,7 @@ def test_remote_failure_is_reraised_with_rank_and_traceback() -> None:
     assert "raised on rank 2 of 3 while running fail_on" in " ".join(info.value.__notes__)
     cause = info.value.__cause__
     assert isinstance(cause, RemoteTraceback) and cause.rank == 2
-    assert "bad things on 2" in cause.text and "gang_core_remote.py" in cause.text
+    assert "bad things on 2" in cause.text and "core_workers.py" in cause.text
     # Every other rank (blocked in the barrier) was stopped.
     assert not any(_alive(pid) for pid in pids)
 

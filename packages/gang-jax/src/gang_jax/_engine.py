@@ -18,18 +18,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gang import GangError, ReduceOperation
+from gang import ReduceOperation
 from gang_jax._collectives import Communicator, HostCall
 from gang_jax._convert import as_raw_bits, to_numpy
 
 FAILURES = (RuntimeError, ValueError, OSError)
 """What a failing collective raises (JAX's ``JaxRuntimeError`` derives from ``RuntimeError``; an
 isolated engine raises :class:`RuntimeError` subclasses)."""
-
-
-def operation_failed(operation: str, rank: int, size: int, cause: BaseException) -> GangError:
-    """The :class:`~gang.GangError` for ``operation`` failing with ``cause`` (the caller chains it)."""
-    return GangError(f"`{operation}` failed on rank {rank} of a gang of size {size}: {cause}")
 
 
 class Engine(ABC):

@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from gang import GangError
 from gang.env import get_master_address, get_rank, get_world_size
+from gang.extend import operation_error
 
 _KEY_PREFIX = "gang_jax/coordinator"
 _generation = 0
@@ -58,9 +58,10 @@ def _publish_through_torch_store(process_id: int, num_processes: int, timeout: t
         else:
             address = store.get(key).decode()
     except (RuntimeError, OSError, ValueError) as ex:
-        raise GangError(
-            f"`create_default` failed on rank {process_id} of a gang of size {num_processes}: "
-            f"the JAX coordinator address could not be exchanged through torch's store at {host}:{port}: {ex}"
+        raise operation_error(
+            "create_default",
+            (process_id, num_processes),
+            f"the JAX coordinator address could not be exchanged through torch's store at {host}:{port}: {ex}",
         ) from ex
     return address
 

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from gang import Gang, NotSupportedError, ReduceOperation
-from gang_jax._engine import FAILURES, operation_failed
+from gang.extend import check_open, check_rank, operation_error
+from gang_jax._engine import FAILURES
 from gang_jax.gang import JaxGang
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
@@ -29,7 +30,7 @@ __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatte
 def _check(gang: object, x: object, operation: str) -> JaxGang:
     if not isinstance(gang, JaxGang):
         raise TypeError(f"`gang` must be a `JaxGang`, but is of type `{type(gang).__name__}` instead.")
-    gang._check_open(operation)
+    check_open(gang, operation)
     if gang.isolated:
         raise NotSupportedError(
             "`gang` must run JAX in this process for `gang_jax.functional`, but it is isolated "
@@ -63,7 +64,7 @@ def _run(gang: JaxGang, operation: str, fn: Any, *args: Any) -> jax.Array:
     try:
         block: jax.Array = fn(*args)
     except FAILURES as ex:
-        raise operation_failed(operation, gang.rank, gang.size, ex) from ex
+        raise operation_error(operation, gang, ex) from ex
     return block[0]
 
 
@@ -162,7 +163,7 @@ def broadcast(gang: Gang, x: jax.Array, source_rank: int = 0) -> jax.Array:
     :raises GangError: If the collective fails.
     """
     g = _check(gang, x, "broadcast")
-    g._check_source_rank(source_rank)
+    source_rank = check_rank("source_rank", source_rank, g.size)
 
     def run() -> jax.Array:
         bits = g.communicator.broadcast_bits(_to_bits(x), source_rank)

@@ -14,8 +14,9 @@ from torch.distributed import ProcessGroup
 from typing_extensions import override
 
 from gang import Gang, GangError, InvalidOperationError, NotSupportedError, ReduceOperation
+from gang.extend import check_int, check_rank, check_timeout, operation_error
 from gang_jax._collectives import Communicator
-from gang_jax._engine import FAILURES, Engine, LocalEngine, operation_failed
+from gang_jax._engine import FAILURES, Engine, LocalEngine
 from gang_jax._isolated import IsolatedEngine
 from gang_jax._rendezvous import resolve
 
@@ -49,7 +50,7 @@ class JaxGang(Gang):
     """
 
     def __init__(self, engine: Engine, *, owns_runtime: bool = False, debug: bool | None = None) -> None:
-        super().__init__(debug=debug)
+        super().__init__(rank=engine.rank, size=engine.size, device=torch.device("cpu"), debug=debug)
         self._engine = engine
         self._owns_runtime = owns_runtime
 
@@ -113,19 +114,14 @@ class JaxGang(Gang):
         """
         if coordinator_address is not None and not isinstance(coordinator_address, str):
             raise TypeError(f"`coordinator_address` must be a `str`, but is {coordinator_address!r} instead.")
-        for name, value in (("num_processes", num_processes), ("process_id", process_id)):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise TypeError(f"`{name}` must be an `int`, but is {value!r} instead.")
-        if num_processes is not None and num_processes <= 0:
-            raise ValueError(f"`num_processes` must be greater than 0, but is {num_processes} instead.")
-        if process_id is not None and (process_id < 0 or (num_processes is not None and process_id >= num_processes)):
-            raise ValueError(f"`process_id` must be in the range [0, {num_processes}), but is {process_id} instead.")
-        if timeout is None:
-            timeout = DEFAULT_TIMEOUT
-        if not isinstance(timeout, timedelta):
-            raise TypeError(f"`timeout` must be a `datetime.timedelta`, but is {timeout!r} instead.")
-        if timeout.total_seconds() <= 0:
-            raise ValueError(f"`timeout` must be positive, but is {timeout} instead.")
+        if num_processes is not None:
+            num_processes = check_int("num_processes", num_processes, minimum=1)
+        if process_id is not None:
+            if num_processes is None:
+                process_id = check_int("process_id", process_id, minimum=0)
+            else:
+                process_id = check_rank("process_id", process_id, num_processes)
+        timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
         if not isinstance(isolated, bool):
             raise TypeError(f"`isolated` must be a `bool`, but is {isolated!r} instead.")
 
@@ -134,9 +130,10 @@ class JaxGang(Gang):
             try:
                 engine = IsolatedEngine.start(where, timeout)
             except FAILURES as ex:
-                raise GangError(
-                    f"`create_default` failed on rank {where.process_id} of a gang of size {where.num_processes} "
-                    f"(coordinator {where.coordinator_address}, isolated): {ex}"
+                raise operation_error(
+                    "create_default",
+                    (where.process_id, where.num_processes),
+                    f"coordinator {where.coordinator_address}, isolated: {ex}",
                 ) from ex
             return cls(engine, owns_runtime=True, debug=debug)
         if jax.distributed.is_initialized():
@@ -158,28 +155,14 @@ class JaxGang(Gang):
                 shutdown_timeout_seconds=seconds,
             )
         except (RuntimeError, ValueError, OSError) as ex:
-            raise GangError(
-                f"`create_default` failed on rank {where.process_id} of a gang of size {where.num_processes} "
-                f"(coordinator {where.coordinator_address}): {ex}"
+            raise operation_error(
+                "create_default",
+                (where.process_id, where.num_processes),
+                f"coordinator {where.coordinator_address}: {ex}",
             ) from ex
         return cls._in_process(list(range(jax.process_count())), owns_runtime=True, debug=debug)
 
     # -- properties -----------------------------------------------------------------------------
-
-    @property
-    @override
-    def rank(self) -> int:
-        return self._engine.rank
-
-    @property
-    @override
-    def size(self) -> int:
-        return self._engine.size
-
-    @property
-    @override
-    def device(self) -> torch.device:
-        return torch.device("cpu")
 
     @property
     @override
@@ -227,7 +210,7 @@ class JaxGang(Gang):
     # -- implementation ---------------------------------------------------------------------------
 
     def _failure(self, operation: str, cause: BaseException) -> GangError:
-        return operation_failed(operation, self.rank, self.size, cause)
+        return operation_error(operation, self, cause)
 
     @override
     def _split(self, groups: list[list[int]]) -> Gang | None:

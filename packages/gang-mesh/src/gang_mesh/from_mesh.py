@@ -12,8 +12,9 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from gang import FakeGang, Gang, Gangs, ProcessGroupGang
 from gang.process_group import new_named_group
+from gang.topology import DIMENSION_ROLES, Grid, role_spans
 
-MESH_ROLES = ("dp", "rdp", "sdp", "tp", "pp")
+MESH_ROLES = DIMENSION_ROLES
 """The gang roles a mesh dimension can play."""
 
 ALIASES: dict[str, str] = {"dp_replicate": "rdp", "dp_shard": "sdp"}
@@ -35,12 +36,14 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     ``dp_replicate`` and ``dp_shard`` become ``rdp`` and ``sdp``; ``names`` maps any other
     dimension name to one of those roles. The returned gangs are:
 
-    * ``root``: the default group when the mesh spans every process, the group of a 1-D mesh,
-      otherwise a new group of the mesh's processes;
+    * ``root``: the group of a 1-D mesh, else the default group when the mesh spans every
+      process, otherwise a new group of the mesh's processes (a sub-mesh: one pipeline stage, or a
+      mesh with an axis sliced out);
     * ``dp``: from a ``dp`` dimension, or derived from ``rdp`` and ``sdp``: the one of them that is
       given, or a new group of the processes that share this process's position on every other
       dimension when both are; ``rdp = dp`` and a size-1 ``sdp`` when only ``dp`` is given (as
-      :func:`gang.create_parallel_gangs` does);
+      :func:`gang.create_parallel_gangs` does). These rules are
+      :func:`gang.topology.role_spans`;
     * every other role absent from the mesh: a size-1 :class:`~gang.FakeGang`.
 
     No group is created when an existing one has the same members. The groups it does create
@@ -56,25 +59,37 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     :raises TypeError: If ``mesh`` is not a ``DeviceMesh`` or ``names`` not a mapping of ``str``.
     :raises ValueError: If the mesh has no dimension names, a dimension has no role, two dimensions
         play the same role, ``dp`` comes with ``rdp`` or ``sdp``, ``names`` holds a key that is not a
-        dimension or a value that is not a role, or this process is not in the mesh.
+        dimension or a value that is not a role, this process is not in the mesh, or a dimension's
+        group is on torch's ``fake`` backend (which computes nothing).
     """
     roles = _check_mesh(mesh, names)
+    spans = _role_spans(mesh, roles)
     device = _mesh_device(mesh)
     layout = (tuple(roles), tuple(mesh.mesh.shape), *mesh.mesh.flatten().tolist())
     signature = "gang_mesh/" + _digest(layout)
     _calls[signature] = call = _calls.get(signature, 0) + 1
 
+    # The mesh as a grid whose dimensions are the roles of its axes; `ranks[i]` is at grid rank i.
+    grid = Grid(tuple(zip(roles, (int(size) for size in mesh.mesh.shape), strict=True)))
+    ranks = [int(r) for r in mesh.mesh.flatten().tolist()]
+    here = ranks.index(dist.get_rank())
+
     # Every mesh group becomes a gang; equal member lists share one gang.
     wrapped: dict[tuple[int, ...], Gang] = {}
 
     def wrap(pg: ProcessGroup) -> Gang:
-        ranks = tuple(dist.get_process_group_ranks(pg))
-        if ranks not in wrapped:
-            wrapped[ranks] = ProcessGroupGang.from_process_group(pg, device)
-        return wrapped[ranks]
+        members = tuple(dist.get_process_group_ranks(pg))
+        if members not in wrapped:
+            wrapped[members] = ProcessGroupGang.from_process_group(pg, device)
+        return wrapped[members]
 
-    def group_of(ranks: list[int]) -> Gang:
-        key = tuple(sorted(ranks))
+    def group_of(members: list[int]) -> Gang:
+        key = tuple(sorted(members))
+        if key not in wrapped and len(key) == dist.get_world_size():
+            world = dist.group.WORLD
+            if not isinstance(world, ProcessGroup):
+                raise AssertionError("the default process group is not initialised")
+            wrap(world)
         if key not in wrapped:
             # Named after the mesh, this call and the members, so every member agrees on the name
             # whatever other groups it has (see `gang.process_group.new_named_group`).
@@ -84,38 +99,19 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
             wrapped[key] = ProcessGroupGang.from_process_group(pg, device)
         return wrapped[key]
 
-    by_role: dict[str, Gang] = {role: wrap(mesh.get_group(i)) for i, role in enumerate(roles)}
+    # The mesh's own groups first, so the roles of its axes get exactly those groups.
+    for axis in range(mesh.ndim):
+        wrap(mesh.get_group(axis))
+    size_one = FakeGang(device)
 
-    all_ranks = sorted(int(r) for r in mesh.mesh.flatten().tolist())
-    if len(all_ranks) == dist.get_world_size():
-        world = dist.group.WORLD
-        if not isinstance(world, ProcessGroup):
-            raise AssertionError("the default process group is not initialised")
-        root = wrap(world)
-    else:
-        root = group_of(all_ranks)
+    def gang_of(span: tuple[str, ...]) -> Gang:
+        if not span:
+            return size_one
+        if len(span) == 1:
+            return wrap(mesh.get_group(roles.index(span[0])))
+        return group_of([ranks[p] for p in grid.group_of(here, *span)])
 
-    dp: Gang
-    rdp: Gang
-    sdp: Gang
-    if "dp" in by_role:
-        dp = by_role["dp"]
-        rdp, sdp = dp, FakeGang(device)
-    elif "rdp" in by_role and "sdp" in by_role:
-        rdp, sdp = by_role["rdp"], by_role["sdp"]
-        dp = group_of(_line(mesh, [roles.index("rdp"), roles.index("sdp")]))
-    elif "rdp" in by_role:
-        dp = rdp = by_role["rdp"]
-        sdp = FakeGang(device)
-    elif "sdp" in by_role:
-        dp = sdp = by_role["sdp"]
-        rdp = FakeGang(device)
-    else:
-        dp = rdp = FakeGang(device)
-        sdp = FakeGang(device)
-    tp = by_role.get("tp") or FakeGang(device)
-    pp = by_role.get("pp") or FakeGang(device)
-    return Gangs(root=root, dp=dp, rdp=rdp, sdp=sdp, tp=tp, pp=pp)
+    return Gangs(**{role: gang_of(span) for role, span in spans.items()})
 
 
 def _check_mesh(mesh: DeviceMesh, names: Mapping[str, str] | None) -> list[str]:
@@ -154,25 +150,29 @@ def _check_mesh(mesh: DeviceMesh, names: Mapping[str, str] | None) -> list[str]:
                 f"{dim_names[roles.index(role)]!r} of {tuple(dim_names)} both play {role!r} instead."
             )
         roles.append(role)
-    if "dp" in roles and ("rdp" in roles or "sdp" in roles):
-        raise ValueError(
-            f"`mesh` must not have a `dp` dimension together with `rdp` or `sdp` (dp is their product), "
-            f"but its dimensions {tuple(dim_names)} play {tuple(roles)} instead."
-        )
     if mesh.get_coordinate() is None:
         raise ValueError(f"`mesh` must hold this process (rank {dist.get_rank()}), but is {mesh.mesh.tolist()}.")
+    for axis, name in enumerate(dim_names):
+        if dist.get_backend(mesh.get_group(axis)) == "fake":
+            raise ValueError(
+                f"`mesh` dimension {name!r} must have a process group that communicates, but its group is on "
+                "torch's `fake` backend instead (its collectives would silently compute nothing)."
+            )
     return roles
+
+
+def _role_spans(mesh: DeviceMesh, roles: list[str]) -> dict[str, tuple[str, ...]]:
+    """Which axes, by role, make up each gang; the data parallel rules are `gang.topology.role_spans`'."""
+    try:
+        return role_spans(roles)
+    except ValueError as ex:
+        raise ValueError(
+            f"`mesh` must have dimensions whose roles fit together, but its dimensions {mesh.mesh_dim_names} "
+            f"play {tuple(roles)} instead: {ex}"
+        ) from None
 
 
 def _mesh_device(mesh: DeviceMesh) -> torch.device:
     if mesh.device_type == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device(mesh.device_type)
-
-
-def _line(mesh: DeviceMesh, dims: list[int]) -> list[int]:
-    """The ranks of ``mesh`` that share this process's position on every dimension except ``dims``."""
-    coordinate = mesh.get_coordinate()
-    assert coordinate is not None
-    index = tuple(slice(None) if i in dims else c for i, c in enumerate(coordinate))
-    return [int(r) for r in mesh.mesh[index].flatten().tolist()]

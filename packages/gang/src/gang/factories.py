@@ -15,20 +15,23 @@ from gang.fake import FakeGang
 from gang.gang import Gang
 from gang.gangs import Gangs
 from gang.process_group import ProcessGroupGang
-from gang.topology import Grid, parallel_grid, sharded_grid
+from gang.topology import Grid, parallel_grid, role_spans, sharded_grid
 
 
 def split_along(gang: Gang, grid: Grid, *names: str) -> Gang:
     """Return the sub-gang of ``gang`` spanned by the grid dimensions ``names``.
 
-    ``grid`` describes ``gang``'s ranks. A group of one rank becomes a :class:`FakeGang` and a
-    group spanning all of ``gang`` is ``gang`` itself, so no needless process group is created.
+    ``grid`` describes ``gang``'s ranks. No ``names`` or a group of one rank gives a
+    :class:`FakeGang` and a group spanning all of ``gang`` is ``gang`` itself, so no needless
+    process group is created.
     Every member of ``gang`` must call it with the same arguments.
 
     :raises ValueError: If ``grid.size != gang.size`` or a name is not a grid dimension.
     """
     if grid.size != gang.size:
         raise ValueError(f"`grid` must have {gang.size} ranks (the gang size), but has {grid.size} instead.")
+    if not names:
+        return FakeGang(gang.device, rank=0, size=1)
     groups = grid.groups(*names)
     group_size = len(groups[0])
     if group_size == gang.size:
@@ -57,11 +60,7 @@ def create_parallel_gangs(root: Gang, *, tp_size: int = 1, pp_size: int = 1) -> 
     :raises GangError: If creating a sub-gang fails.
     """
     grid = parallel_grid(root.size, tp_size=tp_size, pp_size=pp_size)
-    tp = split_along(root, grid, "tp")
-    dp = split_along(root, grid, "dp")
-    pp = split_along(root, grid, "pp")
-    sdp = FakeGang(root.device, rank=0, size=1)
-    return Gangs(root=root, dp=dp, rdp=dp, sdp=sdp, tp=tp, pp=pp)
+    return Gangs(**_split_by_role(root, grid))
 
 
 def create_fsdp_gangs(gangs: Gangs, intra_node_size: int | None = None) -> Gangs:
@@ -79,9 +78,21 @@ def create_fsdp_gangs(gangs: Gangs, intra_node_size: int | None = None) -> Gangs
     if not isinstance(gangs, Gangs):
         raise TypeError(f"`gangs` must be a `Gangs`, but is of type `{type(gangs).__name__}` instead.")
     grid = sharded_grid(gangs.dp.size, intra_node_size)
-    sdp = split_along(gangs.dp, grid, "sdp")
-    rdp = split_along(gangs.dp, grid, "rdp")
-    return dataclasses.replace(gangs, rdp=rdp, sdp=sdp)
+    split = _split_by_role(gangs.dp, grid)
+    return dataclasses.replace(gangs, rdp=split["rdp"], sdp=split["sdp"])
+
+
+def _split_by_role(gang: Gang, grid: Grid) -> dict[str, Gang]:
+    """Split ``gang`` into the gang of every role (:func:`gang.topology.role_spans` of ``grid``).
+
+    Roles that span the same dimensions share one gang.
+    """
+    spans = role_spans(grid.names)
+    made: dict[tuple[str, ...], Gang] = {}
+    for span in spans.values():
+        if span not in made:
+            made[span] = split_along(gang, grid, *span)
+    return {role: made[span] for role, span in spans.items()}
 
 
 def create_fake_gangs(device: torch.device) -> Gangs:

@@ -10,7 +10,8 @@ from torch.distributed import ProcessGroup
 from typing_extensions import override
 
 from gang.errors import NotSupportedError
-from gang.gang import Gang, ReduceOperation, _pickle
+from gang.extend import pickle_or_error
+from gang.gang import Gang, ReduceOperation, _unpicklable_objects
 
 
 @final
@@ -31,36 +32,9 @@ class FakeGang(Gang):
     """
 
     def __init__(self, device: torch.device, *, rank: int = 0, size: int = 1, debug: bool | None = None) -> None:
-        super().__init__(debug=debug)
-        if not isinstance(device, torch.device):
-            raise TypeError(f"`device` must be a `torch.device`, but is {device!r} instead.")
-        if device.type == "meta":
+        if isinstance(device, torch.device) and device.type == "meta":
             raise ValueError("`device` must be a real device, but is `meta` instead.")
-        for name, value in (("size", size), ("rank", rank)):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"`{name}` must be an `int`, but is {value!r} instead.")
-        if size <= 0:
-            raise ValueError(f"`size` must be greater than 0, but is {size} instead.")
-        if not 0 <= rank < size:
-            raise ValueError(f"`rank` must be in the range [0, {size}), but is {rank} instead.")
-        self._rank = rank
-        self._size = size
-        self._device = device
-
-    @property
-    @override
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    @override
-    def size(self) -> int:
-        return self._size
-
-    @property
-    @override
-    def device(self) -> torch.device:
-        return self._device
+        super().__init__(rank=rank, size=size, device=device, debug=debug)
 
     @property
     @override
@@ -122,9 +96,9 @@ class FakeGang(Gang):
 
     @override
     def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:
-        _, error = _pickle(objects, "objects")
-        if error:
-            raise ValueError(error)
+        payload, error = pickle_or_error(objects)
+        if payload is None:
+            raise ValueError(_unpicklable_objects(source_rank, error))
 
     @override
     def _close(self) -> None:

@@ -12,7 +12,6 @@ import os
 import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from enum import Enum
 from types import TracebackType
 from typing import Any, final
 
@@ -22,18 +21,19 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import Self
 
-from gang.errors import GangError, InvalidOperationError
+from gang.errors import GangError
+from gang.extend import (
+    all_gather_bytes,
+    check_device,
+    check_int,
+    check_op,
+    check_open,
+    check_rank,
+    pickle_or_error,
+)
+from gang.ops import ReduceOperation
 
-
-class ReduceOperation(Enum):
-    """The reductions of :meth:`Gang.all_reduce` and :meth:`Gang.reduce_scatter`."""
-
-    SUM = 1
-    MEAN = 2
-    PRODUCT = 3
-    MIN = 4
-    MAX = 5
-
+__all__ = ["Gang", "ReduceOperation", "TensorLike", "debug_from_env"]
 
 TensorLike = Tensor | np.ndarray[Any, Any]
 """A ``torch.Tensor``, or a NumPy array that is used in place through :func:`torch.from_numpy`."""
@@ -44,9 +44,22 @@ class Gang(ABC):
 
     Ranks are always ranks of *this* gang, in ``[0, size)``. Collectives update tensors in place.
     A gang is a context manager that closes it on exit.
+
+    A concrete gang passes its rank, size and device here and implements the protected methods
+    (see :mod:`gang.extend`).
+
+    :param rank: This process's rank in the gang, in ``[0, size)``.
+    :param size: The number of processes, at least 1.
+    :param device: The device the collectives run on; any CPU device is normalised to ``cpu``.
+    :param debug: Debug mode (see :attr:`debug`); ``None`` reads ``GANG_DEBUG``.
+    :raises TypeError: If ``rank`` or ``size`` is not an integer or ``device`` not a ``torch.device``.
+    :raises ValueError: If ``size < 1`` or ``rank`` is outside ``[0, size)``.
     """
 
-    def __init__(self, *, debug: bool | None = None) -> None:
+    def __init__(self, *, rank: int, size: int, device: torch.device, debug: bool | None = None) -> None:
+        self._size = check_int("size", size, minimum=1)
+        self._rank = check_rank("rank", rank, self._size)
+        self._device = check_device("device", device)
         self._closed = False
         self._children: list[Gang] = []
         self._debug = debug_from_env() if debug is None else bool(debug)
@@ -54,19 +67,19 @@ class Gang(ABC):
     # -- properties -------------------------------------------------------------------------
 
     @property
-    @abstractmethod
     def rank(self) -> int:
         """The rank of this process in the gang."""
+        return self._rank
 
     @property
-    @abstractmethod
     def size(self) -> int:
         """The number of processes in the gang."""
+        return self._size
 
     @property
-    @abstractmethod
     def device(self) -> torch.device:
         """The device the gang's collectives run on."""
+        return self._device
 
     @property
     @abstractmethod
@@ -103,7 +116,7 @@ class Gang(ABC):
         :raises TypeError: If ``ranks`` is not a sequence of ``int``.
         :raises GangError: If the backend fails to create the gang.
         """
-        self._check_open("create_gang")
+        check_open(self, "create_gang")
         group = self._check_ranks("ranks", ranks)
         if self._debug:
             self._verify_same_call(f"create_gang(ranks={group})")
@@ -122,7 +135,7 @@ class Gang(ABC):
         :raises TypeError: If ``groups`` is not a sequence of sequences of ``int``.
         :raises GangError: If the backend fails to create the gangs.
         """
-        self._check_open("split")
+        check_open(self, "split")
         if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence):  # type: ignore[unreachable]
             raise TypeError(f"`groups` must be a sequence of rank lists, but is {groups!r} instead.")
         checked = [self._check_ranks(f"groups[{i}]", group) for i, group in enumerate(groups)]
@@ -146,7 +159,7 @@ class Gang(ABC):
 
         :raises NotSupportedError: If this kind of gang has none.
         """
-        self._check_open("as_process_group")
+        check_open(self, "as_process_group")
         return self._as_process_group()
 
     @final
@@ -155,7 +168,7 @@ class Gang(ABC):
 
         :raises GangError: If the collective fails or times out.
         """
-        self._check_open("barrier")
+        check_open(self, "barrier")
         if self._debug:
             self._verify_same_call("barrier()")
         self._barrier()
@@ -171,9 +184,9 @@ class Gang(ABC):
         :raises TypeError: If ``tensor`` is not a tensor or ``op`` not a :class:`ReduceOperation`.
         :raises GangError: If the collective fails or times out.
         """
-        self._check_open("all_reduce")
+        check_open(self, "all_reduce")
         t = self._check_tensor("tensor", tensor, contiguous=True)
-        self._check_op("op", op, t)
+        check_op("op", op, t.dtype)
         if self._debug:
             self._verify_same_call(f"all_reduce({_describe(t)}, op={op.name})")
         self._all_reduce(t, op)
@@ -189,7 +202,7 @@ class Gang(ABC):
         :raises TypeError: If an argument is not a tensor.
         :raises GangError: If the collective fails or times out.
         """
-        self._check_open("all_gather")
+        check_open(self, "all_gather")
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
         inp = self._check_tensor("input_tensor", input_tensor)
         self._check_same_dtype("output_tensor", out, inp)
@@ -209,7 +222,7 @@ class Gang(ABC):
         :raises TypeError: If ``output_tensors`` is not a list of tensors.
         :raises GangError: If the collective fails or times out.
         """
-        self._check_open("all_gather_to_list")
+        check_open(self, "all_gather_to_list")
         if not isinstance(output_tensors, list):
             raise TypeError(
                 "`output_tensors` must be a `list` of tensors, "
@@ -243,12 +256,12 @@ class Gang(ABC):
         :raises TypeError: If an argument has the wrong type.
         :raises GangError: If the collective fails or times out.
         """
-        self._check_open("reduce_scatter")
+        check_open(self, "reduce_scatter")
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
         inp = self._check_tensor("input_tensor", input_tensor)
         self._check_same_dtype("input_tensor", inp, out)
         self._check_shape("input_tensor", inp, (self.size, *out.shape))
-        self._check_op("op", op, out)
+        check_op("op", op, out.dtype)
         if self._debug:
             self._verify_same_call(f"reduce_scatter(input {_describe(inp)}, op={op.name})")
         self._reduce_scatter(out, inp.contiguous(), op)
@@ -263,7 +276,7 @@ class Gang(ABC):
         :raises TypeError: If an argument is not a tensor.
         :raises GangError: If the collective fails or times out.
         """
-        self._check_open("all_to_all")
+        check_open(self, "all_to_all")
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
         inp = self._check_tensor("input_tensor", input_tensor)
         self._check_same_dtype("output_tensor", out, inp)
@@ -287,9 +300,9 @@ class Gang(ABC):
         :raises TypeError: If ``source_rank`` is not an ``int`` or ``tensor`` not a tensor.
         :raises GangError: If the collective fails or times out.
         """
-        self._check_open("broadcast")
+        check_open(self, "broadcast")
         t = self._check_tensor("tensor", tensor, contiguous=True)
-        self._check_source_rank(source_rank)
+        source_rank = check_rank("source_rank", source_rank, self._size)
         if self._debug:
             self._verify_same_call(f"broadcast({_describe(t)}, source_rank={source_rank})")
         self._broadcast(t, source_rank)
@@ -308,10 +321,10 @@ class Gang(ABC):
         :raises TypeError: If ``objects`` is not a list or ``source_rank`` not an ``int``.
         :raises GangError: If the collective fails or times out.
         """
-        self._check_open("broadcast_objects")
+        check_open(self, "broadcast_objects")
         if not isinstance(objects, list):
             raise TypeError(f"`objects` must be a `list`, but is of type `{type(objects).__name__}` instead.")
-        self._check_source_rank(source_rank)
+        source_rank = check_rank("source_rank", source_rank, self._size)
         if self._debug:
             self._verify_same_call(f"broadcast_objects(source_rank={source_rank})")
         self._broadcast_objects(objects, source_rank)
@@ -376,17 +389,16 @@ class Gang(ABC):
 
     def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:
         """Send the pickled list as a length header and a byte tensor over :meth:`_broadcast`."""
-        payload, error = b"", ""
+        payload: bytes | None = b""
+        error = ""
         if self.rank == source_rank:
-            payload, error = _pickle(objects, "objects")
-        header = torch.tensor([len(payload) if not error else -1], dtype=torch.int64, device=self.device)
+            payload, error = pickle_or_error(objects)
+        header = torch.tensor([-1 if payload is None else len(payload)], dtype=torch.int64, device=self.device)
         self._broadcast(header, source_rank)
         length = int(header.item())
         if length < 0:
-            raise ValueError(
-                error or f"`objects` on source rank {source_rank} must be picklable, but pickling failed there."
-            )
-        if self.rank == source_rank:
+            raise ValueError(_unpicklable_objects(source_rank, error))
+        if payload:
             data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
         else:
             data = torch.empty(length, dtype=torch.uint8, device=self.device)
@@ -409,18 +421,8 @@ class Gang(ABC):
         The exchange is the same two all-gathers on every rank whatever each rank called, so
         mismatched ranks meet here instead of deadlocking in different collectives.
         """
-        data = call.encode()
-        length = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
-        lengths = torch.empty((self.size, 1), dtype=torch.int64, device=self.device)
-        self._all_gather(lengths, length)
-        sizes = [int(n) for n in lengths.view(-1).tolist()]
-        width = max(sizes)
-        padded = torch.zeros(width, dtype=torch.uint8, device=self.device)
-        padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
-        table = torch.empty((self.size, width), dtype=torch.uint8, device=self.device)
-        self._all_gather(table, padded)
-        rows = table.cpu().numpy()
-        calls = [rows[r, : sizes[r]].tobytes().decode(errors="replace") for r in range(self.size)]
+        rows = all_gather_bytes(self, call.encode(), gather=self._all_gather)
+        calls = [(row or b"").decode(errors="replace") for row in rows]
         if len(set(calls)) > 1:
             listing = "; ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
             raise GangError(
@@ -428,16 +430,16 @@ class Gang(ABC):
                 f"(this is rank {self.rank}): {listing}."
             )
 
-    def _check_open(self, operation: str) -> None:
-        if self._closed:
-            raise InvalidOperationError(f"`{operation}` cannot be called on a closed gang ({self!r}).")
-
     def _check_ranks(self, name: str, ranks: Sequence[int]) -> list[int]:
         if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
             raise TypeError(f"`{name}` must be a sequence of `int`, but is {ranks!r} instead.")
+        checked = []
         for r in ranks:
-            if not isinstance(r, int) or isinstance(r, bool):
-                raise TypeError(f"`{name}` must contain only `int` ranks, but contains {r!r} instead.")
+            try:
+                checked.append(check_int(name, r))
+            except TypeError:
+                raise TypeError(f"`{name}` must contain only `int` ranks, but contains {r!r} instead.") from None
+        ranks = checked
         if len(ranks) == 0:
             raise ValueError(f"`{name}` must not be empty.")
         if len(set(ranks)) != len(ranks):
@@ -450,15 +452,6 @@ class Gang(ABC):
                 f"but has {bad} in {list(ranks)} instead."
             )
         return sorted(ranks)
-
-    def _check_source_rank(self, source_rank: int) -> None:
-        if not isinstance(source_rank, int) or isinstance(source_rank, bool):
-            raise TypeError(
-                f"`source_rank` must be an `int`, "
-                f"but is {source_rank!r} of type `{type(source_rank).__name__}` instead."
-            )
-        if not 0 <= source_rank < self.size:
-            raise ValueError(f"`source_rank` must be in the range [0, {self.size}), but is {source_rank} instead.")
 
     def _check_tensor(self, name: str, value: object, *, contiguous: bool = False) -> Tensor:
         if isinstance(value, Tensor):  # the common case first
@@ -493,16 +486,6 @@ class Gang(ABC):
         if value.shape != shape:
             raise ValueError(f"`{name}` must have shape {list(shape)}, but has shape {list(value.shape)} instead.")
 
-    @staticmethod
-    def _check_op(name: str, op: object, tensor: Tensor) -> None:
-        if not isinstance(op, ReduceOperation):
-            raise TypeError(f"`{name}` must be a `ReduceOperation`, but is {op!r} instead.")
-        if op is ReduceOperation.MEAN and not (tensor.is_floating_point() or tensor.is_complex()):
-            raise ValueError(
-                f"`{name}` is `ReduceOperation.MEAN`, which needs a floating-point tensor, "
-                f"but the tensor has dtype {tensor.dtype} instead."
-            )
-
 
 def debug_from_env() -> bool:
     """Return whether the environment variable ``GANG_DEBUG`` turns debug mode on (``1``, ``true``, ``yes``)."""
@@ -513,8 +496,7 @@ def _describe(t: Tensor) -> str:
     return f"shape={list(t.shape)}, dtype={str(t.dtype).removeprefix('torch.')}"
 
 
-def _pickle(obj: object, name: str) -> tuple[bytes, str]:
-    try:
-        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), ""
-    except Exception as ex:
-        return b"", f"`{name}` must be picklable, but pickling failed with {type(ex).__name__}: {ex}"
+def _unpicklable_objects(source_rank: int, error: str) -> str:
+    """The error every rank raises when the source of :meth:`Gang.broadcast_objects` cannot pickle its list."""
+    detail = f" with {error}" if error else f" on source rank {source_rank}"
+    return f"`objects` must be picklable, but pickling failed{detail}."

@@ -6,9 +6,8 @@ import threading
 from dataclasses import dataclass, fields
 from types import TracebackType
 
+from gang.extend import ROLES
 from gang.gang import Gang
-
-_ROLES = ("root", "dp", "rdp", "sdp", "tp", "pp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,11 +36,11 @@ class Gangs:
     pp: Gang
 
     def __post_init__(self) -> None:
-        for role in _ROLES:
+        for role in ROLES:
             value = getattr(self, role)
             if not isinstance(value, Gang):
                 raise TypeError(f"`{role}` must be a `Gang`, but is of type `{type(value).__name__}` instead.")
-        for role in _ROLES[1:]:
+        for role in ROLES[1:]:
             gang = getattr(self, role)
             if gang.device != self.root.device:
                 raise ValueError(
@@ -66,7 +65,7 @@ class Gangs:
     def close(self) -> None:
         """Close every distinct gang, sub-gangs before the root. Idempotent."""
         seen: list[Gang] = []
-        for role in reversed(_ROLES):
+        for role in reversed(ROLES):
             gang = getattr(self, role)
             if not any(gang is other for other in seen):
                 seen.append(gang)

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from gang.extend import all_gather_bytes, pickle_or_error
 from gang.gang import Gang, ReduceOperation
 
 T = TypeVar("T")
@@ -51,28 +52,13 @@ def all_gather_objects(gang: Gang, obj: T) -> list[T]:
 
     :raises ValueError: If the object of any rank cannot be pickled.
     """
-    try:
-        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        error = ""
-    except Exception as ex:
-        payload, error = b"", f"{type(ex).__name__}: {ex}"
-    length = torch.tensor([len(payload) if not error else -1], dtype=torch.int64, device=gang.device)
-    lengths = torch.empty((gang.size, 1), dtype=torch.int64, device=gang.device)
-    gang.all_gather(lengths, length)
-    sizes = [int(n) for n in lengths.view(-1).tolist()]
-    bad = [rank for rank, n in enumerate(sizes) if n < 0]
+    payload, error = pickle_or_error(obj)
+    rows = all_gather_bytes(gang, payload)
+    bad = [rank for rank, row in enumerate(rows) if row is None]
     if bad:
         detail = f" (here: {error})" if error else ""
         raise ValueError(f"`obj` must be picklable, but pickling failed on rank(s) {bad}{detail}.")
-    width = max(sizes)
-    data = torch.zeros(width, dtype=torch.uint8, device=gang.device)
-    if payload:
-        data[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    gathered = torch.empty((gang.size, width), dtype=torch.uint8, device=gang.device)
-    if width > 0:
-        gang.all_gather(gathered, data)
-    rows = gathered.cpu().numpy()
-    return [pickle.loads(rows[rank, : sizes[rank]].tobytes()) for rank in range(gang.size)]
+    return [pickle.loads(row or b"") for row in rows]
 
 
 def all_reduce_dict(gang: Gang, data: Mapping[str, Any], op: ReduceOperation = ReduceOperation.SUM) -> dict[str, Any]:

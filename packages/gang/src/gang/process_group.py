@@ -19,6 +19,7 @@ from gang._torch_groups import new_named_group
 __all__ = ["DEFAULT_TIMEOUT", "ProcessGroupGang", "new_named_group"]
 from gang.env import get_master_address, get_rank, get_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
+from gang.extend import check_device, check_timeout, operation_error
 from gang.gang import Gang, ReduceOperation
 
 DEFAULT_TIMEOUT = timedelta(minutes=15)
@@ -43,16 +44,6 @@ _generation = 0
 _wrap_counts: dict[str, int] = {}
 
 
-def _check_timeout(timeout: object) -> timedelta:
-    if timeout is None:
-        return DEFAULT_TIMEOUT
-    if not isinstance(timeout, timedelta):
-        raise TypeError(f"`timeout` must be a `datetime.timedelta`, but is {timeout!r} instead.")
-    if timeout.total_seconds() <= 0:
-        raise ValueError(f"`timeout` must be positive, but is {timeout} instead.")
-    return timeout
-
-
 @final
 class ProcessGroupGang(Gang):
     """A gang that wraps a ``torch.distributed`` process group.
@@ -73,14 +64,11 @@ class ProcessGroupGang(Gang):
         name: str | None = None,
         debug: bool | None = None,
     ) -> None:
-        super().__init__(debug=debug)
+        super().__init__(rank=dist.get_rank(pg), size=dist.get_world_size(pg), device=device, debug=debug)
         self._pg = pg
-        self._device = device
         self._timeout = timeout
         self._owns_group = owns_group
         self._is_default = is_default
-        self._rank = dist.get_rank(pg)
-        self._size = dist.get_world_size(pg)
         self._global_ranks = tuple(dist.get_process_group_ranks(pg))
         self._name = name
         self._splits = 0
@@ -113,15 +101,14 @@ class ProcessGroupGang(Gang):
         :raises GangError: If the rendezvous fails or times out.
         """
         global _generation
-        if not isinstance(device, torch.device):
-            raise TypeError(f"`device` must be a `torch.device`, but is {device!r} instead.")
+        device = check_device("device", device)
         if device.type == "cpu":
             backend = "gloo"
         elif device.type == "cuda":
             backend = "nccl"
         else:
             raise ValueError(f"`device` must be of type `cpu` or `cuda`, but is of type `{device.type}` instead.")
-        timeout = _check_timeout(timeout)
+        timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
         if not dist.is_available():
             raise NotSupportedError("`torch.distributed` is not available in this build of PyTorch.")
         if dist.is_initialized():
@@ -193,8 +180,7 @@ class ProcessGroupGang(Gang):
         """
         if not isinstance(pg, ProcessGroup):
             raise TypeError(f"`pg` must be a `ProcessGroup`, but is {pg!r} instead.")
-        if not isinstance(device, torch.device):
-            raise TypeError(f"`device` must be a `torch.device`, but is {device!r} instead.")
+        device = check_device("device", device)
         if dist.get_rank(pg) < 0:
             raise ValueError("`pg` must be a process group this process is a member of, but it is not.")
         # Members wrap the same group in the same order, so this name is the same on all of them.
@@ -205,21 +191,6 @@ class ProcessGroupGang(Gang):
         return cls(
             pg, device, timeout=timeout, owns_group=False, is_default=pg is dist.group.WORLD, name=name, debug=debug
         )
-
-    @property
-    @override
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    @override
-    def size(self) -> int:
-        return self._size
-
-    @property
-    @override
-    def device(self) -> torch.device:
-        return self._device
 
     @property
     @override
@@ -235,10 +206,6 @@ class ProcessGroupGang(Gang):
     def global_ranks(self) -> tuple[int, ...]:
         """The global rank of each member, in gang rank order."""
         return self._global_ranks
-
-    def _error(self, operation: str, ex: Exception) -> GangError:
-        """The :class:`GangError` that reports ``ex``, raised by ``operation``."""
-        return GangError(f"`{operation}` failed on rank {self._rank} of a gang of size {self._size}: {ex}")
 
     def _can_split(self) -> bool:
         default = dist.group.WORLD
@@ -265,7 +232,7 @@ class ProcessGroupGang(Gang):
             else:
                 pg = new_named_group(global_groups[mine[0]], f"{self._name}.{split_index}.{mine[0]}", self._timeout)
         except _BACKEND_ERRORS as ex:
-            raise self._error("create_gang", ex) from ex
+            raise operation_error("create_gang", self, ex) from ex
         if pg is None or dist.get_rank(pg) < 0:
             return None
         name = None if self._name is None or not mine else f"{self._name}.{split_index}.{mine[0]}"
@@ -283,49 +250,49 @@ class ProcessGroupGang(Gang):
             else:
                 dist.barrier(group=self._pg)
         except _BACKEND_ERRORS as ex:
-            raise self._error("barrier", ex) from ex
+            raise operation_error("barrier", self, ex) from ex
 
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
         try:
             dist.all_reduce(tensor, _REDUCE_OPS[op], group=self._pg)
         except _BACKEND_ERRORS as ex:
-            raise self._error("all_reduce", ex) from ex
+            raise operation_error("all_reduce", self, ex) from ex
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
         try:
             dist.all_gather_single(output_tensor.view(-1), input_tensor.view(-1), group=self._pg)
         except _BACKEND_ERRORS as ex:
-            raise self._error("all_gather", ex) from ex
+            raise operation_error("all_gather", self, ex) from ex
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
         try:
             dist.all_gather(output_tensors, input_tensor, group=self._pg)
         except _BACKEND_ERRORS as ex:
-            raise self._error("all_gather_to_list", ex) from ex
+            raise operation_error("all_gather_to_list", self, ex) from ex
 
     @override
     def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
         try:
             dist.reduce_scatter_single(output_tensor.view(-1), input_tensor.view(-1), _REDUCE_OPS[op], group=self._pg)
         except _BACKEND_ERRORS as ex:
-            raise self._error("reduce_scatter", ex) from ex
+            raise operation_error("reduce_scatter", self, ex) from ex
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
         try:
             dist.all_to_all_single(output_tensor.view(-1), input_tensor.view(-1), group=self._pg)
         except _BACKEND_ERRORS as ex:
-            raise self._error("all_to_all", ex) from ex
+            raise operation_error("all_to_all", self, ex) from ex
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
         try:
             dist.broadcast(tensor, group=self._pg, group_src=source_rank)
         except _BACKEND_ERRORS as ex:
-            raise self._error("broadcast", ex) from ex
+            raise operation_error("broadcast", self, ex) from ex
 
     @override
     def _close(self) -> None:

@@ -30,7 +30,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import TCPStore
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, but not in torch's stubs
+
+from gang.extend import check_int
 
 __all__ = ["RemoteTraceback", "World", "WorkerDiedError", "launch", "spawn"]
 
@@ -148,10 +150,7 @@ class World:
         start_timeout: float = 120.0,
         env: dict[str, str] | None = None,
     ) -> None:
-        if not isinstance(world_size, int) or isinstance(world_size, bool):
-            raise TypeError(f"`world_size` must be an `int`, but is {world_size!r} instead.")
-        if world_size <= 0:
-            raise ValueError(f"`world_size` must be greater than 0, but is {world_size} instead.")
+        world_size = check_int("world_size", world_size, minimum=1)
         if gang_timeout <= 0:
             raise ValueError(f"`gang_timeout` must be positive, but is {gang_timeout} instead.")
         self.world_size = world_size

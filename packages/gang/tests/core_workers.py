@@ -122,7 +122,7 @@ def parallel_layout(g: Gang, tp_size: int, pp_size: int, intra_node_size: int | 
 
 def try_call(g: Gang, name: str) -> str:
     """Run one bad call; return the exception type and message; then prove the gang still works."""
-    from gang_core_bad_calls import BAD_CALLS
+    from bad_call_workers import BAD_CALLS
 
     try:
         BAD_CALLS[name](g)

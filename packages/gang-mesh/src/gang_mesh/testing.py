@@ -1,8 +1,9 @@
-"""A tiny decoder-only transformer and the FSDP2 (+ tensor parallel) training loop it shares.
+"""A tiny decoder-only transformer and an FSDP2 (+ tensor parallel) training loop, to check meshes.
 
-Used by ``fsdp_tp_training.py`` and by the parity tests in ``tests/``, which train it on a mesh
-from :func:`gang_mesh.to_device_mesh` and on the equivalent ``init_device_mesh`` mesh and compare
-the losses bit for bit. Everything is deterministic: same seed, same data, same reductions.
+Train the model on a mesh from :func:`gang_mesh.to_device_mesh` and on the equivalent
+``init_device_mesh`` mesh (:func:`equivalent_init_mesh`) and compare the losses bit for bit: the
+repository's parity tests, its ``examples/fsdp_tp_training.py`` and its mesh benchmark do exactly
+that. Everything is deterministic: same seed, same data, same reductions.
 """
 
 from __future__ import annotations

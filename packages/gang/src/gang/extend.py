@@ -1,0 +1,199 @@
+"""Building blocks for implementing a kind of gang outside this package.
+
+A new kind of gang subclasses :class:`gang.Gang`, passes its ``rank``, ``size`` and ``device`` to
+``Gang.__init__`` and implements the protected methods (``_all_reduce``, ``_split``, ...). The
+public methods of :class:`~gang.Gang` already check their arguments; this module holds those same
+checks and the error builders for the code a gang adds around them (a factory, a JAX-native
+collective, a fault-tolerant wrapper), so that every gang rejects bad input, and reports a failed
+operation, with the same words:
+
+.. code-block:: python
+
+    from gang.extend import check_open, check_rank, operation_error
+
+    def broadcast_array(gang, x, source_rank=0):
+        check_open(gang, "broadcast_array")
+        source_rank = check_rank("source_rank", source_rank, gang.size)
+        try:
+            ...  # the backend's own broadcast
+        except RuntimeError as ex:
+            raise operation_error("broadcast_array", gang, ex) from ex
+"""
+
+from __future__ import annotations
+
+import numbers
+import pickle
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gang.errors import GangError, InvalidOperationError
+from gang.ops import ReduceOperation
+
+if TYPE_CHECKING:
+    from gang.gang import Gang
+
+__all__ = [
+    "ROLES",
+    "all_gather_bytes",
+    "check_device",
+    "check_int",
+    "check_op",
+    "check_open",
+    "check_rank",
+    "check_timeout",
+    "operation_error",
+    "pickle_or_error",
+]
+
+ROLES = ("root", "dp", "rdp", "sdp", "tp", "pp")
+"""The fields of :class:`gang.Gangs`, in order: every gang of a process, one per parallelism role."""
+
+
+def check_open(gang: Gang, operation: str) -> None:
+    """Refuse ``operation`` on a closed gang.
+
+    :raises InvalidOperationError: If :attr:`gang.closed <gang.Gang.closed>` is true.
+    """
+    if gang.closed:
+        raise InvalidOperationError(f"`{operation}` cannot be called on a closed gang ({gang!r}).")
+
+
+def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
+    """Return ``value`` as an ``int`` if it is an integer (NumPy integers too) and at least ``minimum``.
+
+    ``bool`` is refused although Python counts it as an integer: ``True`` as a rank or size is a bug.
+
+    :param name: The argument's name, used in the error message.
+    :param value: The value to check.
+    :param minimum: The smallest value allowed (``None``: no bound).
+    :raises TypeError: If ``value`` is not an integer, or is a ``bool``.
+    :raises ValueError: If ``value`` is below ``minimum``.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"`{name}` must be an `int`, but is {value!r} of type `{type(value).__name__}` instead.")
+    checked = int(value)
+    if minimum is not None and checked < minimum:
+        raise ValueError(f"`{name}` must be at least {minimum}, but is {checked} instead.")
+    return checked
+
+
+def check_rank(name: str, value: object, size: int) -> int:
+    """Return ``value`` as an ``int`` if it is a rank of a gang of ``size``, that is in ``[0, size)``.
+
+    :raises TypeError: If ``value`` is not an integer (see :func:`check_int`).
+    :raises ValueError: If ``value`` is outside ``[0, size)``.
+    """
+    rank = check_int(name, value)
+    if not 0 <= rank < size:
+        raise ValueError(f"`{name}` must be in the range [0, {size}), but is {rank} instead.")
+    return rank
+
+
+def check_op(name: str, op: object, dtype: torch.dtype) -> ReduceOperation:
+    """Return ``op`` if it is a :class:`~gang.ReduceOperation` every gang can apply to ``dtype``.
+
+    :raises TypeError: If ``op`` is not a :class:`~gang.ReduceOperation`.
+    :raises ValueError: If ``op`` is ``MEAN`` and ``dtype`` is not floating point or complex.
+    """
+    if not isinstance(op, ReduceOperation):
+        raise TypeError(f"`{name}` must be a `ReduceOperation`, but is {op!r} instead.")
+    if op is ReduceOperation.MEAN and not (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(
+            f"`{name}` is `ReduceOperation.MEAN`, which needs a floating-point tensor, "
+            f"but the tensor has dtype {dtype} instead."
+        )
+    return op
+
+
+def check_timeout(timeout: object, *, default: timedelta) -> timedelta:
+    """Return ``timeout``, or ``default`` when it is ``None``.
+
+    :raises TypeError: If ``timeout`` is neither ``None`` nor a ``datetime.timedelta``.
+    :raises ValueError: If ``timeout`` is not positive.
+    """
+    if timeout is None:
+        return default
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"`timeout` must be a `datetime.timedelta`, but is {timeout!r} instead.")
+    if timeout.total_seconds() <= 0:
+        raise ValueError(f"`timeout` must be positive, but is {timeout} instead.")
+    return timeout
+
+
+def check_device(name: str, device: object) -> torch.device:
+    """Return ``device`` normalised: any CPU device (``cpu:0`` too) becomes ``cpu``, where CPU tensors live.
+
+    :raises TypeError: If ``device`` is not a ``torch.device``.
+    """
+    if not isinstance(device, torch.device):
+        raise TypeError(f"`{name}` must be a `torch.device`, but is {device!r} instead.")
+    if device.type == "cpu" and device.index is not None:
+        return torch.device("cpu")
+    return device
+
+
+def operation_error(operation: str, gang: Gang | tuple[int | None, int | None], cause: object) -> GangError:
+    """Return the :class:`~gang.GangError` that reports that ``operation`` failed on ``gang``.
+
+    The message is "```operation``` failed on rank *r* of a gang of size *n*: *cause*". Raise it
+    with ``raise operation_error(...) from cause`` so the original error is chained.
+
+    :param operation: The name of the operation (a method name such as ``"all_reduce"``).
+    :param gang: The gang, or the ``(rank, size)`` of a gang that is still being created
+        (``None`` where not known yet).
+    :param cause: What went wrong: the backend's exception, or a description.
+    """
+    rank, size = gang if isinstance(gang, tuple) else (gang.rank, gang.size)
+    return GangError(f"`{operation}` failed on rank {rank} of a gang of size {size}: {cause}")
+
+
+def pickle_or_error(obj: object) -> tuple[bytes | None, str]:
+    """Pickle ``obj``; return ``(payload, "")``, or ``(None, "TypeError: ...")`` if it cannot be pickled.
+
+    Gangs pickle *before* any communication and tell their peers when it failed, so that every
+    rank raises the same error instead of some of them waiting for data that never comes.
+    """
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), ""
+    except Exception as ex:
+        return None, f"{type(ex).__name__}: {ex}"
+
+
+def all_gather_bytes(
+    gang: Gang, payload: bytes | None, *, gather: Callable[[Tensor, Tensor], None] | None = None
+) -> list[bytes | None]:
+    """Return every rank's ``payload``, in rank order: lengths first, then the padded bytes.
+
+    A rank that passes ``None`` (it has nothing to send, for example because pickling failed) is
+    ``None`` in the result on every rank; the bytes are then not exchanged at all (the other
+    entries are empty), so every rank can raise the same error. Every member must call this.
+
+    :param gang: The gang to exchange over.
+    :param payload: This rank's bytes, or ``None``.
+    :param gather: The all-gather to use (``output, input``); :meth:`gang.Gang.all_gather` by default.
+    """
+    if gather is None:
+        gather = gang.all_gather
+    device = gang.device
+    length = torch.tensor([-1 if payload is None else len(payload)], dtype=torch.int64, device=device)
+    lengths = torch.empty((gang.size, 1), dtype=torch.int64, device=device)
+    gather(lengths, length)
+    sizes = [int(n) for n in lengths.view(-1).tolist()]
+    if min(sizes) < 0:
+        return [None if n < 0 else b"" for n in sizes]
+    width = max(sizes)
+    if width == 0:
+        return [b"" for _ in sizes]
+    padded = torch.zeros(width, dtype=torch.uint8, device=device)
+    if payload:
+        padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    table = torch.empty((gang.size, width), dtype=torch.uint8, device=device)
+    gather(table, padded)
+    rows = table.cpu().numpy()
+    return [rows[rank, :n].tobytes() for rank, n in enumerate(sizes)]
