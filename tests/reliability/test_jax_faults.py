@@ -29,15 +29,16 @@ from gang_jax._rendezvous import free_port
 
 WORKER = Path(__file__).parent / "jax_dead_peer.py"
 TIMEOUT_S = 3  # the gang's timeout, hence JAX's heartbeat timeout
+ISOLATED_TIMEOUT_S = 20  # also bounds the rendezvous of the children, which start slowly on a loaded machine
 HARNESS_TIMEOUT_S = 240  # generous bound on the whole scenario (slow start-up on a loaded machine): a hang fails here
 
 
-def _start(size: int, victim: int, *extra: str) -> list[subprocess.Popen[str]]:
+def _start(size: int, victim: int, *extra: str, timeout_s: int = TIMEOUT_S) -> list[subprocess.Popen[str]]:
     port = free_port("127.0.0.1")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), str(size), str(port), str(victim), str(TIMEOUT_S), *extra],
+            [sys.executable, str(WORKER), str(rank), str(size), str(port), str(victim), str(timeout_s), *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -103,7 +104,7 @@ def test_dead_peer_terminates_every_survivor_promptly(size: int) -> None:
 @pytest.mark.parametrize("size", [2, 4])
 def test_isolated_survivors_get_gang_error_and_go_on(size: int) -> None:
     victim = size - 1
-    procs = _start(size, victim, "isolated")
+    procs = _start(size, victim, "isolated", timeout_s=ISOLATED_TIMEOUT_S)
     before = [""] * size
     try:
         # Kill the victim (a real SIGKILL) once it has run a few collectives with everyone.
