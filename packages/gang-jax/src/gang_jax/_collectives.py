@@ -151,6 +151,21 @@ class HostCall:
         plan = self._plan
         if self._staged is not None:
             ctypes.memmove(self._staged[0], source, self.nbytes_in)
+            if plan.out is not None:
+                # The output lands in the buffer donated to the program (XLA aliases it), whose
+                # address is known: no object of the result is looked into.
+                address, buffer = plan.out
+                out = plan.host_fn(self._staged[1], buffer)
+                out.block_until_ready()
+                plan.out = (address, out)
+                if plan.aliased is None:
+                    plan.aliased = _first_block(out).unsafe_buffer_pointer() == address
+                    if not plan.aliased:  # XLA chose another buffer: copy from it, and stop donating
+                        plan.out = None
+                        address = _first_block(out).unsafe_buffer_pointer()
+                if nbytes_out:
+                    ctypes.memmove(target, address, nbytes_out)
+                return
             out = plan.fn(self._staged[1])
         else:
             out = plan.fn(plan.build(jax.device_put(source_array().reshape(self._shape), self._device)))
@@ -162,18 +177,24 @@ class HostCall:
 class _Plan:
     """One compiled collective for one (collective, reduction, shape, dtype), with what calls it cheaply.
 
-    ``build`` turns this process's single-device block into the global array the compiled
-    function takes. For blocks up to :data:`STAGED_BYTES` the plan also owns a device buffer that
-    torch callers copy their data into (``staged``: its address and the global array wrapping it,
-    made once), so a call in a loop allocates and wraps nothing.
+    ``fn`` is the compiled program and ``build`` turns this process's single-device block into
+    the global array it takes. For blocks up to :data:`STAGED_BYTES` the plan also owns a device
+    buffer that torch callers copy their data into (``staged``: its address and the global array
+    wrapping it, made once), and an output buffer (``out``: its address and the global array)
+    that ``host_fn``, the same program taking the output buffer as a donated second argument,
+    writes its result into; each result becomes the next call's output buffer. So a call in a
+    loop allocates and wraps nothing, and the result is read at a known address.
     """
 
-    __slots__ = ("build", "fn", "staged")
+    __slots__ = ("aliased", "build", "fn", "host_fn", "out", "staged")
 
-    def __init__(self, fn: Callable[[jax.Array], jax.Array], build: Callable[[jax.Array], jax.Array]) -> None:
+    def __init__(self, fn: Callable[..., jax.Array], build: Callable[[jax.Array], jax.Array]) -> None:
         self.fn = fn
         self.build = build
         self.staged: tuple[int, jax.Array] | None = None
+        self.host_fn: Callable[..., jax.Array] = fn
+        self.out: tuple[int, jax.Array] | None = None
+        self.aliased: bool | None = None
 
 
 STAGED_BYTES = 16 << 20
@@ -234,8 +255,9 @@ class Communicator:
         """The number of compiled programs held (JAX's own count: a retrace would show here)."""
         total = 0
         for plan in self._plans.values():
-            count = getattr(plan.fn, "_cache_size", None)
-            total += int(count()) if callable(count) else 1
+            for fn in {id(plan.fn): plan.fn, id(plan.host_fn): plan.host_fn}.values():
+                count = getattr(fn, "_cache_size", None)
+                total += int(count()) if callable(count) else 1
         return total
 
     def clear(self) -> None:
@@ -251,6 +273,27 @@ class Communicator:
             plan = _Plan(jax.jit(mapped), _builder(global_shape, dtype, self.sharding))
             self._plans[key] = plan
         return plan
+
+    def _output_buffer(self, plan: _Plan, body: _Body, staged_input: jax.Array) -> None:
+        """Give ``plan`` its donated output buffer and the program that writes into it.
+
+        The first buffer is made by a compiled program with exactly the sharding of the
+        program's results (XLA may simplify it, e.g. on a mesh of one device), so every call has
+        the signature of the steady state and JAX caches the program once.
+        """
+
+        def with_output(block: jax.Array, output: jax.Array) -> jax.Array:
+            return body(block)
+
+        mapped = jax.shard_map(with_output, mesh=self.mesh, in_specs=(_SPEC, _SPEC), out_specs=_SPEC)
+        host_fn = jax.jit(mapped, donate_argnums=1, keep_unused=True)
+        result = jax.eval_shape(plan.fn, staged_input)
+        like = jax.ShapeDtypeStruct(result.shape, result.dtype, sharding=self.sharding)  # type: ignore[no-untyped-call]
+        sharding = host_fn.lower(staged_input, like).compile().output_shardings
+        buffer = jax.jit(lambda: jnp.zeros(result.shape, result.dtype), out_shardings=sharding)()
+        buffer.block_until_ready()
+        plan.host_fn = host_fn
+        plan.out = (_first_block(buffer).unsafe_buffer_pointer(), buffer)
 
     def run(self, key: _Key, body: Callable[[], _Body], block: jax.Array | np.ndarray[Any, Any]) -> jax.Array:
         """Run a collective on this process's ``block`` (leading axis 1); return this process's result block."""
@@ -272,6 +315,7 @@ class Communicator:
         nbytes = int(np.prod(shape)) * dtype.itemsize
         if plan.staged is None and 0 < nbytes <= STAGED_BYTES and self._staged_bytes + nbytes <= STAGING_LIMIT:
             plan.staged = self._staging_buffer(plan, shape, dtype)
+            self._output_buffer(plan, body(), plan.staged[1])
             self._staged_bytes += nbytes
         staged = plan.staged
         return HostCall(plan, staged, shape, dtype, self.device)
