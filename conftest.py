@@ -11,26 +11,18 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gang.testing import World
+from gang.testing import World, close_shared_worlds, shared_world
 
-_pool: dict[int, World] = {}
-
-
-def shared_world(size: int) -> World:
-    """Return the session's live world of ``size`` real gloo processes (a new one if a test killed it)."""
-    world = _pool.get(size)
-    if world is None or not world.alive:
-        world = World(size, gang_timeout=60.0)
-        _pool[size] = world
-    return world
+# gang's pytest plugin (`@pytest.mark.gang`). Installing gang registers it through its entry point;
+# naming it here also works where gang is only on the path (the two do not load it twice). Its
+# tests and the fixtures below share one world per size (`gang.testing.shared_world`).
+pytest_plugins = ["gang.pytest_plugin"]
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _stop_shared_worlds() -> Iterator[None]:
     yield
-    for world in _pool.values():
-        world.close()
-    _pool.clear()
+    close_shared_worlds()
 
 
 @pytest.fixture

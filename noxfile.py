@@ -7,6 +7,8 @@ one pip call, so the unrelated ``gang`` distribution on the registry is never ch
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -24,7 +26,7 @@ PACKAGES: dict[str, list[str]] = {
 # Cross-package tests in tests/ need every package.
 TEST_TARGETS = [*PACKAGES, "integration"]
 
-nox.options.sessions = ["lint", "typecheck", "tests", "docs"]
+nox.options.sessions = ["lint", "typecheck", "tests", "launchers", "plugin", "docs"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -51,15 +53,64 @@ def install(session: nox.Session, *extra: str, packages: list[str] | None = None
 @nox.parametrize("target", TEST_TARGETS)
 def tests(session: nox.Session, target: str) -> None:
     """Run one package's tests (or the cross-package tests in ``tests/``) on real local processes."""
+    ignore: list[str] = []
     if target == "integration":
         path = ROOT / "tests"
         if not list(path.rglob("test_*.py")):
             session.skip("no cross-package tests yet")
         install(session, "pytest", "pytest-timeout")
+        ignore = ["--ignore", str(LAUNCHER_TESTS)]  # the `launchers` session runs them
     else:
         install(session, "pytest", "pytest-timeout", packages=[target, *PACKAGES[target]])
         path = ROOT / "packages" / target / "tests"
-    session.run("pytest", str(path), "-p", "no:cacheprovider", *session.posargs)
+    session.run("pytest", str(path), "-p", "no:cacheprovider", *ignore, *session.posargs)
+
+
+LAUNCHER_TESTS = ROOT / "tests" / "launchers"
+LAUNCHER_PACKAGES = ("slurm-wlm", "munge", "openmpi-bin")
+
+
+@nox.session
+def launchers(session: nox.Session) -> None:
+    """The real launchers: a SLURM cluster on localhost (srun, sbatch), mpirun, two-node torchrun.
+
+    Needs slurm-wlm, munge and Open MPI. When they are missing they are installed with apt-get
+    only if asked (``nox -s launchers -- --install``, or ``CI=true``); otherwise the session is
+    skipped. The tests start and stop their own SLURM daemons (see ``tests/launchers``).
+    """
+    posargs = [arg for arg in session.posargs if arg != "--install"]
+    asked = "--install" in session.posargs or os.environ.get("CI") == "true"
+    sbin = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    programs = ("srun", "sbatch", "slurmctld", "slurmd", "munged", "mpirun")
+    missing = [program for program in programs if not shutil.which(program, path=sbin)]
+    if missing and not asked:
+        session.skip(
+            f"{', '.join(missing)} not installed; `nox -s launchers -- --install` (or CI=true) "
+            f"runs `apt-get install {' '.join(LAUNCHER_PACKAGES)}`"
+        )
+    if missing:
+        sudo = [] if os.geteuid() == 0 else ["sudo"]
+        apt = {"DEBIAN_FRONTEND": "noninteractive"}
+        session.run(*sudo, "apt-get", "update", "-q", external=True, env=apt)
+        session.run(*sudo, "apt-get", "install", "-y", "-q", *LAUNCHER_PACKAGES, external=True, env=apt)
+    install(session, "pytest", "pytest-timeout")
+    env = {"GANG_REQUIRE_LAUNCHERS": "1", "OMP_NUM_THREADS": "1"}
+    session.run("pytest", str(LAUNCHER_TESTS), "-p", "no:cacheprovider", *posargs, env=env)
+
+
+@nox.session
+def plugin(session: nox.Session) -> None:
+    """A user's project tested through gang's pytest plugin: ``examples/plugin-project``.
+
+    Installs gang from its folder (which registers the plugin through its ``pytest11`` entry point),
+    then the example project, and runs the project's own pytest from its folder, so that its own
+    ``pyproject.toml`` configures pytest and nothing of this repository's test set-up is loaded.
+    """
+    project = ROOT / "examples" / "plugin-project"
+    install(session, "pytest", packages=["gang"])
+    session.install(*CONSTRAINTS, "-e", str(project))  # editable: no build/ copy of it in the tree
+    session.chdir(project)
+    session.run("pytest", "tests", "-p", "no:cacheprovider", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session
@@ -92,7 +143,7 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the Sphinx site warning-free, run its doctests, and run every example."""
-    install(session, "sphinx")
+    install(session, "sphinx", "furo", "pytest")  # pytest: the API reference documents the pytest plugin
     build = ROOT / "docs" / "_build"
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build / "html"))
     session.run("sphinx-build", "-W", "--keep-going", "-b", "doctest", "docs", str(build / "doctest"))
@@ -106,8 +157,9 @@ def docs(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Collective and overhead benchmarks (not in the default sessions): ``nox -s bench -- --quick --out results.json``.
 
-    Launches torchrun itself (2 and 4 ranks for the collectives, 8 for the set-up benchmark);
-    writes the JSON rows to ``--out`` and the PNG plots next to it. See ``docs/performance.rst``.
+    Runs ``python -m gang.bench --nproc N`` (the benchmark that ships in the package) for 2 and 4
+    ranks, then the repository-only benchmarks (8-rank set-up, FakeGang); writes the JSON rows to
+    ``--out`` and the PNG plots next to it. See ``docs/performance.rst``.
     """
     install(session, "matplotlib", packages=["gang", "gang-mesh", "gang-jax"])
     session.run("python", "-m", "benchmarks.run", *session.posargs, env={"OMP_NUM_THREADS": "1"})

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.benchmath import Row, make_row, median
 from gang import FakeGang, ReduceOperation
+from gang.bench.metrics import Row, make_row, median
 
 SIZE = 4
 """The simulated gang size."""

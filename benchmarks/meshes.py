@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.nn import functional
 
-from benchmarks.benchmath import Row, make_row, median, paired_ratio
 from gang import Gang, Gangs, ProcessGroupGang, create_fsdp_gangs, create_parallel_gangs
+from gang.bench.metrics import Row, make_row, median, paired_ratio
 from gang_mesh import to_device_mesh
 from gang_mesh.testing import ModelConfig, TinyTransformer, batch_for, data_parallel_index, parallelize
 

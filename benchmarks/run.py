@@ -1,9 +1,11 @@
 """Run every benchmark and write the JSON rows and the plots (what ``nox -s bench`` calls).
 
-``python -m benchmarks.run [--quick] [--out results.json] [--worlds 2 4]`` launches torchrun
-for each world size of the collective benchmark and for the 8-rank set-up benchmark, times the
-FakeGang collectives in this process, prints the tables as it goes and a summary of the
-overhead ratios at the end, and writes ``--out`` plus ``<stem>_busbw.png`` and ``<stem>_ratio.png``.
+``python -m benchmarks.run [--quick] [--out results.json] [--worlds 2 4]`` runs the collective
+benchmark that ships in the package (``python -m gang.bench --nproc N``) for each world size,
+then the repository-only benchmarks: the 8-rank set-up benchmark (gangs against
+``init_device_mesh``, ``to_device_mesh``, one FSDP2 step) and the FakeGang collectives in this
+process. It prints the tables as it goes and a summary at the end, and writes ``--out`` (a list
+of rows) with ``gang.bench``'s plots next to it.
 """
 
 from __future__ import annotations
@@ -17,38 +19,27 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import fake, plots
-from benchmarks.benchmath import OPS, PAIRS, Row, format_size, median, ratio_table
+from benchmarks import fake
+from gang.bench import plots
+from gang.bench.metrics import Row, format_size, median, ratio_table, summary
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def torchrun(module: str, nproc: int, args: list[str]) -> None:
-    """Run ``python -m module args`` on ``nproc`` local ranks with torchrun (its output streams through)."""
+def run_module(module: str, args: list[str], nproc: int | None = None) -> None:
+    """Run ``python -m module args`` from the repository root (under torchrun on ``nproc`` local ranks if given)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     paths = [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    cmd = [sys.executable]
+    if nproc is not None:
+        cmd += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
     subprocess.run([*cmd, "-m", module, *args], check=True, cwd=ROOT, env=env)
 
 
-def summary(rows: list[Row]) -> str:
-    """Return the overhead summary: per pair and world size, the median ratio below and from 64 KiB, and the worst."""
-    lines = ["", "# overhead (median over sizes of the per-size median time ratio)"]
-    for ours, base in PAIRS:
-        table = {k: v for k, v in ratio_table(rows, ours, base).items() if k[0] in OPS}
-        for world in sorted({w for (_, w, _) in table}):
-            small = [v for (_, w, b), v in table.items() if w == world and b < 64 << 10]
-            large = [v for (_, w, b), v in table.items() if w == world and b >= 64 << 10]
-            worst = max(((v, o, b) for (o, w, b), v in table.items() if w == world), default=None)
-            text = f"{ours + '/' + base:>14} on {world} ranks:"
-            if small:
-                text += f" < 64 KiB {median(small):.3f}"
-            if large:
-                text += f"  >= 64 KiB {median(large):.3f}"
-            if worst:
-                text += f"  (worst {worst[0]:.2f}: {worst[1]} {format_size(worst[2])})"
-            lines.append(text)
+def report(rows: list[Row]) -> str:
+    """Return the summary: gang.bench's ratios per world size, then the repository-only benchmarks."""
+    lines = ["", "# overhead (median of the paired per-iteration time ratios)", *summary(rows)]
     extra = {(r["op"], r["impl"]): float(r["time_us"]) for r in rows if r["world_size"] != 0}
     paired = {(r["op"], r["impl"]): r.get("paired_ratio") for r in rows if r["world_size"] != 0}
     for op, ours, base in (
@@ -91,19 +82,19 @@ def main(argv: list[str] | None = None) -> None:
         if "collectives" not in args.skip:
             for world in args.worlds:
                 part = Path(tmp) / f"collectives-{world}.json"
-                torchrun("benchmarks.collectives", world, [*flag, "--out", str(part)])
-                rows += json.loads(part.read_text())
+                run_module("gang.bench", ["--nproc", str(world), *flag, "--no-plots", "--out", str(part)])
+                rows += json.loads(part.read_text())["rows"]
         if "meshes" not in args.skip:
             part = Path(tmp) / "meshes.json"
             print("\n# set-up on 8 ranks: pp=2, dp=2, tp=2", flush=True)
-            torchrun("benchmarks.meshes", 8, [*flag, "--out", str(part)])
+            run_module("benchmarks.meshes", [*flag, "--out", str(part)], nproc=8)
             rows += json.loads(part.read_text())
     if "fake" not in args.skip:
         print("\n# FakeGang (size 4) against the plain tensor op it simulates", flush=True)
         rows += fake.run((4 << 20) if args.quick else (64 << 20), args.quick, lambda s: print(s, flush=True))
     out.write_text(json.dumps(rows, indent=1) + "\n")
     written = plots.plot(rows, out)
-    print(summary(rows))
+    print(report(rows))
     print(f"\nwrote {out} ({len(rows)} rows) and {', '.join(p.name for p in written)}")
     print(f"total {time.perf_counter() - started:.0f} s")
 

@@ -21,6 +21,9 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 exclude_patterns = ["_build"]
-html_theme = "alabaster"
+html_theme = "furo"
+html_title = f"gang {release}"
 html_static_path: list[str] = []
-doctest_global_setup = "import torch\nimport gang\nfrom gang import *\n"
+# The doctests import the examples by module name (as the processes they start do).
+EXAMPLES = str(ROOT / "examples")
+doctest_global_setup = f"import sys\nsys.path.insert(0, {EXAMPLES!r})\nimport torch\nimport gang\nfrom gang import *\n"

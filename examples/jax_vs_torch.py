@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from gang import Gang, ProcessGroupGang, ReduceOperation
+from gang.bench.collectives import without_gloo_notice
 from gang.testing import launch
 from gang_jax import JaxGang
 
@@ -94,6 +95,8 @@ def compare() -> list[tuple[str, bool, float, float]]:
     jax_gang = JaxGang.create_default()
     rows = []
     try:
+        with without_gloo_notice():  # JAX's collectives connect on their first call
+            jax_gang.all_reduce(torch.zeros(1), ReduceOperation.SUM)
         for name, fn in _cases(torch_gang.rank, torch_gang.size).items():
             t_out, t_time = _time(torch_gang, fn)
             j_out, j_time = _time(jax_gang, fn)

@@ -1,27 +1,12 @@
-"""The pure arithmetic of the benchmarks: bandwidths, medians, slowest rank and the JSON row format."""
+"""The pure arithmetic of gang.bench: bandwidths, medians, slowest rank, the JSON row format, the tables."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "benchmath.py"
-    spec = importlib.util.spec_from_file_location("benchmath_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bm = _load()
+from gang.bench import metrics as bm
 
 
 @pytest.mark.parametrize(
@@ -91,8 +76,10 @@ def test_ratio_table_and_sizes() -> None:
     assert bm.format_size(4) == "4 B"
     assert bm.format_size(64 << 10) == "64 KiB"
     assert bm.format_size(3 << 19) == "1.5 MiB"
-    line = bm.table_line("all_reduce", 64, {r["impl"]: r for r in rows[:2]})
-    assert "1.500" in line
+    line = bm.table_line(64, {r["impl"]: r for r in rows[:2]}, ["torch", "gang"])
+    assert line.split() == ["64", "16", "float", "2.0", "0.0320", "0.0320", "3.0", "0.0213", "0.0213", "1.500"]
+    header = bm.table_header("all_reduce", 2, ["torch", "gang"], "gloo").splitlines()
+    assert header[-1].split() == ["#", "size", "count", "type", *["time(us)", "algbw", "busbw"] * 2, "gang/torch"]
 
 
 def test_paired_ratio_is_preferred() -> None:
@@ -103,3 +90,27 @@ def test_paired_ratio_is_preferred() -> None:
     rows = [bm.make_row("torch", "broadcast", 64, 2, 2e-6), bm.make_row("gang", "broadcast", 64, 2, 3e-6)]
     rows[1]["paired_ratio"] = 1.01
     assert bm.ratio_table(rows, "gang", "torch") == {("broadcast", 2, 64): pytest.approx(1.01)}
+
+
+def test_parse_size() -> None:
+    assert [bm.parse_size(t) for t in ("4", "64K", "64KiB", "16M", "1G", "2b")] == [
+        4,
+        64 << 10,
+        64 << 10,
+        16 << 20,
+        1 << 30,
+        2,
+    ]
+    for bad in ("", "K", "-4", "0", "4X", "1.5M"):
+        with pytest.raises(ValueError, match="size"):
+            bm.parse_size(bad)
+
+
+def test_summary_reports_the_smallest_message_per_collective() -> None:
+    rows = []
+    for op, nbytes in (("all_reduce", 4), ("all_reduce", 1 << 20), ("all_gather", 8)):
+        rows += [bm.make_row("torch", op, nbytes, 2, 1e-4), bm.make_row("gang", op, nbytes, 2, 1e-4)]
+        rows[-1]["paired_ratio"] = {4: 1.01, 8: 1.03}.get(nbytes, 0.99)
+    lines = bm.summary(rows)
+    assert lines[0] == "gang/torch on 2 ranks: median < 64 KiB 1.020, >= 64 KiB 0.990, worst 1.030 (all_gather 8 B)"
+    assert lines[1].split(": ", 1)[1] == "all_reduce 1.010 (4 B), all_gather 1.030 (8 B)"

@@ -210,32 +210,6 @@ def wrap_user_group(g: Gang) -> list[Any]:
     return [t.item(), got, t2.item(), wrapped.as_process_group is not None]
 
 
-def helpers_tour(g: Gang) -> dict[str, Any]:
-    flag = gang.broadcast_flag(g, g.rank == 1, source_rank=1)
-    total = gang.all_sum(g, g.rank + 1).item()
-    objs = gang.all_gather_objects(g, {"rank": g.rank, "name": f"r{g.rank}"})
-    reduced = gang.all_reduce_dict(
-        g, {"loss": float(g.rank), "count": g.rank + 1, "vec": torch.full((2,), float(g.rank))}
-    )
-    mean = gang.all_reduce_dict(g, {"loss": float(g.rank)}, ReduceOperation.MEAN)
-    bad = ""
-    try:
-        gang.all_gather_objects(g, (lambda: 0) if g.rank == 1 else 1)
-    except ValueError as ex:
-        bad = str(ex)
-    objects: list[object] = [g.rank, "x"] if g.rank == 2 else []
-    g.broadcast_objects(objects, source_rank=2)
-    return {
-        "flag": flag,
-        "total": total,
-        "objs": objs,
-        "reduced": reduced,
-        "mean": mean,
-        "bad": bad,
-        "broadcast_objects": objects,
-    }
-
-
 def rank_and_pid(g: Gang, tag: str) -> tuple[int, int, str]:
     import os
 

@@ -1,18 +1,17 @@
 """Every collective x every reduction x five dtypes on real gloo processes (1, 2, 4 and 8 ranks).
 
-Expected values are computed here, independently, from every rank's input with NumPy in 64 bits.
+The test bodies run on every rank through gang's pytest plugin (``@pytest.mark.gang``). Expected
+values are computed independently, on each rank, from every rank's input with NumPy in 64 bits.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import numpy as np
 import pytest
 import torch
 from core_workers import DTYPES, run_collective, values
 
-from gang.testing import World
+from gang import Gang
 
 COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "all_gather_to_list", "all_to_all", "broadcast"]
 SHAPE = (3, 2)
@@ -50,22 +49,20 @@ def expected(collective: str, dtype: torch.dtype, size: int, rank: int) -> dict[
     raise AssertionError(collective)
 
 
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.gang(world_size=[1, 2, 4, 8])
 @pytest.mark.parametrize("collective", COLLECTIVES)
-@pytest.mark.parametrize("size", [1, 2, 4, 8])
-def test_collective_matches_independent_computation(
-    size: int, collective: str, dtype_name: str, worlds: Callable[[int], World]
-) -> None:
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+def test_collective_matches_independent_computation(gang: Gang, collective: str, dtype_name: str) -> None:
     dtype = DTYPES[dtype_name]
-    results = worlds(size).run(run_collective, collective, dtype_name, SHAPE)
-    for rank, got in enumerate(results):
-        want = expected(collective, dtype, size, rank)
-        assert sorted(got) == sorted(want), f"rank {rank}: reductions {sorted(got)} != {sorted(want)}"
-        for key, value in want.items():
-            tensor = got[key]
-            assert tensor.dtype == dtype, (rank, key, tensor.dtype)
-            # Every value is exactly representable, so the comparison is exact.
-            assert torch.equal(tensor, torch.tensor(value).to(dtype)), f"rank {rank} {key}: {tensor} != {value}"
+    rank = gang.rank
+    got = run_collective(gang, collective, dtype_name, SHAPE)
+    want = expected(collective, dtype, gang.size, rank)
+    assert sorted(got) == sorted(want), f"rank {rank}: reductions {sorted(got)} != {sorted(want)}"
+    for key, value in want.items():
+        tensor = got[key]
+        assert tensor.dtype == dtype, (rank, key, tensor.dtype)
+        # Every value is exactly representable, so the comparison is exact.
+        assert torch.equal(tensor, torch.tensor(value).to(dtype)), f"rank {rank} {key}: {tensor} != {value}"
 
 
 def test_inputs_make_products_and_sums_nontrivial() -> None:

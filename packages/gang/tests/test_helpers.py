@@ -2,29 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
-from core_workers import helpers_tour
 
 import gang
-from gang import FakeGang, ReduceOperation
-from gang.testing import World
+from gang import FakeGang, Gang, ReduceOperation, all_gather_objects, all_reduce_dict, all_sum, broadcast_flag
 
 
-def test_helpers_on_four_real_ranks(worlds: Callable[[int], World]) -> None:
-    results = worlds(4).run(helpers_tour)
-    for rank, got in enumerate(results):
-        assert got["flag"] is True
-        assert got["total"] == 1 + 2 + 3 + 4
-        assert got["objs"] == [{"rank": r, "name": f"r{r}"} for r in range(4)]
-        assert got["reduced"]["loss"] == 6.0
-        assert got["reduced"]["count"] == 10 and isinstance(got["reduced"]["count"], int)
-        assert torch.equal(got["reduced"]["vec"], torch.full((2,), 6.0))
-        assert got["mean"]["loss"] == 1.5
-        assert "pickling failed on rank(s) [1]" in got["bad"], (rank, got["bad"])
-        assert got["broadcast_objects"] == [2, "x"]
+@pytest.mark.gang(world_size=4)
+def test_helpers_on_four_real_ranks(gang: Gang) -> None:  # `gang` is this rank's gang, not the module
+    rank = gang.rank
+    assert broadcast_flag(gang, rank == 1, source_rank=1) is True
+    assert all_sum(gang, rank + 1).item() == 1 + 2 + 3 + 4
+    assert all_gather_objects(gang, {"rank": rank, "name": f"r{rank}"}) == [
+        {"rank": r, "name": f"r{r}"} for r in range(4)
+    ]
+    reduced = all_reduce_dict(gang, {"loss": float(rank), "count": rank + 1, "vec": torch.full((2,), float(rank))})
+    assert reduced["loss"] == 6.0
+    assert reduced["count"] == 10 and isinstance(reduced["count"], int)
+    assert torch.equal(reduced["vec"], torch.full((2,), 6.0))
+    assert all_reduce_dict(gang, {"loss": float(rank)}, ReduceOperation.MEAN)["loss"] == 1.5
+    with pytest.raises(ValueError, match=r"pickling failed on rank\(s\) \[1\]"):
+        all_gather_objects(gang, (lambda: 0) if rank == 1 else 1)
+    objects: list[object] = [rank, "x"] if rank == 2 else []
+    gang.broadcast_objects(objects, source_rank=2)
+    assert objects == [2, "x"]
 
 
 def test_helpers_on_fake_gang() -> None:

@@ -1,4 +1,4 @@
-"""Finding the JAX coordinator: explicit arguments, JAX's variables, torchrun's variables, or a local one."""
+"""Finding the JAX coordinator: explicit arguments, JAX's variables, the launcher, or a local one."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from gang.env import get_master_address, get_rank, get_world_size
+from gang.env import get_launcher, get_master_address
 from gang.extend import operation_error
+from gang.launchers import Launcher
 
 _KEY_PREFIX = "gang_jax/coordinator"
 _generation = 0
@@ -18,7 +19,7 @@ _generation = 0
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """What :func:`jax.distributed.initialize` is given; ``None`` lets JAX detect it (SLURM, Open MPI, ...)."""
+    """What :func:`jax.distributed.initialize` is given; ``None`` lets JAX detect it (Kubernetes, Cloud TPU, ...)."""
 
     coordinator_address: str | None
     num_processes: int | None
@@ -32,8 +33,19 @@ def free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _under_torchrun() -> bool:
-    return all(os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+def _has_agent_store(launcher: Launcher) -> bool:
+    """Whether torchrun's agent serves a store at ``MASTER_ADDR:MASTER_PORT`` for the whole run."""
+    return launcher.name == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def _beside(launcher: Launcher) -> str:
+    """The launcher's rendezvous host, and the port after its rendezvous port.
+
+    Ports derived by :mod:`gang.launchers` are even, so the next one belongs to the same job or
+    step; an explicit ``MASTER_PORT`` must leave the next port free too.
+    """
+    host, port = launcher.master_address()
+    return f"{host}:{port + 1 if port < 65535 else port - 1}"
 
 
 def _publish_through_torch_store(process_id: int, num_processes: int, timeout: timedelta) -> str:
@@ -69,17 +81,26 @@ def _publish_through_torch_store(process_id: int, num_processes: int, timeout: t
 def resolve(
     coordinator_address: str | None, num_processes: int | None, process_id: int | None, timeout: timedelta
 ) -> Rendezvous:
-    """Fill in what the caller did not give, in the order: arguments, JAX's variables, torchrun, one local process."""
+    """Fill in what the caller did not give, in the order: arguments, JAX's variables, the launcher, one local process.
+
+    Under torchrun, rank 0 picks a free port and shares it through the agent's store. Under the
+    other launchers (SLURM, Open MPI, or ``env://`` without an agent) the coordinator is the
+    launcher's rendezvous host, on the port after the rendezvous port.
+    """
     coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS") or None
-    if _under_torchrun():
-        if num_processes is None:
-            num_processes = get_world_size()
-        if process_id is None:
-            process_id = get_rank()
-        if coordinator_address is None:
-            coordinator_address = _publish_through_torch_store(process_id, num_processes, timeout)
+    launcher = get_launcher()
+    if launcher.name == "none":
+        if coordinator_address is None and num_processes in (None, 1):
+            # A single process without any launcher: a private coordinator on the loopback.
+            return Rendezvous(f"127.0.0.1:{free_port('127.0.0.1')}", 1, 0)
         return Rendezvous(coordinator_address, num_processes, process_id)
-    if coordinator_address is None and num_processes in (None, 1) and get_world_size() == 1:
-        # A single process without any launcher: a private coordinator on the loopback.
-        return Rendezvous(f"127.0.0.1:{free_port('127.0.0.1')}", 1, 0)
+    if num_processes is None:
+        num_processes = launcher.world_size
+    if process_id is None:
+        process_id = launcher.rank
+    if coordinator_address is None:
+        if _has_agent_store(launcher):
+            coordinator_address = _publish_through_torch_store(process_id, num_processes, timeout)
+        else:
+            coordinator_address = _beside(launcher)
     return Rendezvous(coordinator_address, num_processes, process_id)

@@ -80,12 +80,15 @@ class JaxGang(Gang):
     ) -> JaxGang:
         """Initialise ``jax.distributed`` and return a gang of every JAX process.
 
-        Missing arguments come from ``JAX_COORDINATOR_ADDRESS``, then from torchrun's variables
-        (``RANK``, ``WORLD_SIZE``; rank 0 picks a free port on ``MASTER_ADDR`` and shares it
-        through torch's store, so it never clashes with the store's port), and otherwise from
-        JAX's own cluster detection (SLURM, Open MPI, ...). A process without any launcher gets a
-        gang of one. If ``jax.distributed`` is already initialised and no argument is given, the
-        gang wraps it and :meth:`close` leaves it running.
+        Missing arguments come from ``JAX_COORDINATOR_ADDRESS``, then from the launcher as
+        :mod:`gang.env` reads it (torchrun, SLURM ``srun``, Open MPI ``mpirun``): the number of
+        processes and this process's index are the world size and rank. Under torchrun rank 0
+        picks a free port on ``MASTER_ADDR`` and shares it through the agent's store, so it never
+        clashes with the store's port; under SLURM and Open MPI the coordinator is the rendezvous
+        address of :func:`gang.env.get_master_address` on the port after its port. Without a
+        launcher, JAX's own cluster detection (Kubernetes, Cloud TPU, ...) fills in what it can,
+        and a process without any gets a gang of one. If ``jax.distributed`` is already
+        initialised and no argument is given, the gang wraps it and :meth:`close` leaves it running.
 
         :param coordinator_address: ``host:port`` of the JAX coordinator (served by process 0).
         :param num_processes: The number of processes.

@@ -75,9 +75,12 @@ def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     :raises TypeError: If ``value`` is not an integer, or is a ``bool``.
     :raises ValueError: If ``value`` is below ``minimum``.
     """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    if type(value) is int:  # the common case, without the ABC check (0.4 us, per collective in `broadcast`)
+        checked = value
+    elif isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"`{name}` must be an `int`, but is {value!r} of type `{type(value).__name__}` instead.")
-    checked = int(value)
+    else:
+        checked = int(value)
     if minimum is not None and checked < minimum:
         raise ValueError(f"`{name}` must be at least {minimum}, but is {checked} instead.")
     return checked

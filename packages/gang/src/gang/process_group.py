@@ -5,13 +5,24 @@ from __future__ import annotations
 import contextlib
 import os
 from datetime import timedelta
-from typing import final
+from typing import Protocol, TypeVar, final
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    PrefixStore,
+    ReduceScatterOptions,
+    Store,
+    TCPStore,
+)
 from torch.distributed import ProcessGroup
+from torch.overrides import has_torch_function_unary
 from typing_extensions import override
 
 from gang._torch_groups import new_named_group
@@ -35,6 +46,51 @@ _REDUCE_OPS = {
     ReduceOperation.MIN: dist.ReduceOp.MIN,
     ReduceOperation.MAX: dist.ReduceOp.MAX,
 }
+
+# The dtypes that torch.distributed's functions rewrite before they call the group (complex
+# tensors as pairs of reals, float8 as bytes in `broadcast`).
+_REWRITTEN_DTYPES = frozenset(
+    d for d in vars(torch).values() if isinstance(d, torch.dtype) and (d.is_complex or "float8" in str(d))
+)
+
+
+def _direct(tensor: Tensor) -> bool:
+    """Whether a collective on ``tensor`` may call the process group's own method with prepared options.
+
+    ``dist.all_reduce`` and its kin add, around that very call, checks the gang has already made
+    and a few microseconds of Python that cost a small message about ten times as much right after
+    the process wakes up (see "Small messages" in ``docs/performance.rst``). They stay in use for
+    what only they handle: the dtypes they rewrite, tensor subclasses and torch function modes, and
+    tracing by ``torch.compile`` (which turns them into functional collectives).
+    """
+    return (
+        tensor.dtype not in _REWRITTEN_DTYPES
+        and not has_torch_function_unary(tensor)
+        and not torch.compiler.is_compiling()
+    )
+
+
+def _flat(tensor: Tensor) -> Tensor:
+    """``tensor`` as one dimension (gloo wants the rows of a gather or scatter along the first).
+
+    A new view costs about a microsecond per call, so a tensor that is flat already is kept.
+    """
+    return tensor if tensor.dim() == 1 else tensor.flatten()
+
+
+class _Options(Protocol):
+    asyncOp: bool  # noqa: N815 (torch's name)
+
+
+_O = TypeVar("_O", bound=_Options)
+
+
+def _sync_options(cls: type[_O]) -> _O:
+    """Return new options of ``cls`` for a blocking call, as ``torch.distributed``'s functions build them."""
+    opts = cls()
+    opts.asyncOp = False
+    return opts
+
 
 # One store per rendezvous address, kept for the life of the process, and a generation counter.
 # Each initialisation of the default group writes its keys under a fresh prefix, so a second
@@ -72,6 +128,17 @@ class ProcessGroupGang(Gang):
         self._global_ranks = tuple(dist.get_process_group_ranks(pg))
         self._name = name
         self._splits = 0
+        # Built once and handed straight to the group (see `_direct`).
+        self._allreduce_options = {op: _sync_options(AllreduceOptions) for op in ReduceOperation}
+        self._reduce_scatter_options = {op: _sync_options(ReduceScatterOptions) for op in ReduceOperation}
+        for op, torch_op in _REDUCE_OPS.items():
+            self._allreduce_options[op].reduceOp = dist.ReduceOp(torch_op)
+            self._reduce_scatter_options[op].reduceOp = dist.ReduceOp(torch_op)
+        self._allgather_options = _sync_options(AllgatherOptions)
+        self._all_to_all_options = _sync_options(AllToAllOptions)
+        self._broadcast_options: dict[int, BroadcastOptions] = {}
+        self._barrier_options = _sync_options(BarrierOptions)
+        self._barrier_options.device = pg.bound_device_id or torch.device("cpu")
 
     @classmethod
     def create_default_process_group(
@@ -247,6 +314,8 @@ class ProcessGroupGang(Gang):
         try:
             if self._device.type == "cuda":
                 dist.barrier(group=self._pg, device_ids=[self._device.index])
+            elif not torch.compiler.is_compiling():
+                self._pg.barrier(self._barrier_options).wait()
             else:
                 dist.barrier(group=self._pg)
         except _BACKEND_ERRORS as ex:
@@ -255,44 +324,72 @@ class ProcessGroupGang(Gang):
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
         try:
-            dist.all_reduce(tensor, _REDUCE_OPS[op], group=self._pg)
+            if _direct(tensor):
+                self._pg.allreduce([tensor], self._allreduce_options[op]).wait()
+            else:
+                dist.all_reduce(tensor, _REDUCE_OPS[op], group=self._pg)
         except _BACKEND_ERRORS as ex:
             raise operation_error("all_reduce", self, ex) from ex
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
         try:
-            dist.all_gather_single(output_tensor.view(-1), input_tensor.view(-1), group=self._pg)
+            out, inp = _flat(output_tensor), _flat(input_tensor)
+            if _direct(inp):
+                self._pg.all_gather_single(out, inp, self._allgather_options).wait()
+            else:
+                dist.all_gather_single(out, inp, group=self._pg)
         except _BACKEND_ERRORS as ex:
             raise operation_error("all_gather", self, ex) from ex
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
         try:
-            dist.all_gather(output_tensors, input_tensor, group=self._pg)
+            if _direct(input_tensor):
+                self._pg.allgather([output_tensors], [input_tensor], self._allgather_options).wait()
+            else:
+                dist.all_gather(output_tensors, input_tensor, group=self._pg)
         except _BACKEND_ERRORS as ex:
             raise operation_error("all_gather_to_list", self, ex) from ex
 
     @override
     def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
         try:
-            dist.reduce_scatter_single(output_tensor.view(-1), input_tensor.view(-1), _REDUCE_OPS[op], group=self._pg)
+            out, inp = _flat(output_tensor), _flat(input_tensor)
+            if _direct(inp):
+                self._pg.reduce_scatter_single(out, inp, self._reduce_scatter_options[op]).wait()
+            else:
+                dist.reduce_scatter_single(out, inp, _REDUCE_OPS[op], group=self._pg)
         except _BACKEND_ERRORS as ex:
             raise operation_error("reduce_scatter", self, ex) from ex
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
         try:
-            dist.all_to_all_single(output_tensor.view(-1), input_tensor.view(-1), group=self._pg)
+            # Rows are split along the first dimension, whatever the shape (as torch's users pass them).
+            if _direct(input_tensor):
+                self._pg.all_to_all_single(output_tensor, input_tensor, [], [], self._all_to_all_options).wait()
+            else:
+                dist.all_to_all_single(output_tensor, input_tensor, group=self._pg)
         except _BACKEND_ERRORS as ex:
             raise operation_error("all_to_all", self, ex) from ex
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
         try:
-            dist.broadcast(tensor, group=self._pg, group_src=source_rank)
+            if _direct(tensor):
+                opts = self._broadcast_options.get(source_rank) or self._new_broadcast_options(source_rank)
+                self._pg.broadcast([tensor], opts).wait()
+            else:
+                dist.broadcast(tensor, group=self._pg, group_src=source_rank)
         except _BACKEND_ERRORS as ex:
             raise operation_error("broadcast", self, ex) from ex
+
+    def _new_broadcast_options(self, source_rank: int) -> BroadcastOptions:
+        opts = self._broadcast_options[source_rank] = _sync_options(BroadcastOptions)
+        opts.rootRank = source_rank
+        opts.rootTensor = 0
+        return opts
 
     @override
     def _close(self) -> None:

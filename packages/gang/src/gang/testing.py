@@ -34,7 +34,7 @@ from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, 
 
 from gang.extend import check_int
 
-__all__ = ["RemoteTraceback", "World", "WorkerDiedError", "launch", "spawn"]
+__all__ = ["RemoteTraceback", "World", "WorkerDiedError", "close_shared_worlds", "launch", "shared_world", "spawn"]
 
 DEFAULT_TIMEOUT = 120.0
 """Seconds a single :meth:`World.run` (or :func:`spawn`) may take before every rank is stopped."""
@@ -296,6 +296,30 @@ class World:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+_SHARED: dict[int, World] = {}
+
+
+def shared_world(size: int) -> World:
+    """Return this process's shared live :class:`World` of ``size`` processes, starting it on first use.
+
+    A world that a failure stopped is replaced by a new one. Test suites (and the pytest plugin's
+    ``@pytest.mark.gang`` tests) share these worlds, so that each size starts only once per session.
+    Stop them with :func:`close_shared_worlds` (they are also stopped when the process exits).
+    """
+    world = _SHARED.get(size)
+    if world is None or not world.alive:
+        world = World(size, gang_timeout=60.0)
+        _SHARED[size] = world
+    return world
+
+
+def close_shared_worlds() -> None:
+    """Stop every world of :func:`shared_world`. Idempotent."""
+    for world in _SHARED.values():
+        world.close()
+    _SHARED.clear()
 
 
 def spawn(

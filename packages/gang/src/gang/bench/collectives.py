@@ -1,8 +1,4 @@
-"""Collective benchmark worker: raw torch.distributed, ProcessGroupGang, raw JAX and JaxGang.
-
-Run under torchrun (``python -m benchmarks.run`` does it for you)::
-
-    torchrun --standalone --nproc-per-node 4 -m benchmarks.collectives --quick --out part.json
+"""The collective measurements of :mod:`gang.bench`: raw torch.distributed, ProcessGroupGang, raw JAX and JaxGang.
 
 Every (collective, size) is timed for the four implementations interleaved in one loop (the
 order rotates every iteration), after a warm-up that also compiles the JAX programs. Each
@@ -13,22 +9,22 @@ rank. The reported time is the median over iterations.
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import functools
-import json
 import os
+import re
 import sys
+import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from benchmarks.benchmath import IMPLS, OPS, PAIRS, Row, make_row, median, paired_ratio, table_header, table_line
-from gang import ProcessGroupGang, ReduceOperation, get_default_device
+from gang import ProcessGroupGang, ReduceOperation
+from gang.bench.metrics import PAIRS, Row, make_row, median, paired_ratio
 
 Call = Callable[[], object]
 
@@ -44,8 +40,13 @@ def sizes(max_bytes: int) -> list[int]:
     return out
 
 
-def iterations(nbytes: int, quick: bool) -> tuple[int, int]:
-    """Return (warm-up, timed) iteration counts for a buffer of ``nbytes``: fewer for large buffers."""
+def iterations(nbytes: int, quick: bool, iters: int | None = None) -> tuple[int, int]:
+    """Return (warm-up, timed) iteration counts for a buffer of ``nbytes``: fewer for large buffers.
+
+    With ``iters``, that many timed iterations (and a tenth of it, at least one, to warm up).
+    """
+    if iters is not None:
+        return max(1, iters // 10), iters
     # Medians of fewer calls than this swing by tens of percent on a loaded 2-core machine.
     if quick:
         return (3, 40) if nbytes <= (256 << 10) else (2, 12)
@@ -62,11 +63,35 @@ def numel_for(nbytes: int, world_size: int, op: str) -> int:
     return -(-numel // world_size) * world_size
 
 
-@dataclass
-class Cases:
-    """One zero-argument callable per implementation, each running the collective once to completion."""
+GLOO_NOTICE = re.compile(
+    r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected peer ranks is : \d+"
+)
 
-    calls: dict[str, Call]
+
+@contextlib.contextmanager
+def without_gloo_notice() -> Iterator[None]:
+    """Drop the line ``[Gloo] Rank r is connected to n peer ranks. ...`` from this process's stdout meanwhile.
+
+    The gloo library bundled with jaxlib prints it on stdout (file descriptor 1) when JAX's CPU
+    collectives first connect, with no setting to turn it off (``GLOO_LOG_LEVEL`` only governs
+    torch's own copy of gloo). Stdout is held in a temporary file meanwhile, and everything else
+    written to it is passed on; stderr, where errors go, is left alone.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 1)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            held.seek(0)
+            for line in held.read().decode(errors="replace").splitlines(keepends=True):
+                if not GLOO_NOTICE.fullmatch(line.strip()):
+                    sys.stdout.write(line)
+            sys.stdout.flush()
 
 
 class TorchImpls:
@@ -137,6 +162,9 @@ class JaxImpls:
         self.mesh = Mesh(np.array([devices[p] for p in range(jax.process_count())], dtype=object), ("x",))
         self.spec = cast(Callable[..., Any], PartitionSpec)("x")
         self.sharding = NamedSharding(self.mesh, self.spec)
+        with without_gloo_notice():  # JAX's collectives connect on their first call
+            for call in self.cases("all_reduce", 1).values():
+                call()
 
     def _global(self, block: np.ndarray[Any, Any]) -> Any:
         """The global array ``[n * len(block)]`` whose shard on this process is ``block`` (already on device)."""
@@ -213,58 +241,57 @@ def time_interleaved(
     return {name: slowest[i].tolist() for i, name in enumerate(names)}
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the collective benchmark on this torchrun rank; rank 0 prints the table and writes ``--out``."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="sizes up to 4 MiB and fewer iterations")
-    parser.add_argument("--out", required=True, help="JSON file of rows (written by rank 0)")
-    parser.add_argument("--ops", nargs="*", default=list(OPS), choices=OPS)
-    parser.add_argument("--impls", nargs="*", default=list(IMPLS), choices=IMPLS)
-    parser.add_argument("--max-bytes", type=int, default=None)
-    args = parser.parse_args(argv)
+def measure(
+    root: ProcessGroupGang,
+    *,
+    ops: Sequence[str],
+    impls: Sequence[str],
+    sizes: Sequence[int],
+    quick: bool = False,
+    iters: int | None = None,
+    on_row: Callable[[str, int, dict[str, Row]], None] | None = None,
+    on_progress: Callable[[str, int, int, int], None] | None = None,
+) -> list[Row]:
+    """Time every collective of ``ops`` at every size of ``sizes`` for each of ``impls``; return the rows.
 
-    # gloo on CPU here; NCCL on `cuda:LOCAL_RANK` when the machine has GPUs (the same command).
-    device = get_default_device()
-    root = ProcessGroupGang.create_default_process_group(device)
-    rank, n = root.rank, root.size
-    if device.type != "cpu":  # JaxGang works on CPU tensors; compare JAX on GPUs with its own tools
-        args.impls = [impl for impl in args.impls if impl not in ("jax", "gang-jax")]
-    jax_impls = JaxImpls() if {"jax", "gang-jax"} & set(args.impls) else None
+    Called on every rank of ``root`` (a gang on torch's default process group). The JAX
+    implementations create a :class:`gang_jax.JaxGang` over the same processes and close it at the
+    end. ``on_progress(op, nbytes, index, total)`` is called before and ``on_row(op, nbytes,
+    rows_by_impl)`` after each measurement, on every rank.
+    """
+    n = root.size
+    jax_impls = JaxImpls() if {"jax", "gang-jax"} & set(impls) else None
     torch_impls = TorchImpls(root)
-    max_bytes = args.max_bytes or (QUICK_MAX_BYTES if args.quick else FULL_MAX_BYTES)
     rows: list[Row] = []
-    if rank == 0:
-        print(f"# collectives on {n} ranks (gloo / XLA CPU), float32, median of the slowest rank", flush=True)
-        print(table_header(args.impls), flush=True)
-    for op in args.ops:
+    plan = []
+    for op in ops:
         done: set[int] = set()
-        for nbytes in sizes(max_bytes):
+        for nbytes in sizes:
             numel = numel_for(nbytes, n, op)
-            if numel in done:  # a tiny size rounded up to one already measured
-                continue
-            done.add(numel)
+            if numel not in done:  # a tiny size rounded up to one already measured
+                done.add(numel)
+                plan.append((op, numel))
+    try:
+        for index, (op, numel) in enumerate(plan):
+            if on_progress is not None:
+                on_progress(op, numel * 4, index, len(plan))
             calls = torch_impls.cases(op, numel)
             if jax_impls is not None:
                 calls.update(jax_impls.cases(op, numel))
-            calls = {name: calls[name] for name in args.impls}
-            warmup, iters = iterations(numel * 4, args.quick)
-            times = time_interleaved(calls, warmup, iters, device)
-            by_impl = {name: make_row(name, op, numel * 4, n, median(ts), iters=iters) for name, ts in times.items()}
-            rows.extend(by_impl.values())
+            calls = {name: calls[name] for name in impls}
+            warmup, timed = iterations(numel * 4, quick, iters)
+            times = time_interleaved(calls, warmup, timed, root.device)
+            by_impl = {
+                name: make_row(name, op, numel * 4, n, median(ts), iters=timed, count=numel, dtype="float32")
+                for name, ts in times.items()
+            }
             for ours, base in PAIRS:
                 if ours in times and base in times:
                     by_impl[ours]["paired_ratio"] = paired_ratio(times[ours], times[base])
-            if rank == 0:
-                print(table_line(op, numel * 4, by_impl, args.impls), flush=True)
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
-    dist.barrier()
-    if jax_impls is not None:
-        jax_impls.gang.close()
-    root.close()
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main(sys.argv[1:])
+            rows.extend(by_impl.values())
+            if on_row is not None:
+                on_row(op, numel * 4, by_impl)
+    finally:
+        if jax_impls is not None:
+            jax_impls.gang.close()
+    return rows

@@ -1,4 +1,4 @@
-"""Pure arithmetic of the benchmarks: bandwidths, medians, result rows and the terminal table.
+"""Pure arithmetic of :mod:`gang.bench`: bandwidths, medians, result rows, the tables and the summary.
 
 Bandwidths follow the usual conventions of collective benchmarks: the *algorithm bandwidth* is
 the size of the full buffer divided by the time, and the *bus bandwidth* scales it by a factor
@@ -168,27 +168,95 @@ def format_size(nbytes: int) -> str:
     raise AssertionError("unreachable")
 
 
-def table_header(impls: Sequence[str] = IMPLS) -> str:
-    """Return the header of the terminal table: size, then time, algbw and busbw per implementation."""
-    head = f"{'op':>14} {'size':>9} |"
+def parse_size(text: str) -> int:
+    """Return the byte count of ``text``: a number with an optional unit ``K``/``M``/``G`` (binary, ``KiB`` too).
+
+    :raises ValueError: If ``text`` is not such a size or is not positive.
+    """
+    units = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    raw = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = raw[-1:] if raw[-1:] in ("K", "M", "G") else ""
+    try:
+        value = int(raw[: len(raw) - len(unit)]) * units[unit]
+    except ValueError:
+        raise ValueError(f"a size must be a number of bytes such as 4, 64K or 16M, but is {text!r} instead.") from None
+    if value <= 0:
+        raise ValueError(f"a size must be positive, but is {text!r} instead.")
+    return value
+
+
+def pair_ratio(rows: Mapping[str, Mapping[str, Any]], ours: str, baseline: str) -> float | None:
+    """Return the ratio ``ours / baseline`` of one (op, size) from its rows keyed by implementation.
+
+    The paired ratio (see :func:`paired_ratio`) when ``ours`` has one, else the ratio of the median
+    times; ``None`` when either was not measured.
+    """
+    if ours not in rows or baseline not in rows:
+        return None
+    paired = rows[ours].get("paired_ratio")
+    return float(paired) if paired is not None else float(rows[ours]["time_us"]) / float(rows[baseline]["time_us"])
+
+
+def table_header(op: str, world_size: int, impls: Sequence[str], backend: str) -> str:
+    """Return the header of the nccl-tests-style table of one collective: a title line and the column names.
+
+    Columns: ``size`` (bytes of the full buffer), ``count`` (elements), ``type``, then ``time``
+    (microseconds), ``algbw`` and ``busbw`` (GB/s) per implementation, then each available ratio.
+    """
+    title = f"# {op} on {world_size} ranks ({backend}); time: median over the iterations of the slowest rank"
+    names = f"#{'':>11} {'':>10} {'':>7} "
+    cols = f"#{'size':>11} {'count':>10} {'type':>7} "
     for impl in impls:
-        head += f" {impl + ' us':>12} {'algbw':>7} {'busbw':>7} |"
-    return head + f" {'gang/torch':>10} {'gang-jax/jax':>12}"
+        names += f" {impl:>30}"
+        cols += f" {'time(us)':>12} {'algbw':>8} {'busbw':>8}"
+    for ours, base in PAIRS:
+        if ours in impls and base in impls:
+            label = f"{ours}/{base}"
+            names += f" {'':>{max(len(label), 8)}}"
+            cols += f" {label:>{max(len(label), 8)}}"
+    return f"{title}\n{names.rstrip()}\n{cols}"
 
 
-def table_line(op: str, nbytes: int, rows: Mapping[str, Mapping[str, Any]], impls: Sequence[str] = IMPLS) -> str:
-    """Return one line of the terminal table from the rows of one (op, size), keyed by implementation."""
-    line = f"{op:>14} {format_size(nbytes):>9} |"
+def table_line(nbytes: int, rows: Mapping[str, Mapping[str, Any]], impls: Sequence[str], dtype: str = "float") -> str:
+    """Return one line of the table of one collective from the rows of one size, keyed by implementation."""
+    count = int(next(iter(rows.values())).get("count", nbytes // 4)) if rows else nbytes // 4
+    line = f"{nbytes:>12} {count:>10} {dtype:>7} "
     for impl in impls:
         row = rows.get(impl)
         if row is None:
-            line += f" {'-':>12} {'-':>7} {'-':>7} |"
+            line += f" {'-':>12} {'-':>8} {'-':>8}"
         else:
-            line += f" {row['time_us']:12.1f} {row['algbw_gbps'] or 0.0:7.3f} {row['busbw_gbps'] or 0.0:7.3f} |"
-    for ours, base, width in (("gang", "torch", 10), ("gang-jax", "jax", 12)):
-        if ours in rows and base in rows:
-            ratio = rows[ours].get("paired_ratio") or rows[ours]["time_us"] / rows[base]["time_us"]
-            line += f" {ratio:>{width}.3f}"
-        else:
-            line += f" {'-':>{width}}"
+            line += f" {row['time_us']:12.1f} {row['algbw_gbps'] or 0.0:8.4f} {row['busbw_gbps'] or 0.0:8.4f}"
+    for ours, base in PAIRS:
+        if ours in impls and base in impls:
+            width = max(len(ours) + len(base) + 1, 8)
+            ratio = pair_ratio(rows, ours, base)
+            line += f" {ratio:>{width}.3f}" if ratio is not None else f" {'-':>{width}}"
     return line
+
+
+def summary(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Return the summary lines of collective rows: per (ours, raw) pair and world size, the median
+    ratio below and from 64 KiB, the worst ratio, and each collective's ratio at its smallest size
+    (one float32 per rank: the cost of the gang's own work on the smallest message).
+    """
+    rows = list(rows)
+    lines = []
+    for ours, base in PAIRS:
+        table = {k: v for k, v in ratio_table(rows, ours, base).items() if k[0] in OPS}
+        for world in sorted({w for (_, w, _) in table}):
+            mine = {(o, b): v for (o, w, b), v in table.items() if w == world}
+            small = [v for (_, b), v in mine.items() if b < 64 << 10]
+            large = [v for (_, b), v in mine.items() if b >= 64 << 10]
+            text = f"{ours}/{base} on {world} ranks:"
+            if small:
+                text += f" median < 64 KiB {median(small):.3f}"
+            if large:
+                text += f", >= 64 KiB {median(large):.3f}"
+            (w_op, w_bytes), worst = max(mine.items(), key=lambda kv: kv[1])
+            text += f", worst {worst:.3f} ({w_op} {format_size(w_bytes)})"
+            lines.append(text)
+            smallest = {op: min(b for (o, b) in mine if o == op) for op in OPS if any(o == op for (o, _) in mine)}
+            tiny = [f"{op} {mine[(op, b)]:.3f} ({format_size(b)})" for op, b in smallest.items()]
+            lines.append(f"{'':>4}smallest message: " + ", ".join(tiny))
+    return lines

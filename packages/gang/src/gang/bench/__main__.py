@@ -1,0 +1,243 @@
+"""The command line of ``python -m gang.bench`` (see :mod:`gang.bench`)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+import torch.distributed as dist
+
+import gang
+from gang.bench import collectives, metrics
+from gang.bench.metrics import IMPLS, OPS, Row
+
+
+def _size(text: str) -> int:
+    try:
+        return metrics.parse_size(text)
+    except ValueError as ex:
+        raise argparse.ArgumentTypeError(f"`--sizes`: {ex}") from None
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the command line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m gang.bench",
+        description="Time every collective through the gang and through raw torch.distributed (and JAX).",
+        epilog="Launch it with torchrun, srun or mpirun, or pass --nproc N to start N local processes.",
+    )
+    parser.add_argument("--nproc", type=int, default=None, help="start this many local processes (torchrun)")
+    parser.add_argument("--quick", action="store_true", help="sizes up to 4 MiB and fewer iterations")
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="buffer sizes in bytes, such as 4 64K 16M (default: 4 B and every power of 4 up to 64 MiB)",
+    )
+    parser.add_argument("--iters", type=int, default=None, help="timed iterations per size (default: by size)")
+    parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS, help="the collectives to time")
+    parser.add_argument("--impls", nargs="+", default=None, choices=IMPLS, help="the implementations to time")
+    parser.add_argument("--no-jax", action="store_true", help="leave out raw JAX and JaxGang")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda:LOCAL_RANK when available)")
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON here, and PNG plots next to it")
+    parser.add_argument("--no-plots", action="store_true", help="write the JSON only")
+    args = parser.parse_args(argv)
+    if args.nproc is not None and args.nproc < 1:
+        parser.error(f"`--nproc` must be at least 1, but is {args.nproc} instead.")
+    if args.iters is not None and args.iters < 1:
+        parser.error(f"`--iters` must be at least 1, but is {args.iters} instead.")
+    return args
+
+
+def launch_local(nproc: int, argv: Sequence[str]) -> int:
+    """Run ``python -m gang.bench argv`` on ``nproc`` local processes with torchrun; return its exit code."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    # The processes import gang from where this one did, installed or not.
+    source = str(Path(gang.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([source, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return subprocess.run([*command, "-m", "gang.bench", *argv], env=env, check=False).returncode
+
+
+def without_nproc(argv: Sequence[str]) -> list[str]:
+    """Return the arguments without ``--nproc N`` (or ``--nproc=N``)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
+class Progress:
+    """Progress on stderr (rank 0): one updating line on a terminal, one line per collective otherwise."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.started = time.perf_counter()
+        self.op = ""
+
+    def __call__(self, op: str, nbytes: int, index: int, total: int) -> None:
+        """Show that measurement ``index`` of ``total`` (``op`` at ``nbytes``) starts."""
+        elapsed = time.perf_counter() - self.started
+        text = f"[gang.bench] {index + 1}/{total} {op} {metrics.format_size(nbytes)} ({elapsed:.0f} s)"
+        if self.tty:
+            self.stream.write(f"\r\033[K{text}")
+        elif op != self.op:
+            self.stream.write(f"{text}\n")
+        self.op = op
+        self.stream.flush()
+
+    def done(self) -> None:
+        """Show the total time."""
+        text = f"[gang.bench] done in {time.perf_counter() - self.started:.0f} s"
+        self.stream.write(f"\r\033[K{text}\n" if self.tty else f"{text}\n")
+        self.stream.flush()
+
+
+def default_impls(args: argparse.Namespace, device: torch.device) -> list[str]:
+    """Return the implementations to time: torch and gang, plus JAX on the CPU when gang_jax is installed."""
+    if args.impls is not None:
+        impls = list(args.impls)
+    else:
+        impls = ["torch", "gang"]
+        if not args.no_jax and importlib.util.find_spec("gang_jax") is not None:
+            impls += ["jax", "gang-jax"]
+    if device.type != "cpu" or args.no_jax:  # JaxGang works on CPU tensors
+        impls = [impl for impl in impls if impl not in ("jax", "gang-jax")]
+    return impls
+
+
+def environment(root: gang.ProcessGroupGang, impls: Sequence[str]) -> dict[str, Any]:
+    """Return what the JSON records about the run."""
+    info: dict[str, Any] = {
+        "world_size": root.size,
+        "backend": str(dist.get_backend()),
+        "device": str(root.device),
+        "impls": list(impls),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    if root.device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(root.device)
+    if "jax" in impls or "gang-jax" in impls:
+        import jax
+
+        info["jax"] = jax.__version__
+    return info
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the benchmark on this rank of a launched job."""
+    if args.device in (None, "cuda"):  # cuda:LOCAL_RANK when CUDA is available
+        device = gang.get_default_device()
+        if args.device == "cuda" and device.type != "cuda":
+            raise RuntimeError("`--device cuda` needs CUDA, but torch.cuda.is_available() is False.")
+    else:
+        device = torch.device(args.device)
+    root = gang.create_default_gang(device, timeout=timedelta(minutes=10))
+    if not isinstance(root, gang.ProcessGroupGang):
+        raise RuntimeError(f"gang.bench needs a process group gang, but got {root!r}.")
+    impls = default_impls(args, device)
+    max_bytes = collectives.QUICK_MAX_BYTES if args.quick else collectives.FULL_MAX_BYTES
+    sizes = sorted(set(args.sizes)) if args.sizes else collectives.sizes(max_bytes)
+    lead = root.rank == 0
+    info = environment(root, impls)
+    if lead:
+        print(
+            f"# gang.bench: {root.size} ranks, {info['backend']} on {info['device']}, torch {info['torch']}"
+            + (f", jax {info['jax']}" if "jax" in info else "")
+            + f"; {', '.join(impls)}; float32; algbw and busbw in GB/s",
+            flush=True,
+        )
+    progress = Progress(sys.stderr) if lead else None
+    current = [""]
+
+    def on_row(op: str, nbytes: int, by_impl: dict[str, Row]) -> None:
+        if not lead:
+            return
+        if op != current[0]:
+            print("\n" + metrics.table_header(op, root.size, impls, info["backend"]), flush=True)
+            current[0] = op
+        if progress is not None and progress.tty:
+            sys.stderr.write("\r\033[K")
+        print(metrics.table_line(nbytes, by_impl, impls), flush=True)
+
+    try:
+        rows = collectives.measure(
+            root,
+            ops=args.ops,
+            impls=impls,
+            sizes=sizes,
+            quick=args.quick,
+            iters=args.iters,
+            on_row=on_row,
+            on_progress=progress,
+        )
+    finally:
+        if progress is not None:
+            progress.done()
+    if lead:
+        lines = metrics.summary(rows)
+        print("\n# summary (ratio: median over iterations of the paired per-iteration time ratio)")
+        print("\n".join(lines), flush=True)
+        if args.out is not None:
+            write(args.out, {"environment": info, "rows": rows, "summary": lines}, plot=not args.no_plots)
+    root.barrier()
+    root.close()
+
+
+def write(out: Path, result: dict[str, Any], *, plot: bool = True) -> None:
+    """Write the JSON and, with ``plot`` and when matplotlib is importable, the PNG plots next to it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    written = [out]
+    if not plot:
+        pass
+    elif importlib.util.find_spec("matplotlib") is not None:
+        from gang.bench import plots
+
+        written += plots.plot(result["rows"], out)
+    else:
+        print("(matplotlib is not installed: no plots)")
+    print(f"\nwrote {', '.join(str(path) for path in written)}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``python -m gang.bench``; return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.nproc is not None:
+        return launch_local(args.nproc, without_nproc(argv))
+    if gang.get_world_size() == 1:
+        print(
+            "gang.bench: no launcher (torchrun, srun, mpirun) found; starting 2 local processes (use --nproc N).",
+            file=sys.stderr,
+        )
+        return launch_local(2, argv)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())

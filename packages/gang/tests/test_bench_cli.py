@@ -1,0 +1,75 @@
+"""``python -m gang.bench`` end to end: it starts its own local processes, prints the tables and writes the JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gang.bench.__main__ import without_nproc
+from gang.bench.metrics import OPS, ROW_KEYS
+
+
+def test_bench_on_two_local_processes(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    command = [sys.executable, "-m", "gang.bench", "--nproc", "2", "--sizes", "4", "1K", "--iters", "3"]
+    command += ["--no-jax", "--out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Progress goes to stderr (rank 0 only), one line per collective when it is not a terminal.
+    progress = [line for line in done.stderr.splitlines() if line.startswith("[gang.bench]")]
+    assert [line.split()[2] for line in progress[:-1]] == list(OPS), done.stderr
+    assert progress[-1].startswith("[gang.bench] done in")
+    # One nccl-tests-style table per collective, with a busbw column per implementation and the ratio.
+    lines = done.stdout.splitlines()
+    headers = [i for i, line in enumerate(lines) if line.startswith("#") and "size" in line and "busbw" in line]
+    assert len(headers) == len(OPS), done.stdout
+    for i in headers:
+        names = lines[i].split()
+        assert names == ["#", "size", "count", "type", *["time(us)", "algbw", "busbw"] * 2, "gang/torch"]
+        first, second = lines[i + 1].split(), lines[i + 2].split()
+        assert len(first) == len(second) == len(names) - 1
+        assert int(first[0]) < int(second[0]) and first[2] == "float"
+    assert any(line.startswith("gang/torch on 2 ranks:") for line in lines)
+    assert any("smallest message: all_reduce" in line for line in lines)
+    # The JSON: the environment, one row per (impl, op, size), the summary.
+    result = json.loads(out.read_text())
+    assert result["environment"]["world_size"] == 2 and result["environment"]["backend"] == "gloo"
+    rows = result["rows"]
+    assert {(r["impl"], r["op"]) for r in rows} == {(impl, op) for impl in ("torch", "gang") for op in OPS}
+    for row in rows:
+        assert list(row)[: len(ROW_KEYS)] == list(ROW_KEYS)
+        assert row["world_size"] == 2 and row["iters"] == 3 and row["time_us"] > 0
+        assert row["busbw_gbps"] > 0 and row["count"] * 4 == row["bytes"]
+    sizes = {r["op"]: sorted({r["bytes"] for r in rows if r["op"] == op}) for op in OPS for r in rows if r["op"] == op}
+    # 4 bytes is one float; collectives that split the buffer over the ranks round it up to one per rank.
+    assert sizes["all_reduce"] == sizes["broadcast"] == [4, 1024]
+    assert sizes["all_gather"] == sizes["reduce_scatter"] == sizes["all_to_all"] == [8, 1024]
+    assert result["summary"][0].startswith("gang/torch on 2 ranks:")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--nproc", "2", "--quick"], ["--quick"]),
+        (["--quick", "--nproc=4", "--out", "x.json"], ["--quick", "--out", "x.json"]),
+    ],
+)
+def test_nproc_is_not_passed_on(argv: list[str], expected: list[str]) -> None:
+    assert without_nproc(argv) == expected
+
+
+def test_bad_arguments_are_refused_before_anything_starts() -> None:
+    for args, message in (
+        (["--nproc", "0"], "`--nproc` must be at least 1, but is 0 instead."),
+        (["--sizes", "4X"], "a size must be a number of bytes"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "gang.bench", *args], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 2 and message in done.stderr, done.stderr
