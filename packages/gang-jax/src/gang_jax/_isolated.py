@@ -65,6 +65,7 @@ class _Child:
 
     def __init__(self, timeout: timedelta) -> None:
         self.timeout_s = timeout.total_seconds()
+        self.start_s = self.timeout_s + _START_GRACE_S
         self.gone: str | None = None
         self.next_id = 1
         self._segment: mmap.mmap | None = None
@@ -192,7 +193,16 @@ class IsolatedEngine(Engine):
         child = _Child(timeout)
         try:
             root = child.request(
-                ("init", where.coordinator_address, where.num_processes, where.process_id, child.timeout_s),
+                # The children start at different times (importing torch and JAX), so their JAX runtime
+                # gets the start-up grace on top of the timeout; this process still gives up on any
+                # request that takes longer than the timeout, which is what bounds a collective.
+                (
+                    "init",
+                    where.coordinator_address,
+                    where.num_processes,
+                    where.process_id,
+                    child.timeout_s + _START_GRACE_S,
+                ),
                 child.timeout_s + _START_GRACE_S,
             )
         except BaseException:

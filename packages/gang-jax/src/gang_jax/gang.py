@@ -100,7 +100,8 @@ class JaxGang(Gang):
             distributed service detected fatal errors ... Task N heartbeat timeout" on stderr).
             Survivors whose collective talks to the dead process directly get a
             :class:`~gang.GangError` first. See "JAX gangs" in the failures guide. With
-            ``isolated=True`` it is also the longest a collective waits.
+            ``isolated=True`` it is also the longest a collective waits (the children's own runtime
+            gets 2 minutes more, for their start-up).
         :param debug: Turn debug mode on or off for this gang and its sub-gangs (``None``: from
             ``GANG_DEBUG``); see :attr:`gang.Gang.debug`.
         :param isolated: Run JAX in a child process that this process starts and talks to
