@@ -163,12 +163,15 @@ def bench(session: nox.Session) -> None:
     """
     install(session, "matplotlib", packages=["gang", "gang-mesh", "gang-jax"])
     session.run("python", "-m", "benchmarks.run", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    # Fault tolerance (3 replica processes + the store); TORCHFT_PYTHON adds the torchft comparison.
+    session.run("python", "-m", "benchmarks.ft", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job, on 4 local CPU ranks launched by torchrun: a tour of the gangs and every
-    collective, FSDP2 + tensor-parallel training through ``to_device_mesh``, and torch vs JAX."""
+    collective, FSDP2 + tensor-parallel training through ``to_device_mesh``, and torch vs JAX; then
+    fault-tolerant training on 3 replica processes, one killed and restarted."""
     install(session)
     for script in ("demo/tour.py", "fsdp_tp_training.py", "jax_vs_torch.py"):
         session.run(
@@ -180,3 +183,5 @@ def demo(session: nox.Session) -> None:
             env={"OMP_NUM_THREADS": "1"},
             external=False,
         )
+    # Fault tolerance: 3 replica processes and the store; one replica is killed and restarted.
+    session.run("python", str(ROOT / "examples" / "demo" / "fault_tolerance.py"), env={"OMP_NUM_THREADS": "1"})

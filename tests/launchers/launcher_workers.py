@@ -11,7 +11,8 @@ slurm-wlm is built with multiple-slurmd support). Their names do not resolve in 
 cluster whose node names are not host names. Traps of slurm-wlm 22.05 in a container: slurmd
 will not start without a cgroup plugin (``CgroupPlugin=cgroup/v1`` with
 ``ProctrackType=proctrack/linuxproc`` and ``TaskPlugin=task/none`` works), and two nodes may not
-have a ``NodeHostname`` that is another node's name.
+have a ``NodeHostname`` that is another node's name. Heterogeneous jobs need the backfill
+scheduler (``sched/builtin`` refuses them: "Requested operation not supported on this system").
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ SlurmctldLogFile={r}/log/slurmctld.log
 SlurmdLogFile={r}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
-SchedulerType=sched/builtin
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
@@ -160,4 +162,21 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=10 State=UP
                 daemon.kill()
                 daemon.wait()
         self._daemons.clear()
+        self._kill_orphans()
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def _kill_orphans(self) -> None:
+        """Kill what outlived the daemons: a ``slurmstepd`` whose job was being revoked when slurmd stopped.
+
+        Only processes that run under this cluster's ``SLURM_CONF`` (which slurmd hands to every
+        step) are touched; they are this cluster's by construction.
+        """
+        mine = f"SLURM_CONF={self.root / 'slurm.conf'}".encode()
+        for proc in Path("/proc").glob("[0-9]*"):
+            if int(proc.name) == os.getpid():
+                continue
+            try:
+                if mine in (proc / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(proc.name), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue  # Gone, or not ours to read.

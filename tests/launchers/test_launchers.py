@@ -3,7 +3,8 @@
 A one-node SLURM cluster on localhost with two ``slurmd`` as two nodes (``srun`` with and
 without ``--ntasks-per-node``, an ``sbatch`` job running two concurrent ``srun --exact`` steps),
 Open MPI's ``mpirun``, and two torchrun agents as two nodes (c10d rendezvous). Every process runs
-``launch_worker.py``; the checks here look at all processes' results together.
+``launch_worker.py``; the checks here look at all processes' results together. A ``salloc`` shell
+and a heterogeneous step are checked with the launcher model alone (no torch to import).
 
 Skipped (one line) when the programs are missing, unless ``GANG_REQUIRE_LAUNCHERS=1`` (set by
 ``nox -s launchers`` on CI), where missing programs fail the run.
@@ -135,6 +136,32 @@ def test_sbatch_job_with_two_concurrent_steps(slurm: SlurmCluster, tmp_path: Pat
     assert ids[0] != ids[1]
     assert steps[0][0]["env"]["SLURM_JOB_ID"] == steps[1][0]["env"]["SLURM_JOB_ID"]
     assert steps[0][0]["address"] != steps[1][0]["address"]
+
+
+# What `gang.env` reads, without importing torch: the launcher model alone (gang.launchers is stdlib only).
+LAUNCHERS = str(Path(__file__).parents[2] / "packages" / "gang" / "src" / "gang" / "launchers.py")
+PROBE = f"""
+import importlib.util, json, os, sys
+spec = importlib.util.spec_from_file_location("launchers", {LAUNCHERS!r})
+launchers = sys.modules["launchers"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(launchers)
+model = launchers.detect_launcher(os.environ)
+print(json.dumps([model.name, model.rank, model.world_size, model.local_rank, model.local_world_size]))
+"""
+
+
+def probe(slurm: SlurmCluster, *command: str) -> list[list[object]]:
+    """What the launcher model reads in each process ``command`` starts, sorted by rank."""
+    proc = slurm.run([*command, sys.executable, "-c", PROBE], check=False, timeout=LAUNCH_TIMEOUT_S)
+    launched(proc)
+    return sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")), key=str)
+
+
+def test_salloc_shell_and_heterogeneous_step(slurm: SlurmCluster) -> None:
+    """The shell of ``salloc -n 3`` is one process (not rank 0 of 3); a heterogeneous step is one world."""
+    assert probe(slurm, "salloc", "-n", "3", "-t", "5") == [["none", 0, 1, 0, 1]]
+    het = probe(slurm, "srun", "-n", "1", "-w", "n1", "-t", "5", ":", "-n", "2", "-w", "n2", "-t", "5")
+    assert het == [["slurm", 0, 3, 0, 1], ["slurm", 1, 3, 0, 2], ["slurm", 2, 3, 1, 2]]
 
 
 def test_mpirun(tmp_path: Path) -> None:

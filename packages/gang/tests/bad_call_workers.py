@@ -142,6 +142,37 @@ CATALOGUE: dict[str, tuple[BadCall, type[Exception], str]] = {
     "create_gang a string": (lambda g: g.create_gang("01"), TypeError, "`ranks`"),  # type: ignore[arg-type]
     "split overlapping": (lambda g: g.split([[0], [0]]), ValueError, "disjoint"),
     "collective on closed gang": (_closed_sub, InvalidOperationError, "closed"),
+    # Dtypes and reductions that some backend (gloo) cannot do are refused on every gang.
+    "all_reduce int16": (lambda g: g.all_reduce(torch.ones(2, dtype=torch.int16), SUM), ValueError, "int16"),
+    "all_gather uint16": (
+        lambda g: g.all_gather(torch.empty(g.size, 2, dtype=torch.uint16), torch.ones(2, dtype=torch.uint16)),
+        ValueError,
+        "uint16",
+    ),
+    "broadcast uint32": (lambda g: g.broadcast(torch.ones(2, dtype=torch.uint32)), ValueError, "`tensor`"),
+    "all_to_all uint64": (
+        lambda g: g.all_to_all(torch.empty(g.size, dtype=torch.uint64), torch.ones(g.size, dtype=torch.uint64)),
+        ValueError,
+        "uint64",
+    ),
+    "all_reduce complex MAX": (
+        lambda g: g.all_reduce(torch.ones(2, dtype=torch.complex64), ReduceOperation.MAX),
+        ValueError,
+        "complex64",
+    ),
+    "all_reduce complex MIN": (
+        lambda g: g.all_reduce(torch.ones(2, dtype=torch.complex128), ReduceOperation.MIN),
+        ValueError,
+        "`op`",
+    ),
+    "reduce_scatter complex PRODUCT": (
+        lambda g: g.reduce_scatter(
+            torch.empty(2, dtype=torch.complex64), torch.ones(g.size, 2, dtype=torch.complex64), ReduceOperation.PRODUCT
+        ),
+        ValueError,
+        "PRODUCT",
+    ),
+    "broadcast numpy float source": (lambda g: g.broadcast(torch.ones(2), np.float64(0)), TypeError, "`source_rank`"),
 }
 
 BAD_CALLS: dict[str, BadCall] = {name: call for name, (call, _, _) in CATALOGUE.items()}

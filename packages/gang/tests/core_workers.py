@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -295,3 +297,70 @@ def guide_some_distributed_function(gang_: Gang) -> float:
     tensor = torch.ones((8, 8), device=gang_.device)
     gang_.all_reduce(tensor, ReduceOperation.SUM)
     return tensor[0, 0].item()
+
+
+def wrapped_group_timeouts(g: Gang) -> dict[str, Any]:
+    """Wrap a user group made with its own timeout; what do the gang and its sub-gang use?"""
+    pg = dist.new_group([0, 1, 2, 3], timeout=timedelta(seconds=17))
+    wrapped = gang.ProcessGroupGang.from_process_group(pg, torch.device("cpu"))
+    sub = wrapped.split([[0, 1], [2, 3]])
+    assert isinstance(sub, gang.ProcessGroupGang)
+    backend = sub.as_process_group()._get_backend(torch.device("cpu"))
+    result = {"wrapped": wrapped.timeout, "sub": sub.timeout, "sub_backend": backend.options._timeout}
+    wrapped.close()
+    return result
+
+
+def wrap_as_non_member(g: Gang) -> str:
+    """``new_group`` hands a non-member a placeholder; wrapping it must say so clearly."""
+    pg = dist.new_group([0, 1])
+    try:
+        gang.ProcessGroupGang.from_process_group(pg, torch.device("cpu"))
+    except Exception as ex:
+        return f"{type(ex).__name__}: {ex}"
+    return "member"
+
+
+def fallback_warnings(g: Gang) -> list[str]:
+    """Create two groups through the public fallback; return the warnings it gave."""
+    from gang import _torch_groups
+
+    _torch_groups._warned_fallback = False  # whatever an earlier test in this process did
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            pg = _torch_groups._public_fallback(list(range(g.size)), timedelta(seconds=30))
+            assert pg is not None
+            dist.destroy_process_group(pg)
+    return [str(w.message) for w in caught]
+
+
+def dict_kinds(g: Gang) -> dict[str, Any]:
+    """all_reduce_dict with an int on one rank and a float on another, then dicts that cannot agree."""
+    result: dict[str, Any] = {}
+    mixed: dict[str, Any] = {"a": 1 if g.rank == 0 else 2.5, "b": 2, "c": 1.25}
+    result["mixed"] = gang.all_reduce_dict(g, mixed)
+    for label, data in (
+        ("keys", {"x": 1.0} if g.rank == 0 else {"y": 1.0}),
+        ("kinds", {"t": torch.ones(2)} if g.rank == 0 else {"t": 1.0}),
+    ):
+        try:
+            gang.all_reduce_dict(g, data)
+            result[label] = "no error"
+        except Exception as ex:
+            result[label] = f"{type(ex).__name__}: {ex}"
+    result["after"] = gang.all_sum(g, 1.0).item()
+    return result
+
+
+def numpy_ranks_and_cpu0(g: Gang) -> dict[str, Any]:
+    """A real gang on ``cpu:0`` called with NumPy integer ranks."""
+    world = dist.group.WORLD
+    assert world is not None
+    wrapped = gang.ProcessGroupGang.from_process_group(world, torch.device("cpu", 0))
+    t = torch.full((2,), float(wrapped.rank))
+    wrapped.broadcast(t, source_rank=np.int32(1))
+    sub = wrapped.create_gang([np.int64(0), np.int64(1)])
+    result = {"device": str(wrapped.device), "broadcast": t.tolist(), "sub": members(sub)}
+    wrapped.close()
+    return result

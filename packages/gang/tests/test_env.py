@@ -126,6 +126,55 @@ def test_sbatch_script_is_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
     assert get_launcher().name == "none"
 
 
+def test_salloc_shell_is_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shell (or command) of `salloc -n 3` is not a step: what slurm-wlm 22.05 sets there."""
+    setenv(monkeypatch, {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS": "3"})
+    setenv(monkeypatch, {"SLURM_TASKS_PER_NODE": "2,1", "SLURM_NNODES": "2"})
+    assert helpers() == (0, 1, 0, 1)
+    assert get_launcher().name == "none"
+    assert get_master_address() == ("127.0.0.1", 0)
+
+
+def het_task(procid: int, localid: int, nodeid: int) -> dict[str, str]:
+    """What `srun -n 1 -w n1 : -n 2 -w n2` (a heterogeneous step, slurm-wlm 22.05) sets."""
+    return {
+        "SLURM_JOB_ID": "1",
+        "SLURM_STEP_ID": "0",
+        "SLURM_HET_SIZE": "2",
+        "SLURM_JOB_ID_PACK_GROUP_0": "1",
+        "SLURM_JOB_ID_PACK_GROUP_1": "2",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "SLURM_JOB_NODELIST_PACK_GROUP_0": "n1",
+        "SLURM_JOB_NODELIST_PACK_GROUP_1": "n2",
+        "SLURM_STEP_NODELIST": "localhost,n2",
+        "SLURM_PROCID": str(procid),
+        "SLURM_LOCALID": str(localid),
+        "SLURM_NODEID": str(nodeid),
+        "SLURM_NTASKS": "3",
+        "SLURM_STEP_NUM_TASKS": "3",
+        "SLURM_STEP_TASKS_PER_NODE": "1,2",
+        "SLURM_TASKS_PER_NODE": "1,2",
+    }
+
+
+@pytest.mark.parametrize(("procid", "localid", "nodeid", "local_size"), [(0, 0, 0, 1), (1, 0, 1, 2), (2, 1, 1, 2)])
+def test_slurm_heterogeneous_step_is_one_world(
+    monkeypatch: pytest.MonkeyPatch, procid: int, localid: int, nodeid: int, local_size: int
+) -> None:
+    """A step over both components of a heterogeneous job: SLURM numbers its tasks as one world."""
+    setenv(monkeypatch, het_task(procid, localid, nodeid))
+    assert helpers() == (procid, 3, localid, local_size)
+    assert get_master_address()[0] == "localhost"
+
+
+def test_slurm_blank_step_lists_count_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blank variable is unset, as for every integer variable: the job's lists are read."""
+    setenv(monkeypatch, slurm_task(4, 1, 1, SLURM_STEP_TASKS_PER_NODE=" ", SLURM_STEP_NODELIST=" "))
+    setenv(monkeypatch, {"SLURM_JOB_NODELIST": "localhost,gpu[01-02]"})
+    assert helpers() == (4, 7, 1, 3)
+    assert get_master_address()[0] == "localhost"
+
+
 def open_mpi(rank: int, local_rank: int, **extra: str) -> dict[str, str]:
     """What `mpirun -n 4` (Open MPI 4.1) sets, on two nodes of two ranks each."""
     env = {
@@ -161,6 +210,12 @@ def test_open_mpi_without_address(monkeypatch: pytest.MonkeyPatch) -> None:
         get_master_address()
 
 
+def test_open_mpi_blank_uri_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    setenv(monkeypatch, open_mpi(0, 0, OMPI_MCA_orte_hnp_uri=" "))
+    with pytest.raises(ValueError, match=r"Open MPI's mpirun.*`mpirun -x MASTER_ADDR=.* -x MASTER_PORT="):
+        get_master_address()
+
+
 def test_torchrun_wins_over_slurm_as_a_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     """torchrun inside an srun step: nothing of SLURM's (local size, host) leaks in."""
     setenv(monkeypatch, slurm_task(4, 1, 1))
@@ -169,6 +224,13 @@ def test_torchrun_wins_over_slurm_as_a_whole(monkeypatch: pytest.MonkeyPatch) ->
     assert helpers() == (1, 2, 1, 2)
     assert get_launcher().name == "torchrun"
     assert get_master_address() == ("127.0.0.1", 29400)
+
+
+def test_hand_made_env_inside_srun_is_plain_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS` in an srun step: plain env://, local rank 0 of 1 (documented)."""
+    setenv(monkeypatch, slurm_task(4, 1, 1, RANK="4", WORLD_SIZE="7", MASTER_ADDR="gpu01", MASTER_PORT="29500"))
+    assert helpers() == (4, 7, 0, 1)
+    assert get_launcher().name == "torchrun"
 
 
 def test_local_rank_never_mixed_with_other_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,21 +262,34 @@ def test_default_device_uses_local_rank(monkeypatch: pytest.MonkeyPatch) -> None
         ("a[1-2],b,c[09-10]", ["a1", "a2", "b", "c09", "c10"]),
         ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
         ("node-3.example.org", ["node-3.example.org"]),
+        ("node-[1-3]", ["node-1", "node-2", "node-3"]),
+        ("a1,b[2-3]", ["a1", "b2", "b3"]),
+        (" a , b[1-2 ,4] ", ["a", "b1", "b2", "b4"]),
+        ("x[9-11]", ["x9", "x10", "x11"]),
     ],
 )
 def test_expand_hostlist(text: str, hosts: list[str]) -> None:
     assert expand_hostlist(text) == hosts
 
 
-@pytest.mark.parametrize("text", ["gpu[01-", "gpu[3-1]", "a,,b", "gpu[a-b]", "gpu]1["])
+@pytest.mark.parametrize("text", ["gpu[01-", "gpu[3-1]", "a,,b", "a, ,b", "gpu[a-b]", "gpu]1[", "a[]", ""])
 def test_expand_hostlist_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="SLURM host list"):
         expand_hostlist(text)
 
 
-@pytest.mark.parametrize(("text", "counts"), [("4", [4]), ("2(x3),1", [2, 2, 2, 1]), ("1,3(x2)", [1, 3, 3])])
+@pytest.mark.parametrize(
+    ("text", "counts"),
+    [("4", [4]), ("2(x3),1", [2, 2, 2, 1]), ("1,3(x2)", [1, 3, 3]), (" 2(x3), 1 ", [2, 2, 2, 1]), ("0,2", [0, 2])],
+)
 def test_expand_tasks_per_node(text: str, counts: list[int]) -> None:
     assert expand_tasks_per_node(text) == counts
+
+
+@pytest.mark.parametrize("text", ["", "2(x", "2(x3)1", "2(x0)", "x", "2,,1", "-1"])
+def test_expand_tasks_per_node_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="SLURM tasks-per-node list"):
+        expand_tasks_per_node(text)
 
 
 ALL_SLURM = slurm_task(0, 0, 0)
@@ -234,6 +309,8 @@ ALL_SLURM = slurm_task(0, 0, 0)
          "`LOCAL_RANK` must be less than the local world size (2)"),
         ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, gang.get_local_rank, "`LOCAL_WORLD_SIZE` must be set"),
         ({**ALL_SLURM, "SLURM_NTASKS": "1.5"}, gang.get_world_size, "`SLURM_NTASKS` must be an integer, but is '1.5'"),
+        ({**ALL_SLURM, "SLURM_NTASKS": "1_0"}, gang.get_world_size, "`SLURM_NTASKS` must be an integer, but is '1_0'"),
+        ({"RANK": "\u0663", "WORLD_SIZE": "4"}, gang.get_rank, "`RANK` must be an integer, but is '\u0663'"),
         ({**ALL_SLURM, "SLURM_STEP_TASKS_PER_NODE": "2(x"}, gang.get_local_world_size,
          "`SLURM_STEP_TASKS_PER_NODE` must be a SLURM tasks-per-node list such as `2(x3),1`, but is '2(x'"),
         ({**ALL_SLURM, "SLURM_NODEID": "3"}, gang.get_local_world_size,

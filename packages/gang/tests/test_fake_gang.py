@@ -115,3 +115,38 @@ def test_close_is_idempotent_and_final() -> None:
     g.close()
     with pytest.raises(InvalidOperationError, match="closed"):
         g.barrier()
+
+
+@pytest.mark.parametrize("op", list(ReduceOperation))
+def test_bool_reductions_are_logical_as_on_gloo(op: ReduceOperation) -> None:
+    # gloo (and NCCL) reduce bools as OR (SUM, MAX) and AND (PRODUCT, MIN); identical copies stay.
+    g = FakeGang(CPU, size=3)
+    t = torch.tensor([True, False])
+    if op is ReduceOperation.MEAN:
+        with pytest.raises(ValueError, match="MEAN"):
+            g.all_reduce(t, op)
+        return
+    g.all_reduce(t, op)
+    assert t.tolist() == [True, False]
+    out = torch.empty(2, dtype=torch.bool)
+    g.reduce_scatter(out, torch.tensor([[True, False], [False, True], [True, True]]), op)
+    assert out.tolist() == [True, False]
+
+
+def test_numpy_integers_are_ranks_and_sizes() -> None:
+    np = pytest.importorskip("numpy")
+    g = FakeGang(CPU, rank=np.int64(1), size=np.int64(2))
+    assert (g.rank, g.size) == (1, 2) and type(g.rank) is int and type(g.size) is int
+    sub = g.create_gang([np.int64(0), np.int32(1)])
+    assert sub is not None and (sub.rank, sub.size) == (1, 2)
+    g.broadcast(torch.ones(2), source_rank=np.int32(1))
+    with pytest.raises(TypeError, match="`rank`"):
+        FakeGang(CPU, rank=np.bool_(True), size=2)
+
+
+def test_cpu_with_an_index_is_the_cpu_device() -> None:
+    g = FakeGang(torch.device("cpu", 0), size=2)
+    assert g.device == CPU
+    t = torch.ones(2)  # lives on `cpu`, not `cpu:0`
+    g.all_reduce(t, ReduceOperation.SUM)
+    assert t.tolist() == [2.0, 2.0]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
+from core_workers import dict_kinds
 
 import gang
 from gang import FakeGang, Gang, ReduceOperation, all_gather_objects, all_reduce_dict, all_sum, broadcast_flag
+from gang.testing import World
 
 
 @pytest.mark.gang(world_size=4)
@@ -52,3 +56,27 @@ def test_helper_argument_errors() -> None:
         gang.all_reduce_dict(g, {"a": 1}, ReduceOperation.MEAN)
     with pytest.raises(ValueError, match="picklable"):
         gang.all_gather_objects(g, lambda: 0)
+
+
+def test_python_numbers_reduce_in_64_bits() -> None:
+    g = FakeGang(torch.device("cpu"), rank=0, size=2)
+    tiny = gang.all_sum(g, 1 + 1e-9)
+    assert tiny.dtype == torch.float64 and tiny.item() == (1 + 1e-9) * 2
+    assert gang.all_sum(g, 1e39).item() == 2e39
+    assert gang.all_sum(g, 2**40).dtype == torch.int64
+    reduced = gang.all_reduce_dict(g, {"x": 1 + 1e-9, "big": 1e39, "n": 2**40})
+    assert reduced == {"x": (1 + 1e-9) * 2, "big": 2e39, "n": 2**41}
+    assert isinstance(reduced["n"], int)
+
+
+def test_all_reduce_dict_agrees_on_kinds_across_ranks(worlds: Callable[[int], World]) -> None:
+    results = worlds(2).run(dict_kinds)
+    for got in results:
+        assert got["mixed"] == {"a": 3.5, "b": 4, "c": 2.5}
+        assert isinstance(got["mixed"]["a"], float) and isinstance(got["mixed"]["b"], int)
+        # Keys or kinds that cannot agree: the same ValueError on every rank, no hang.
+        assert got["keys"] == results[0]["keys"] and got["keys"].startswith(
+            "ValueError: `data` must have the same keys"
+        )
+        assert got["kinds"] == results[0]["kinds"] and got["kinds"].startswith("ValueError: `data['t']` must be")
+        assert got["after"] == 2.0

@@ -7,13 +7,17 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 from core_workers import (
     asymmetric_history,
     close_and_reinit,
+    fallback_warnings,
     lifecycle_errors,
+    wrap_as_non_member,
     wrap_user_group,
+    wrapped_group_timeouts,
 )
 
 from gang.testing import World, launch
@@ -69,3 +73,24 @@ def test_from_process_group_wraps_without_owning(worlds: Callable[[int], World])
 
 
 # Dead, killed and hung peers, sub-gang timeouts and rendezvous failures: see tests/reliability.
+
+
+def test_sub_gangs_of_a_wrapped_group_inherit_its_timeout(worlds: Callable[[int], World]) -> None:
+    for result in worlds(4).run(wrapped_group_timeouts):
+        assert result == {
+            "wrapped": timedelta(seconds=17),
+            "sub": timedelta(seconds=17),
+            "sub_backend": timedelta(seconds=17),
+        }
+
+
+def test_wrapping_a_group_this_process_is_not_in_is_a_value_error(worlds: Callable[[int], World]) -> None:
+    results = worlds(4).run(wrap_as_non_member)
+    assert results[:2] == ["member", "member"]
+    for text in results[2:]:
+        assert text.startswith("ValueError: `pg` must be a process group this process is a member of"), text
+
+
+def test_the_unsafe_public_fallback_warns_once(worlds: Callable[[int], World]) -> None:
+    for caught in worlds(2).run(fallback_warnings):
+        assert len(caught) == 1 and "can then wait for each other forever" in caught[0], caught

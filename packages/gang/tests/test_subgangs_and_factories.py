@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 import torch
-from core_workers import parallel_layout, sub_gang_members
+from core_workers import numpy_ranks_and_cpu0, parallel_layout, sub_gang_members
 
 from gang import FakeGang, create_fsdp_gangs, create_parallel_gangs
 from gang.testing import World
@@ -115,3 +115,21 @@ def test_factories_on_fake_gangs_agree_with_topology(rank: int) -> None:
     assert (gangs.sdp.size, gangs.rdp.size) == (2, 2)
     assert gangs.sdp.rank == gangs.dp.rank % 2
     assert gangs.rdp.rank == gangs.dp.rank // 2
+
+
+def test_split_plan_gives_split_group_the_parent_groups_own_ranks() -> None:
+    # `dist.split_group` (the NCCL path) takes ranks of the *parent* group. A sub-gang of a
+    # sub-gang: global ranks [1, 3, 5, 7], split into its ranks [[0, 1], [2, 3]].
+    from gang.process_group import plan_split
+
+    plan = plan_split((1, 3, 5, 7), 2, [[0, 1], [2, 3]])
+    assert plan.parent_groups == [[0, 1], [2, 3]]
+    assert plan.group_index == 1
+    assert plan.members == [5, 7]  # what the named-group path (gloo) creates its group from
+    outsider = plan_split((2, 4, 6), 0, [[1, 2]])
+    assert (outsider.parent_groups, outsider.group_index, outsider.members) == ([[1, 2]], None, [])
+
+
+def test_real_gang_on_cpu0_with_numpy_ranks(worlds: Callable[[int], World]) -> None:
+    for rank, got in enumerate(worlds(2).run(numpy_ranks_and_cpu0)):
+        assert got == {"device": "cpu", "broadcast": [1.0, 1.0], "sub": [0, 1]}, rank

@@ -35,7 +35,7 @@ def test_remote_failure_is_reraised_with_rank_and_traceback() -> None:
         with pytest.raises(KeyError) as info:
             world.run(fail_on, 2)
         assert not world.alive
-    assert "raised on rank 2 of 3 while running fail_on" in " ".join(info.value.__notes__)
+    assert "raised on rank 2 of 3 while running fail_on" in " ".join(getattr(info.value, "__notes__", []))
     cause = info.value.__cause__
     assert isinstance(cause, RemoteTraceback) and cause.rank == 2
     assert "bad things on 2" in cause.text and "core_workers.py" in cause.text

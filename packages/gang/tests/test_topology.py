@@ -178,6 +178,7 @@ def test_infer_grid_errors(names: tuple[str, ...], members: dict[int, list[list[
     with pytest.raises(ValueError, match="`members` must name gangs that form a grid, but ") as info:
         infer_grid(names, members, 0)
     assert text in str(info.value)
+    assert str(info.value).count("instead") == 1, str(info.value)  # One "..., but ... instead." sentence.
 
 
 def test_infer_grid_names_the_callers_argument_and_checks_rank() -> None:

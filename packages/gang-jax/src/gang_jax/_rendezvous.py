@@ -12,9 +12,7 @@ import torch.distributed as dist
 from gang.env import get_launcher, get_master_address
 from gang.extend import operation_error
 from gang.launchers import Launcher
-
-_KEY_PREFIX = "gang_jax/coordinator"
-_generation = 0
+from gang.rendezvous import jax_coordinator_key
 
 
 @dataclass(frozen=True)
@@ -55,11 +53,8 @@ def _publish_through_torch_store(process_id: int, num_processes: int, timeout: t
     use). The key carries the elastic restart count and a per-process generation, so a second
     initialisation never reads a stale address.
     """
-    global _generation
-    _generation += 1
     host, port = get_master_address()
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    key = f"{_KEY_PREFIX}/{restart}/{_generation}"
+    key = jax_coordinator_key()
     try:
         store = dist.TCPStore(  # type: ignore[attr-defined]
             host, port, num_processes, is_master=False, timeout=timeout, wait_for_workers=False

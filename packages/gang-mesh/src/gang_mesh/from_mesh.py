@@ -11,7 +11,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from gang import FakeGang, Gang, Gangs, ProcessGroupGang
-from gang.process_group import new_named_group
+from gang.rendezvous import new_named_group, next_call
 from gang.topology import DIMENSION_ROLES, Grid, role_spans
 
 MESH_ROLES = DIMENSION_ROLES
@@ -19,10 +19,6 @@ MESH_ROLES = DIMENSION_ROLES
 
 ALIASES: dict[str, str] = {"dp_replicate": "rdp", "dp_shard": "sdp"}
 """Mesh dimension names other libraries use (torchtitan) and the role each plays."""
-
-
-# How often this process converted each mesh: part of the names of the groups a conversion creates.
-_calls: dict[str, int] = {}
 
 
 def _digest(value: object) -> str:
@@ -36,9 +32,10 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     ``dp_replicate`` and ``dp_shard`` become ``rdp`` and ``sdp``; ``names`` maps any other
     dimension name to one of those roles. The returned gangs are:
 
-    * ``root``: the group of a 1-D mesh, else the default group when the mesh spans every
-      process, otherwise a new group of the mesh's processes (a sub-mesh: one pipeline stage, or a
-      mesh with an axis sliced out);
+    * ``root``: the group of a 1-D mesh (or of the one dimension that spans the whole mesh when
+      the others have size 1), else the default group when the mesh spans every process,
+      otherwise a new group of the mesh's processes (a sub-mesh: one pipeline stage, or a mesh
+      with an axis sliced out);
     * ``dp``: from a ``dp`` dimension, or derived from ``rdp`` and ``sdp``: the one of them that is
       given, or a new group of the processes that share this process's position on every other
       dimension when both are; ``rdp = dp`` and a size-1 ``sdp`` when only ``dp`` is given (as
@@ -67,7 +64,7 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     device = _mesh_device(mesh)
     layout = (tuple(roles), tuple(mesh.mesh.shape), *mesh.mesh.flatten().tolist())
     signature = "gang_mesh/" + _digest(layout)
-    _calls[signature] = call = _calls.get(signature, 0) + 1
+    call = next_call(signature)  # how often this process converted this mesh: part of the group names
 
     # The mesh as a grid whose dimensions are the roles of its axes; `ranks[i]` is at grid rank i.
     grid = Grid(tuple(zip(roles, (int(size) for size in mesh.mesh.shape), strict=True)))
@@ -92,7 +89,7 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
             wrap(world)
         if key not in wrapped:
             # Named after the mesh, this call and the members, so every member agrees on the name
-            # whatever other groups it has (see `gang.process_group.new_named_group`).
+            # whatever other groups it has (see `gang.rendezvous.new_named_group`).
             pg = new_named_group(list(key), f"{signature}/{call}/{_digest(key)}", None)
             if not isinstance(pg, ProcessGroup):  # Cannot happen: this process is a member.
                 raise AssertionError(f"rank {dist.get_rank()} is not in the new group {list(key)}")
@@ -132,7 +129,8 @@ def _check_mesh(mesh: DeviceMesh, names: Mapping[str, str] | None) -> list[str]:
     for key, value in names.items():
         if key not in dim_names:
             raise ValueError(
-                f"`names` must only map dimensions of `mesh` {tuple(dim_names)}, but maps {key!r} instead."
+                f"`names` must only map dimensions of `mesh` {tuple(dim_names)}, but maps {key!r} (to {value!r}) "
+                "instead."
             )
         if value not in MESH_ROLES:
             raise ValueError(f"`names` must map to roles {MESH_ROLES}, but maps {key!r} to {value!r} instead.")
@@ -151,7 +149,9 @@ def _check_mesh(mesh: DeviceMesh, names: Mapping[str, str] | None) -> list[str]:
             )
         roles.append(role)
     if mesh.get_coordinate() is None:
-        raise ValueError(f"`mesh` must hold this process (rank {dist.get_rank()}), but is {mesh.mesh.tolist()}.")
+        raise ValueError(
+            f"`mesh` must hold this process (rank {dist.get_rank()}), but is {mesh.mesh.tolist()} instead."
+        )
     for axis, name in enumerate(dim_names):
         if dist.get_backend(mesh.get_group(axis)) == "fake":
             raise ValueError(

@@ -9,17 +9,59 @@ each other, and a group re-created with the same ranks reuses the store keys of 
 Gangs instead name each sub-group after its parent gang and the parent's split counter, which
 all members of the parent share because they call ``split``/``create_gang`` in the same order.
 Doing so needs torch's internal group constructor; this module is the only place that touches
-it, and it falls back to the public API if the internal one is missing or changed.
+torch's private API (that constructor, a backend's ``supports_splitting`` and ``options``), and
+every such use has a fallback: the public ``new_group`` (with a warning, since it can deadlock),
+"cannot split", "timeout unknown".
+
+It also builds the standalone groups of :mod:`gang.ft` (:func:`new_standalone_group`) and
+re-exports torch's store classes (``TCPStore``, ``PrefixStore``, ``Store``), which torch's stubs
+only declare in the private ``torch._C`` module.
 """
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch._C._distributed_c10d import (  # the options a process group's own methods take
+    AllgatherOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    PrefixStore,
+    ReduceScatterOptions,
+    Store,
+    TCPStore,
+)
 from torch.distributed import ProcessGroup
+
+__all__ = [
+    "AllToAllOptions",
+    "AllgatherOptions",
+    "AllreduceOptions",
+    "BarrierOptions",
+    "BroadcastOptions",
+    "PrefixStore",
+    "ReduceScatterOptions",
+    "StandaloneGroup",
+    "Store",
+    "TCPStore",
+    "can_split",
+    "group_timeout",
+    "is_non_member",
+    "new_named_group",
+    "new_standalone_group",
+]
+
+StandaloneGroup = Any
+"""A torch ``Backend`` (``ProcessGroupGloo``/``ProcessGroupNCCL``): torch's stubs omit its collectives."""
+
+_warned_fallback = False
 
 
 def new_named_group(global_ranks: list[int], name: str, timeout: timedelta | None) -> ProcessGroup | None:
@@ -65,6 +107,17 @@ def new_named_group(global_ranks: list[int], name: str, timeout: timedelta | Non
 
 
 def _public_fallback(global_ranks: list[int], timeout: timedelta | None) -> ProcessGroup | None:
+    global _warned_fallback
+    if not _warned_fallback:
+        _warned_fallback = True
+        warnings.warn(
+            "gang: torch's internal group constructor is missing or changed, so sub-groups are created "
+            "with `new_group(use_local_synchronization=True)`, whose group names depend on how many "
+            "groups each process has: processes that belong to different sets of sub-gangs can then "
+            "wait for each other forever. Create sub-gangs in the same order on every process.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return _as_group(dist.new_group(global_ranks, timeout=timeout, use_local_synchronization=True))
 
 
@@ -72,3 +125,52 @@ def _as_group(pg: object) -> ProcessGroup | None:
     if pg is None or isinstance(pg, ProcessGroup):
         return pg
     raise TypeError(f"torch returned {pg!r} instead of a process group")
+
+
+def can_split(pg: ProcessGroup, device: torch.device) -> bool:
+    """Whether ``dist.split_group`` can split ``pg``: the default group is bound to a device and the
+    backend of ``pg`` on ``device`` supports splitting (NCCL). ``False`` when torch cannot tell."""
+    default = dist.group.WORLD
+    try:
+        if default is None or default.bound_device_id is None:
+            return False
+        return bool(pg._get_backend(device).supports_splitting)
+    except (AttributeError, RuntimeError, TypeError, ValueError):  # a renamed or changed private API
+        return False
+
+
+def group_timeout(pg: ProcessGroup, device: torch.device) -> timedelta | None:
+    """The collective timeout ``pg`` was created with, or ``None`` when torch does not tell."""
+    try:
+        timeout = pg._get_backend(device).options._timeout
+    except (AttributeError, RuntimeError, TypeError, ValueError):  # a renamed or changed private API
+        return None
+    return timeout if isinstance(timeout, timedelta) else None
+
+
+def is_non_member(pg: object) -> bool:
+    """Whether ``pg`` is what torch's ``new_group`` returns to a process outside the group."""
+    return type(pg) is int and pg == dist.GroupMember.NON_GROUP_MEMBER
+
+
+def new_standalone_group(
+    store: Store, rank: int, size: int, device: torch.device, timeout: timedelta
+) -> StandaloneGroup:
+    """Create a gloo (CPU) or NCCL (CUDA) group on ``store`` outside torch's group registry.
+
+    :mod:`gang.ft` rebuilds its cross-replica group whenever the quorum changes, next to whatever
+    default group the replica's own processes use, so the group must not touch torch's global
+    state. ``ProcessGroupGloo``/``ProcessGroupNCCL`` are torch ``Backend`` objects (the type lives
+    in a private module); the collective timeout is ``timeout`` for both.
+
+    :param store: The store the members rendezvous on (a fresh prefix for every new group).
+    :param rank: This process's rank in the group.
+    :param size: The number of members.
+    :param device: ``cpu`` for gloo, ``cuda:N`` for NCCL.
+    :param timeout: The collective timeout.
+    """
+    if device.type == "cuda":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)

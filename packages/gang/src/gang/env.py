@@ -62,8 +62,8 @@ def get_local_rank() -> int:
 
 def get_local_world_size() -> int:
     """Return the number of processes on this node (``LOCAL_WORLD_SIZE``; under SLURM this
-    node's entry of ``SLURM_STEP_TASKS_PER_NODE``, indexed by ``SLURM_NODEID``;
-    ``OMPI_COMM_WORLD_LOCAL_SIZE``; else 1).
+    node's entry of ``SLURM_STEP_TASKS_PER_NODE`` (else ``SLURM_TASKS_PER_NODE``), indexed by
+    ``SLURM_NODEID``; ``OMPI_COMM_WORLD_LOCAL_SIZE``; else 1).
 
     :raises ValueError: If a variable of the launcher is malformed.
     """

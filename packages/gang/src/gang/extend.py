@@ -40,8 +40,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ROLES",
+    "SUPPORTED_DTYPES",
     "all_gather_bytes",
     "check_device",
+    "check_dtype",
     "check_int",
     "check_op",
     "check_open",
@@ -53,6 +55,31 @@ __all__ = [
 
 ROLES = ("root", "dp", "rdp", "sdp", "tp", "pp")
 """The fields of :class:`gang.Gangs`, in order: every gang of a process, one per parallelism role."""
+
+
+SUPPORTED_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    }
+)
+"""The tensor dtypes every gang accepts: what gloo, the narrowest backend, can move.
+
+gloo refuses ``int16``, ``uint16``, ``uint32``, ``uint64`` and the ``float8`` types ("Invalid scalar
+type", measured with torch 2.13 on two processes), so every gang refuses them. Which reductions
+apply to which dtypes is checked by :func:`check_op`.
+"""
+
+_REDUCTIONS_OF_COMPLEX = frozenset({ReduceOperation.SUM, ReduceOperation.MEAN})
 
 
 def check_open(gang: Gang, operation: str) -> None:
@@ -98,11 +125,26 @@ def check_rank(name: str, value: object, size: int) -> int:
     return rank
 
 
+def check_dtype(name: str, dtype: torch.dtype) -> None:
+    """Refuse a tensor dtype that some backend cannot move (see :data:`SUPPORTED_DTYPES`).
+
+    :raises ValueError: If ``dtype`` is not in :data:`SUPPORTED_DTYPES`.
+    """
+    if dtype not in SUPPORTED_DTYPES:
+        supported = ", ".join(sorted(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES))
+        raise ValueError(f"`{name}` must have a dtype that every gang supports ({supported}), but has {dtype} instead.")
+
+
 def check_op(name: str, op: object, dtype: torch.dtype) -> ReduceOperation:
     """Return ``op`` if it is a :class:`~gang.ReduceOperation` every gang can apply to ``dtype``.
 
+    Every reduction applies to floating-point dtypes; ``MEAN`` needs a floating-point or complex
+    dtype; complex dtypes only take ``SUM`` and ``MEAN`` (gloo and NCCL have no complex ``MIN``,
+    ``MAX`` or ``PRODUCT``). ``bool`` reduces as a logical or (``SUM``, ``MAX``) and a logical and
+    (``PRODUCT``, ``MIN``), as gloo and NCCL do.
+
     :raises TypeError: If ``op`` is not a :class:`~gang.ReduceOperation`.
-    :raises ValueError: If ``op`` is ``MEAN`` and ``dtype`` is not floating point or complex.
+    :raises ValueError: If no gang can apply ``op`` to ``dtype``.
     """
     if not isinstance(op, ReduceOperation):
         raise TypeError(f"`{name}` must be a `ReduceOperation`, but is {op!r} instead.")
@@ -110,6 +152,11 @@ def check_op(name: str, op: object, dtype: torch.dtype) -> ReduceOperation:
         raise ValueError(
             f"`{name}` is `ReduceOperation.MEAN`, which needs a floating-point tensor, "
             f"but the tensor has dtype {dtype} instead."
+        )
+    if dtype.is_complex and op not in _REDUCTIONS_OF_COMPLEX:
+        raise ValueError(
+            f"`{name}` must be `ReduceOperation.SUM` or `ReduceOperation.MEAN` for a complex tensor, "
+            f"but is `ReduceOperation.{op.name}` and the tensor has dtype {dtype}."
         )
     return op
 

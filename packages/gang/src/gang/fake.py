@@ -20,8 +20,9 @@ class FakeGang(Gang):
 
     It assumes every simulated rank holds the same data as this one, so a ``SUM`` all-reduce
     multiplies by ``size``, ``PRODUCT`` raises to the power ``size``, and ``MEAN``, ``MIN`` and
-    ``MAX`` leave the tensor unchanged; gathers replicate the input; broadcasts are no-ops.
-    Arguments are checked exactly as on a real gang.
+    ``MAX`` leave the tensor unchanged (and every reduction of ``bool``, a logical or / and on
+    real gangs); gathers replicate the input; broadcasts are no-ops. Arguments, dtypes included,
+    are checked exactly as on a real gang.
 
     :param device: The device of the simulated gang (not ``meta``).
     :param rank: The simulated rank, in ``[0, size)``.
@@ -58,6 +59,8 @@ class FakeGang(Gang):
 
     def _reduce_copies(self, tensor: Tensor, op: ReduceOperation) -> None:
         """Reduce ``size`` identical copies of ``tensor`` into ``tensor``."""
+        if tensor.dtype == torch.bool:
+            return  # A logical or (SUM, MAX) or and (PRODUCT, MIN) of identical copies.
         if op is ReduceOperation.SUM:
             tensor.mul_(self._size)
         elif op is ReduceOperation.PRODUCT:
@@ -79,7 +82,7 @@ class FakeGang(Gang):
 
     @override
     def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
-        if op is ReduceOperation.SUM:
+        if op is ReduceOperation.SUM and output_tensor.dtype != torch.bool:
             torch.mul(input_tensor[self._rank], self._size, out=output_tensor)
         else:
             output_tensor.copy_(input_tensor[self._rank])

@@ -25,6 +25,7 @@ from gang.errors import GangError
 from gang.extend import (
     all_gather_bytes,
     check_device,
+    check_dtype,
     check_int,
     check_op,
     check_open,
@@ -454,27 +455,24 @@ class Gang(ABC):
         return sorted(ranks)
 
     def _check_tensor(self, name: str, value: object, *, contiguous: bool = False) -> Tensor:
-        if isinstance(value, Tensor):  # the common case first
-            if value.device != self.device:
-                raise ValueError(
-                    f"`{name}` must be on the gang's device {self.device}, but is on {value.device} instead."
-                )
-            if contiguous and not value.is_contiguous():
-                raise ValueError(f"`{name}` must be contiguous, but is not (strides {list(value.stride())}).")
-            return value
-        if isinstance(value, np.ndarray):
-            if self.device.type != "cpu":
-                raise TypeError(f"`{name}` must be a `torch.Tensor` on {self.device}, but is a NumPy array instead.")
-            if not value.flags.writeable:
-                raise ValueError(f"`{name}` must be a writeable NumPy array, but is read-only.")
-            value = torch.from_numpy(value)
         if not isinstance(value, Tensor):
-            raise TypeError(f"`{name}` must be a `torch.Tensor`, but is of type `{type(value).__name__}` instead.")
+            value = self._from_array(name, value)
         if value.device != self.device:
             raise ValueError(f"`{name}` must be on the gang's device {self.device}, but is on {value.device} instead.")
+        check_dtype(name, value.dtype)
         if contiguous and not value.is_contiguous():
             raise ValueError(f"`{name}` must be contiguous, but is not (strides {list(value.stride())}).")
         return value
+
+    def _from_array(self, name: str, value: object) -> Tensor:
+        """A writeable NumPy array as a tensor sharing its memory (CPU gangs only)."""
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"`{name}` must be a `torch.Tensor`, but is of type `{type(value).__name__}` instead.")
+        if self.device.type != "cpu":
+            raise TypeError(f"`{name}` must be a `torch.Tensor` on {self.device}, but is a NumPy array instead.")
+        if not value.flags.writeable:
+            raise ValueError(f"`{name}` must be a writeable NumPy array, but is read-only.")
+        return torch.from_numpy(value)
 
     @staticmethod
     def _check_same_dtype(name: str, value: Tensor, reference: Tensor) -> None:

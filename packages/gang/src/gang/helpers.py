@@ -28,17 +28,33 @@ def broadcast_flag(gang: Gang, flag: bool, source_rank: int = 0) -> bool:
     return bool(tensor.item())
 
 
+def _number_kind(value: object) -> torch.dtype | None:
+    """The dtype a Python number is reduced in (``float`` as float64, ``int`` as int64), else ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return torch.float64
+    if isinstance(value, int):
+        return torch.int64
+    return None
+
+
 def all_sum(gang: Gang, value: float | int | Tensor) -> Tensor:
     """Return the sum of ``value`` over every rank as a new tensor on the gang's device.
+
+    A Python ``float`` is summed in float64 and an ``int`` in int64, so the result is what exact
+    arithmetic on Python numbers gives (up to float64 rounding). Every rank passes the same kind
+    of value (all ``float``, all ``int``, or tensors of one dtype and shape).
 
     :raises TypeError: If ``value`` is not a number or tensor.
     """
     if isinstance(value, Tensor):
         tensor = value.detach().to(gang.device, copy=True)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        tensor = torch.tensor(value, device=gang.device)
     else:
-        raise TypeError(f"`value` must be a number or a `torch.Tensor`, but is {value!r} instead.")
+        dtype = _number_kind(value)
+        if dtype is None:
+            raise TypeError(f"`value` must be a number or a `torch.Tensor`, but is {value!r} instead.")
+        tensor = torch.tensor(value, dtype=dtype, device=gang.device)
     gang.all_reduce(tensor, ReduceOperation.SUM)
     return tensor
 
@@ -64,22 +80,28 @@ def all_gather_objects(gang: Gang, obj: T) -> list[T]:
 def all_reduce_dict(gang: Gang, data: Mapping[str, Any], op: ReduceOperation = ReduceOperation.SUM) -> dict[str, Any]:
     """Reduce every value of ``data`` (numbers or tensors) over the gang in one collective per dtype.
 
-    Every rank passes the same keys. Numbers come back as Python numbers, tensors as tensors of
-    the same shape and dtype on the gang's device.
+    Numbers come back as Python numbers, tensors as tensors of the same shape and dtype on the
+    gang's device. Python ``float`` values are reduced in float64 and ``int`` values in int64; a key that
+    is an ``int`` on some ranks and a ``float`` on others is reduced as float64 on every rank. The
+    ranks first exchange their keys and the kind of each value, so a mismatch they cannot
+    reconcile raises the same error on every rank instead of a hang.
 
-    :raises TypeError: If ``data`` is not a mapping or a value is neither a number nor a tensor.
-    :raises ValueError: If ``op`` is ``MEAN`` and a value is an integer.
+    :raises TypeError: If ``data`` is not a mapping, or a value on some rank is neither a number
+        nor a tensor (on every rank).
+    :raises ValueError: If the ranks' keys differ, a key is a tensor on one rank and a number (or
+        a tensor of another dtype or shape) on another, or ``op`` is ``MEAN`` and a value is an
+        integer (on every rank).
     """
     if not isinstance(data, Mapping):
         raise TypeError(f"`data` must be a mapping, but is of type `{type(data).__name__}` instead.")
+    kinds = {key: _value_kind(value) for key, value in data.items()}
+    dtypes = _agree_on_dtypes(all_gather_objects(gang, kinds))
     tensors: dict[str, Tensor] = {}
     for key, value in data.items():
         if isinstance(value, Tensor):
             tensors[key] = value.detach().to(gang.device)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            tensors[key] = torch.tensor(value, device=gang.device)
         else:
-            raise TypeError(f"`data[{key!r}]` must be a number or a `torch.Tensor`, but is {value!r} instead.")
+            tensors[key] = torch.tensor(value, dtype=dtypes[key], device=gang.device)
     by_dtype: dict[torch.dtype, list[str]] = {}
     for key in sorted(tensors):
         by_dtype.setdefault(tensors[key].dtype, []).append(key)
@@ -102,3 +124,41 @@ def all_reduce_dict(gang: Gang, data: Mapping[str, Any], op: ReduceOperation = R
             offset += n
             result[key] = reduced.clone() if isinstance(data[key], Tensor) else reduced.item()
     return {key: result[key] for key in data}
+
+
+def _value_kind(value: object) -> tuple[str, ...]:
+    """What a rank tells its peers about one value of :func:`all_reduce_dict`."""
+    if isinstance(value, Tensor):
+        return ("tensor", str(value.dtype), str(list(value.shape)))
+    dtype = _number_kind(value)
+    if dtype is None:
+        return ("invalid", repr(value))
+    return ("number", str(dtype))
+
+
+def _agree_on_dtypes(kinds_by_rank: list[dict[str, tuple[str, ...]]]) -> dict[str, torch.dtype]:
+    """The dtype each key is reduced in, the same on every rank; or the same error on every rank."""
+    keys = set(kinds_by_rank[0])
+    for rank, kinds in enumerate(kinds_by_rank):
+        if set(kinds) != keys:
+            raise ValueError(
+                f"`data` must have the same keys on every rank, but rank 0 has {sorted(keys)} "
+                f"and rank {rank} has {sorted(kinds)}."
+            )
+    dtypes: dict[str, torch.dtype] = {}
+    for key in sorted(keys):
+        seen = [kinds[key] for kinds in kinds_by_rank]
+        invalid = [(rank, kind[1]) for rank, kind in enumerate(seen) if kind[0] == "invalid"]
+        if invalid:
+            rank, text = invalid[0]
+            raise TypeError(f"`data[{key!r}]` must be a number or a `torch.Tensor`, but is {text} on rank {rank}.")
+        if all(kind[0] == "number" for kind in seen):
+            wide = any(kind[1] == str(torch.float64) for kind in seen)
+            dtypes[key] = torch.float64 if wide else torch.int64
+        elif any(kind != seen[0] for kind in seen):
+            described = "; ".join(f"rank {rank}: {' '.join(kind)}" for rank, kind in enumerate(seen))
+            raise ValueError(
+                f"`data[{key!r}]` must be the same kind of value on every rank (numbers, or tensors of "
+                f"one dtype and shape), but is: {described}."
+            )
+    return dtypes

@@ -9,8 +9,11 @@ several launchers are present, the innermost launcher wins, in this order:
    ``mpirun`` inside a SLURM job inherits the job's ``SLURM_*`` variables; they are ignored).
 3. **SLURM** ``srun``: ``SLURM_PROCID`` and ``SLURM_STEP_ID`` are set. The batch script of
    ``sbatch`` is not a step (it has ``SLURM_PROCID=0`` and the job's ``SLURM_NTASKS`` but no
-   ``SLURM_STEP_ID``): it is one process, and its ``srun`` starts the tasks.
+   ``SLURM_STEP_ID``): it is one process, and its ``srun`` starts the tasks. A ``salloc`` shell
+   (no ``SLURM_PROCID``) is one process too.
 4. None of them: a world of one process.
+
+A variable set to blanks counts as unset.
 
 Derived rendezvous ports are even, so ``port + 1`` is free for a second service of the same
 job (``gang_jax`` puts the JAX coordinator there).
@@ -41,16 +44,21 @@ def _error(name: str, raw: str, must: str) -> ValueError:
     return ValueError(f"The environment variable `{name}` must be {must}, but is {raw!r} instead.")
 
 
+def _given(env: Mapping[str, str], name: str) -> bool:
+    """Whether ``name`` is set to something other than blanks (a blank value counts as unset)."""
+    return bool(env.get(name, "").strip())
+
+
 def _int(env: Mapping[str, str], name: str, *, minimum: int, default: int | None = None) -> int:
     raw = env.get(name)
-    if raw is None or raw.strip() == "":
+    if raw is None or not raw.strip():
         if default is None:
             raise ValueError(f"The environment variable `{name}` must be set, but is not set.")
         return default
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise _error(name, raw, "an integer") from None
+    # Plain ASCII digits: `int()` would also take "1_000" or non-ASCII digits, which no launcher writes.
+    if re.fullmatch(r"[+-]?[0-9]+", raw.strip()) is None:
+        raise _error(name, raw, "an integer")
+    value = int(raw.strip())
     if value < minimum:
         raise _error(name, raw, f"at least {minimum}")
     return value
@@ -70,7 +78,7 @@ def expand_tasks_per_node(text: str) -> list[int]:
     counts: list[int] = []
     for item in text.strip().split(","):
         match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
-        if match is None:
+        if match is None or int(match.group(2) or 1) < 1:
             raise ValueError(f"`{text}` is not a SLURM tasks-per-node list such as `2(x3),1`.")
         counts += [int(match.group(1))] * int(match.group(2) or 1)
     return counts
@@ -87,7 +95,7 @@ def _split_top_level(text: str) -> list[str]:
             items.append(text[start:i])
             start = i + 1
     items.append(text[start:])
-    if depth != 0 or any(not item for item in items):
+    if depth != 0 or any(not item.strip() for item in items):
         raise ValueError(f"`{text}` is not a SLURM host list such as `gpu[01-04,07]`.")
     return items
 
@@ -96,7 +104,7 @@ def _expand_ranges(text: str, whole: str) -> list[str]:
     """``"01-03,07"`` is ``["01", "02", "03", "07"]`` (zero padding kept)."""
     values: list[str] = []
     for part in text.split(","):
-        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
         if match is None or (match.group(2) is not None and int(match.group(2)) < int(match.group(1))):
             raise ValueError(f"`{whole}` is not a SLURM host list such as `gpu[01-04,07]`.")
         first, last = match.group(1), match.group(2) or match.group(1)
@@ -124,7 +132,7 @@ def expand_hostlist(text: str) -> list[str]:
 
     :raises ValueError: If ``text`` is not such a list.
     """
-    return [host for item in _split_top_level(text.strip()) for host in _expand_host(item, text)]
+    return [host for item in _split_top_level(text.strip()) for host in _expand_host(item.strip(), text)]
 
 
 def _derived_port(key: int) -> int:
@@ -182,7 +190,8 @@ class Launcher:
         - torchrun: both are always set; plain ``env://`` must set them.
         - SLURM: the host is the first node of ``SLURM_STEP_NODELIST`` (else
           ``SLURM_JOB_NODELIST``), and the port is derived from ``SLURM_JOB_ID`` and
-          ``SLURM_STEP_ID``, so concurrent steps of one job never collide.
+          ``SLURM_STEP_ID``, so concurrent steps of one job (whose step ids differ by less than
+          6000) never collide.
         - Open MPI: the host is ``mpirun``'s address in ``OMPI_MCA_orte_hnp_uri`` (as JAX finds its
           coordinator; rank 0 must run on ``mpirun``'s node) and the port is derived from the
           Open MPI job id there. Open MPI 5 has no such variable: set ``MASTER_ADDR``.
@@ -213,9 +222,9 @@ class Launcher:
     def _slurm_address(self, host: str | None, port: int | None) -> tuple[str, int]:
         env = self._env
         if host is None:
-            variable = "SLURM_STEP_NODELIST" if env.get("SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
+            variable = "SLURM_STEP_NODELIST" if _given(env, "SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
             value = env.get(variable, "")
-            if not value:
+            if not value.strip():
                 raise ValueError(
                     "The environment variable `SLURM_STEP_NODELIST` must be set under SLURM, but is not set; "
                     "set `MASTER_ADDR` to the address of the node of rank 0."
@@ -232,7 +241,7 @@ class Launcher:
         return host, port
 
     def _ompi_address(self, host: str | None, port: int | None) -> tuple[str, int]:
-        uri = self._env.get("OMPI_MCA_orte_hnp_uri", "")
+        uri = self._env.get("OMPI_MCA_orte_hnp_uri", "").strip()
         if not uri:
             missing = " and ".join(f"`{n}`" for n, v in (("MASTER_ADDR", host), ("MASTER_PORT", port)) if v is None)
             raise ValueError(
@@ -254,7 +263,7 @@ class Launcher:
 def _torchrun(env: Mapping[str, str]) -> Launcher:
     size = _int(env, "WORLD_SIZE", minimum=1)
     rank = _below(env, "RANK", _int(env, "RANK", minimum=0), size, "world size")
-    has_local = [name for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE") if env.get(name, "").strip()]
+    has_local = [name for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE") if _given(env, name)]
     if len(has_local) == 1:
         other = "LOCAL_WORLD_SIZE" if has_local[0] == "LOCAL_RANK" else "LOCAL_RANK"
         raise ValueError(
@@ -280,9 +289,9 @@ def _openmpi(env: Mapping[str, str]) -> Launcher:
 def _slurm(env: Mapping[str, str]) -> Launcher:
     size = _int(env, "SLURM_NTASKS", minimum=1)
     rank = _below(env, "SLURM_PROCID", _int(env, "SLURM_PROCID", minimum=0), size, "world size")
-    variable = "SLURM_STEP_TASKS_PER_NODE" if env.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
+    variable = "SLURM_STEP_TASKS_PER_NODE" if _given(env, "SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
     raw = env.get(variable, "")
-    if not raw:
+    if not raw.strip():
         raise ValueError("The environment variable `SLURM_STEP_TASKS_PER_NODE` must be set under srun, but is not set.")
     try:
         counts = expand_tasks_per_node(raw)
@@ -303,10 +312,10 @@ def detect_launcher(environ: Mapping[str, str]) -> Launcher:
         message names the variable and its value).
     """
     env = dict(environ)
-    if any(env.get(name, "").strip() for name in ("RANK", "WORLD_SIZE")):
+    if _given(env, "RANK") or _given(env, "WORLD_SIZE"):
         return _torchrun(env)
-    if any(env.get(name, "").strip() for name in ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+    if _given(env, "OMPI_COMM_WORLD_RANK") or _given(env, "OMPI_COMM_WORLD_SIZE"):
         return _openmpi(env)
-    if env.get("SLURM_PROCID", "").strip() and env.get("SLURM_STEP_ID", "").strip():
+    if _given(env, "SLURM_PROCID") and _given(env, "SLURM_STEP_ID"):
         return _slurm(env)
     return Launcher("none", 0, 1, 0, 1, env)

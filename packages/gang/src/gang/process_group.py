@@ -4,34 +4,35 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Protocol, TypeVar, final
+from typing import NamedTuple, Protocol, TypeVar, final
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch._C._distributed_c10d import (
+from torch.distributed import ProcessGroup
+from torch.overrides import has_torch_function_unary
+from typing_extensions import override
+
+from gang import rendezvous
+from gang._torch_groups import (
     AllgatherOptions,
     AllreduceOptions,
     AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
-    PrefixStore,
     ReduceScatterOptions,
-    Store,
-    TCPStore,
+    can_split,
+    group_timeout,
+    is_non_member,
 )
-from torch.distributed import ProcessGroup
-from torch.overrides import has_torch_function_unary
-from typing_extensions import override
-
-from gang._torch_groups import new_named_group
-
-__all__ = ["DEFAULT_TIMEOUT", "ProcessGroupGang", "new_named_group"]
 from gang.env import get_master_address, get_rank, get_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_device, check_timeout, operation_error
 from gang.gang import Gang, ReduceOperation
+
+__all__ = ["DEFAULT_TIMEOUT", "ProcessGroupGang"]
 
 DEFAULT_TIMEOUT = timedelta(minutes=15)
 """The collective timeout of :meth:`ProcessGroupGang.create_default_process_group` when none is given."""
@@ -46,6 +47,30 @@ _REDUCE_OPS = {
     ReduceOperation.MIN: dist.ReduceOp.MIN,
     ReduceOperation.MAX: dist.ReduceOp.MAX,
 }
+
+
+class SplitPlan(NamedTuple):
+    """What a split of a gang asks torch for (see :func:`plan_split`)."""
+
+    parent_groups: list[list[int]]
+    """The groups as ranks of the parent gang's group: what ``dist.split_group`` takes."""
+    group_index: int | None
+    """The index of the group that holds this process, or ``None``."""
+    members: list[int]
+    """The global ranks of that group (empty if none): what a named sub-group is created from."""
+
+
+def plan_split(global_ranks: Sequence[int], rank: int, groups: list[list[int]]) -> SplitPlan:
+    """Plan the split of a gang whose members have ``global_ranks`` into ``groups`` (ranks of the gang).
+
+    :param global_ranks: The global rank of each member of the gang, in gang rank order.
+    :param rank: This process's rank in the gang.
+    :param groups: Disjoint, sorted lists of ranks of the gang.
+    """
+    index = next((i for i, group in enumerate(groups) if rank in group), None)
+    members = [] if index is None else [global_ranks[r] for r in groups[index]]
+    return SplitPlan([list(group) for group in groups], index, members)
+
 
 # The dtypes that torch.distributed's functions rewrite before they call the group (complex
 # tensors as pairs of reals, float8 as bytes in `broadcast`).
@@ -92,12 +117,9 @@ def _sync_options(cls: type[_O]) -> _O:
     return opts
 
 
-# One store per rendezvous address, kept for the life of the process, and a generation counter.
-# Each initialisation of the default group writes its keys under a fresh prefix, so a second
-# round after `close()` never reads the first round's stale keys (raw torch does, under torchrun).
-_stores: dict[tuple[str, int], Store] = {}
-_generation = 0
-_wrap_counts: dict[str, int] = {}
+def reduce_op(op: ReduceOperation) -> dist.ReduceOp:
+    """The torch reduction of ``op`` (``MEAN`` is ``AVG``, which gloo and NCCL both support)."""
+    return dist.ReduceOp(_REDUCE_OPS[op])
 
 
 @final
@@ -126,7 +148,8 @@ class ProcessGroupGang(Gang):
         self._owns_group = owns_group
         self._is_default = is_default
         self._global_ranks = tuple(dist.get_process_group_ranks(pg))
-        self._name = name
+        # Members create (or wrap) a group in the same order, so the name is the same on all of them.
+        self._name = rendezvous.wrapped_name(pg.group_name, self._size) if name is None else name
         self._splits = 0
         # Built once and handed straight to the group (see `_direct`).
         self._allreduce_options = {op: _sync_options(AllreduceOptions) for op in ReduceOperation}
@@ -167,7 +190,6 @@ class ProcessGroupGang(Gang):
         :raises NotSupportedError: If ``torch.distributed`` is not available.
         :raises GangError: If the rendezvous fails or times out.
         """
-        global _generation
         device = check_device("device", device)
         if device.type == "cpu":
             backend = "gloo"
@@ -194,23 +216,12 @@ class ProcessGroupGang(Gang):
 
         what = f"rendezvous at {host}:{port} as rank {rank} of {world_size}"
         try:
-            store = _stores.get((host, port))
-            if store is None:
-                agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-                store = TCPStore(
-                    host,
-                    port,
-                    world_size,
-                    is_master=rank == 0 and not agent_store,
-                    timeout=timeout,
-                    wait_for_workers=False,
-                )
-                _stores[(host, port)] = store
-            _generation += 1
-            prefixed = PrefixStore(f"gang/{_generation}", store)
+            agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            store = rendezvous.store(host, port, world_size, is_master=rank == 0 and not agent_store, timeout=timeout)
+            round_number = rendezvous.next_generation()
             dist.init_process_group(
                 backend,
-                store=prefixed,
+                store=rendezvous.prefixed_store(store, round_number),
                 rank=rank,
                 world_size=world_size,
                 timeout=timeout,
@@ -225,9 +236,8 @@ class ProcessGroupGang(Gang):
             torch.cuda.set_device(device)
         pg = dist.group.WORLD
         assert pg is not None
-        return cls(
-            pg, device, timeout=timeout, owns_group=True, is_default=True, name=f"gang{_generation}", debug=debug
-        )
+        name = rendezvous.root_name(round_number)
+        return cls(pg, device, timeout=timeout, owns_group=True, is_default=True, name=name, debug=debug)
 
     @classmethod
     def from_process_group(
@@ -240,24 +250,22 @@ class ProcessGroupGang(Gang):
 
         :param pg: A process group this process is a member of.
         :param device: The device its collectives run on.
-        :param timeout: The timeout given to sub-gangs (``None``: the backend's default).
+        :param timeout: The timeout given to sub-gangs (``None``: the group's own timeout, or the
+            backend's default where torch does not tell it).
         :param debug: Debug mode (see :attr:`Gang.debug`); ``None`` reads ``GANG_DEBUG``.
         :raises TypeError: If ``pg`` is not a ``ProcessGroup`` or ``device`` not a ``torch.device``.
         :raises ValueError: If this process is not a member of ``pg``.
         """
+        if is_non_member(pg) or (isinstance(pg, ProcessGroup) and dist.get_rank(pg) < 0):
+            raise ValueError(f"`pg` must be a process group this process is a member of, but is {pg!r} instead.")
         if not isinstance(pg, ProcessGroup):
             raise TypeError(f"`pg` must be a `ProcessGroup`, but is {pg!r} instead.")
         device = check_device("device", device)
-        if dist.get_rank(pg) < 0:
-            raise ValueError("`pg` must be a process group this process is a member of, but it is not.")
-        # Members wrap the same group in the same order, so this name is the same on all of them.
-        base = dist.get_process_group_ranks(pg)
-        key = pg.group_name
-        _wrap_counts[key] = _wrap_counts.get(key, 0) + 1
-        name = f"wrap{_generation}:{key}:{_wrap_counts[key]}:{len(base)}"
-        return cls(
-            pg, device, timeout=timeout, owns_group=False, is_default=pg is dist.group.WORLD, name=name, debug=debug
-        )
+        if timeout is None:
+            timeout = group_timeout(pg, device)
+        else:
+            timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
+        return cls(pg, device, timeout=timeout, owns_group=False, is_default=pg is dist.group.WORLD, debug=debug)
 
     @property
     @override
@@ -274,35 +282,24 @@ class ProcessGroupGang(Gang):
         """The global rank of each member, in gang rank order."""
         return self._global_ranks
 
-    def _can_split(self) -> bool:
-        default = dist.group.WORLD
-        if default is None or default.bound_device_id is None:
-            return False
-        try:
-            return bool(self._pg._get_backend(self._device).supports_splitting)
-        except RuntimeError:
-            return False
-
     @override
     def _split(self, groups: list[list[int]]) -> Gang | None:
-        global_groups = [[self._global_ranks[r] for r in group] for group in groups]
+        plan = plan_split(self._global_ranks, self._rank, groups)
         split_index = self._splits
         self._splits += 1
-        mine = [i for i, g in enumerate(global_groups) if self._global_ranks[self._rank] in g]
+        splits = can_split(self._pg, self._device)
+        if plan.group_index is None and not splits:
+            return None
+        name = rendezvous.sub_name(self._name, split_index, -1 if plan.group_index is None else plan.group_index)
         try:
-            if self._can_split():
-                pg = dist.split_group(self._pg, global_groups, timeout=self._timeout)
-            elif not mine:
-                return None
-            elif self._name is None:
-                pg = dist.new_group(global_groups[mine[0]], timeout=self._timeout, use_local_synchronization=True)
+            if splits:
+                pg = dist.split_group(self._pg, plan.parent_groups, timeout=self._timeout)
             else:
-                pg = new_named_group(global_groups[mine[0]], f"{self._name}.{split_index}.{mine[0]}", self._timeout)
+                pg = rendezvous.new_named_group(plan.members, name, self._timeout)
         except _BACKEND_ERRORS as ex:
             raise operation_error("create_gang", self, ex) from ex
-        if pg is None or dist.get_rank(pg) < 0:
+        if pg is None or plan.group_index is None:
             return None
-        name = None if self._name is None or not mine else f"{self._name}.{split_index}.{mine[0]}"
         return ProcessGroupGang(pg, self._device, timeout=self._timeout, owns_group=True, is_default=False, name=name)
 
     @override

@@ -107,6 +107,16 @@ def _worker_main(conn: Connection, env: dict[str, str], init_gang: bool, gang_ti
         dist.destroy_process_group()
 
 
+def _add_note(ex: BaseException, note: str) -> None:
+    """``ex.add_note(note)`` on Python 3.11+; on 3.10 the note is kept in ``__notes__`` (not printed,
+    but the chained :class:`RemoteTraceback` names the rank too)."""
+    add_note = getattr(ex, "add_note", None)
+    if add_note is not None:
+        add_note(note)
+    else:
+        ex.__notes__ = [*getattr(ex, "__notes__", []), note]  # type: ignore[attr-defined]
+
+
 def _error_reply(ex: BaseException) -> bytes:
     text = "".join(traceback.format_exception(ex))
     try:
@@ -253,7 +263,7 @@ class World:
                 ex = pickle.loads(blob)
             else:
                 ex = RuntimeError(f"{name}: {message}")
-            ex.add_note(f"(raised on rank {rank} of {self.world_size} while running {what})")
+            _add_note(ex, f"(raised on rank {rank} of {self.world_size} while running {what})")
             raise ex from RemoteTraceback(rank, text)
         if died:
             procs = list(self._procs)

@@ -263,8 +263,8 @@ def _place(
         ranks[position] = r
     if len(component) != grid.size:
         raise _NotAGridError(
-            f"the gangs along {names} of sizes {list(grid.shape)} connect {len(component)} ranks {component} "
-            f"instead of {grid.size}"
+            f"the gangs along {names} of sizes {list(grid.shape)} connect {len(component)} ranks {component}, "
+            f"not the {grid.size} of a full grid"
         )
     placed = tuple(r for r in ranks if r is not None)
     # Every line of the grid must be, on each of its processes, exactly that process's gang.

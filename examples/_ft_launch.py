@@ -1,0 +1,198 @@
+"""Start and stop the processes of a fault-tolerant job on this machine (used by the fault-tolerance examples).
+
+A real job runs the coordination store (``python -m gang.ft.store``) on one host and one launcher
+per replica (``torchrun`` on each replica's node). :class:`LocalJob` does the same with local
+processes, so that an example can kill a replica with ``SIGKILL`` and start it again: every
+process's output is read line by line in a thread (each line stamped with the wall time it was
+read at, and echoed with the seconds since the job started and the process's name), and
+:meth:`LocalJob.close` kills every process that is still running, so nothing outlives the example.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+def free_port() -> int:
+    """Return a TCP port that is free on this host now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for_port(port: int, timeout: float) -> None:
+    """Wait until something accepts connections on ``127.0.0.1:port``.
+
+    :raises TimeoutError: If nothing does within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on port {port} after {timeout} s") from None
+            time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of output of a process of the job."""
+
+    name: str
+    """The name the process was started under."""
+    time: float
+    """``time.time()`` when the line was read."""
+    text: str
+    """The line, without its newline."""
+
+
+class LocalJob:
+    """The processes of one fault-tolerant job, started, watched and killed by name.
+
+    Use it as a context manager: on exit (normal, exception or ``SIGTERM``) every process still
+    running is killed and waited for.
+    """
+
+    def __init__(self, *, echo: bool = True) -> None:
+        self.echo = echo
+        self._procs: dict[str, subprocess.Popen[str]] = {}
+        self._readers: list[threading.Thread] = []
+        self._lines: queue.Queue[Line] = queue.Queue()
+        self._history: list[Line] = []
+        self._old_sigterm: object = None
+        self._started = time.time()
+        self._print_lock = threading.Lock()  # one whole line at a time from the reader threads
+
+    def __enter__(self) -> LocalJob:
+        self._old_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        signal.signal(signal.SIGTERM, self._old_sigterm)  # type: ignore[arg-type]
+
+    def start_store(self, *, timeout: float = 60) -> str:
+        """Start ``python -m gang.ft.store --port 0``; return the ``host:port`` it prints once it listens."""
+        self.start("store", ["-m", "gang.ft.store", "--port", "0"])
+        line = self.expect(matching("GANG_FT_STORE=", "store"), timeout)
+        return line.text.removeprefix("GANG_FT_STORE=")
+
+    def start(
+        self, name: str, args: Sequence[str], env: dict[str, str] | None = None, *, python: str | None = None
+    ) -> float:
+        """Start ``python args`` as process ``name`` (output read line by line); return ``time.time()`` of the launch.
+
+        ``env`` is added to this process's environment; ``PYTHONUNBUFFERED`` is set so that lines
+        arrive when they are printed. ``python`` is the interpreter (default: this one).
+        """
+        if name in self._procs and self._procs[name].poll() is None:
+            raise ValueError(f"`name` must not be a running process, but {name!r} is running.")
+        full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        launched = time.time()
+        proc = subprocess.Popen(
+            [python or sys.executable, *args],
+            env=full_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._procs[name] = proc
+        reader = threading.Thread(target=self._read, args=(name, proc), daemon=True)
+        reader.start()
+        self._readers.append(reader)
+        return launched
+
+    def _read(self, name: str, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = Line(name, time.time(), raw.rstrip("\n"))
+            if self.echo:
+                self._print(f"{line.time - self._started:6.2f}s [{name}] {line.text}")
+            self._history.append(line)
+            self._lines.put(line)
+
+    def say(self, text: str) -> None:
+        """Print ``text`` stamped like the processes' lines (seconds since the job started)."""
+        self._print(f"{time.time() - self._started:6.2f}s {text}")
+
+    def _print(self, text: str) -> None:
+        with self._print_lock:
+            print(text, flush=True)
+
+    def kill(self, name: str) -> float:
+        """Send ``SIGKILL`` to process ``name`` and wait for it; return ``time.time()`` just before the signal."""
+        proc = self._procs[name]
+        killed = time.time()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        return killed
+
+    def wait(self, name: str, timeout: float) -> int:
+        """Wait for process ``name`` to exit; return its exit status.
+
+        :raises subprocess.TimeoutExpired: If it is still running after ``timeout`` seconds.
+        """
+        return self._procs[name].wait(timeout)
+
+    def returncode(self, name: str) -> int | None:
+        """Return the exit status of process ``name``, or ``None`` while it runs."""
+        return self._procs[name].poll()
+
+    def expect(self, match: Callable[[Line], bool], timeout: float) -> Line:
+        """Return the next line (of any process) for which ``match`` is true.
+
+        :raises TimeoutError: If none arrives within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no expected line within {timeout} s")
+            try:
+                line = self._lines.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                continue
+            if match(line):
+                return line
+
+    def names(self) -> list[str]:
+        """Return the names of every process started so far."""
+        return list(self._procs)
+
+    def output(self, name: str) -> list[str]:
+        """Return every line process ``name`` printed so far (across restarts under that name)."""
+        return [line.text for line in list(self._history) if line.name == name]
+
+    def close(self) -> None:
+        """Kill every process still running (``SIGKILL``), wait for them and for their output."""
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self._procs.values():
+            proc.wait()
+        for reader in self._readers:
+            reader.join(timeout=5)
+
+
+def matching(pattern: str, name: str | None = None) -> Callable[[Line], bool]:
+    """Return a predicate for :meth:`LocalJob.expect`: the line starts with ``pattern`` (and is ``name``'s)."""
+    regex = re.compile(pattern)
+    return lambda line: (name is None or line.name == name) and regex.match(line.text) is not None
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

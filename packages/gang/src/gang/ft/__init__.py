@@ -1,0 +1,15 @@
+"""Fault-tolerant training across replicas: survivors go on when a replica dies.
+
+A *replica* is one process or a group of processes (one torchrun) that fails and restarts
+together. Replicas train data-parallel through a :class:`ReplicaGang`, whose membership changes
+at runtime: ``with gang.step():`` forms the quorum of live replicas, rebuilds the process group
+when membership changed and heals a replica that is behind; a failed collective inside a step is
+recorded instead of raised, and :meth:`ReplicaGang.should_commit` tells every member whether the
+step counts. Replicas meet through ``python -m gang.ft.store`` (see :mod:`gang.ft.store`).
+"""
+
+from __future__ import annotations
+
+from gang.ft.replica import DEFAULT_TIMEOUT, ReplicaGang
+
+__all__ = ["DEFAULT_TIMEOUT", "ReplicaGang"]

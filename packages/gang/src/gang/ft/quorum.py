@@ -1,0 +1,296 @@
+"""The store-side protocol of :mod:`gang.ft`: liveness, quorum rounds and the commit vote.
+
+Everything lives in the coordination store (torch's ``TCPStore``) under :data:`ROOT`:
+
+- ``reg``: every process appends ``replica|local_rank|local_world_size`` once, when it joins.
+- ``hb/<replica>/<local_rank>``: a heartbeat, ``"<unix time> <step>"`` written by a background
+  thread of every process (``"left"`` once it closed). A replica is *live* while the heartbeat of
+  each of its local ranks is younger than the timeout.
+- ``r/<n>/joins``: round ``n`` of the quorum; each process appends ``replica|local_rank|step``.
+  The first process that sees the round complete publishes ``r/<n>/result`` with an atomic
+  ``compare_set`` (so every process reads the same member list), and ``closed`` = ``n``.
+  A round is complete when every live replica joined (all its local ranks), or when twice the
+  timeout passed (a live replica may be finishing a collective that fails at the timeout) and the
+  joined live replicas include one at the highest step.
+- ``r/<n>/votes`` and ``r/<n>/decision``: the commit vote of round ``n``. Each process appends
+  ``replica|local_rank|ok`` (or ``fail``); the first process that sees every member's vote, a
+  ``fail`` or its deadline writes the decision with ``compare_set``; everyone reads that one.
+
+Heartbeat ages compare wall clocks of different hosts, so the hosts' clocks must agree to well
+within the timeout (NTP does).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from gang._torch_groups import TCPStore
+
+ROOT = "gang.ft/"
+"""The prefix of every key :mod:`gang.ft` writes in the coordination store."""
+
+_POLL_MIN = 0.0002
+_POLL_MAX = 0.002  # while a wait is young (`_FAST` seconds): a step's members arrive close together
+_POLL_SLOW = 0.01  # afterwards: waiting for a slow or dead replica should not load the store
+_FAST = 0.05
+_RECHECK = 0.02  # seconds between liveness checks while the joins of a round do not change
+
+
+def replica_sort_key(replica_id: str) -> tuple[int, int, str]:
+    """Order replica ids numerically when they are numbers, else by text (numbers first)."""
+    return (0, int(replica_id), "") if replica_id.isdigit() else (1, 0, replica_id)
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """The published result of one quorum round.
+
+    :ivar round: The round number (the quorum id).
+    :ivar members: Replica ids in rank order.
+    :ivar steps: The step number each member had when it joined.
+    :ivar sizes: The number of processes of each member.
+    :ivar group: The round whose process group the members use (a new one when membership or
+        health changed, else the previous quorum's).
+    """
+
+    round: int
+    members: tuple[str, ...]
+    steps: tuple[int, ...]
+    sizes: tuple[int, ...]
+    group: int
+
+    @property
+    def max_step(self) -> int:
+        """The highest step number among the members."""
+        return max(self.steps)
+
+    @property
+    def heal_source(self) -> int:
+        """The rank of the member that sends its state to members that are behind."""
+        return self.steps.index(self.max_step)
+
+    def describe(self) -> str:
+        """A short text naming the quorum, for error messages."""
+        return f"quorum {self.round} of replicas {list(self.members)}"
+
+    def to_json(self) -> str:
+        """Serialise for the store."""
+        fields = {"round": self.round, "members": self.members, "steps": self.steps, "sizes": self.sizes}
+        return json.dumps(fields | {"group": self.group})
+
+    @staticmethod
+    def from_json(text: bytes | str) -> Quorum:
+        """Parse what :meth:`to_json` wrote."""
+        d = json.loads(text)
+        return Quorum(
+            int(d["round"]),
+            tuple(d["members"]),
+            tuple(int(s) for s in d["steps"]),
+            tuple(int(s) for s in d["sizes"]),
+            int(d["group"]),
+        )
+
+
+class QuorumTimeoutError(Exception):
+    """Forming a quorum did not succeed in time; the message says why."""
+
+
+def _key(*parts: object) -> str:
+    return ROOT + "/".join(str(p) for p in parts)
+
+
+def _lines(raw: bytes) -> list[list[str]]:
+    return [line.split("|") for line in raw.decode().splitlines() if line]
+
+
+class Protocol:
+    """The store protocol of one process of one replica.
+
+    :param store: A client of the coordination store used by the calling thread only.
+    :param replica_id: This replica's id.
+    :param local_rank: This process's rank inside its replica.
+    :param local_world_size: The number of processes of the replica.
+    :param timeout: The heartbeat age after which a replica counts as dead, and the wait bound.
+    """
+
+    def __init__(self, store: TCPStore, replica_id: str, local_rank: int, local_world_size: int, timeout: timedelta):
+        self.store = store
+        self.replica_id = replica_id
+        self.local_rank = local_rank
+        self.local_world_size = local_world_size
+        self.timeout = timeout.total_seconds()
+
+    # -- membership -------------------------------------------------------------------------
+
+    def register(self, step: int) -> None:
+        """Write a first heartbeat and add this process to the registry."""
+        write_heartbeat(self.store, self.replica_id, self.local_rank, step)
+        _append(self.store, _key("reg"), f"{self.replica_id}|{self.local_rank}|{self.local_world_size}\n")
+
+    def live_replicas(self) -> tuple[set[str], dict[str, int]]:
+        """Return the live replica ids and the number of processes of every registered replica."""
+        registry = _lines(self.store.get(_key("reg")))
+        sizes = _sizes(registry)
+        registered = {(rid, int(lr)) for rid, lr, _ in registry}
+        keys = sorted(registered)
+        # A process writes its heartbeat before it registers, so every registered key exists.
+        values = dict(zip(keys, self.store.multi_get([_key("hb", *k) for k in keys]), strict=True))
+        now = time.time()
+        live = set()
+        for rid, size in sizes.items():
+            beats = [values.get((rid, lr)) for lr in range(size)]
+            if all(b is not None and b != b"left" and now - float(b.split()[0]) < self.timeout for b in beats):
+                live.add(rid)
+        return live, sizes
+
+    # -- quorum rounds --------------------------------------------------------------------------
+
+    def first_round(self, last_round: int) -> int:
+        """The round to join next: after the last one this process took part in and the last closed one."""
+        closed = int(self.store.get(_key("closed"))) if self.store.check([_key("closed")]) else 0
+        return max(last_round, closed) + 1
+
+    def form(self, last_round: int, step: int, min_replicas: int) -> Quorum:
+        """Join rounds from ``last_round + 1`` on until one publishes a quorum holding this replica.
+
+        :raises QuorumTimeoutError: If fewer than ``min_replicas`` replicas stay live for the
+            timeout, or this replica itself loses a process.
+        """
+        # After a round it took part in, a process joins the next one (the loop below moves on if
+        # that one closed without it); a new process starts after the last closed round.
+        n = last_round + 1 if last_round > 0 else self.first_round(0)
+        start = time.monotonic()
+        poll = _POLL_MIN
+        _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
+        seen, checked = b"", 0.0
+        while True:
+            result_key = _key("r", n, "result")
+            if self.store.check([result_key]):
+                quorum = Quorum.from_json(self.store.get(result_key))
+                if self.replica_id in quorum.members:
+                    return quorum
+                n = max(n + 1, self.first_round(0))  # closed without us: join the next round
+                _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
+                seen, checked = b"", 0.0
+                continue
+            # Cheap polls (two reads) while nothing changes; liveness is re-read when the joins
+            # change and every `_RECHECK` seconds.
+            joins = self.store.get(_key("r", n, "joins"))
+            if joins == seen and time.monotonic() - checked < _RECHECK:
+                poll = _backoff(poll, start)
+                continue
+            seen, checked = joins, time.monotonic()
+            live, sizes = self.live_replicas()
+            waited = time.monotonic() - start
+            if waited > self.timeout:
+                if self.replica_id not in live:
+                    raise QuorumTimeoutError(
+                        f"replica {self.replica_id!r} lost one of its {self.local_world_size} processes "
+                        f"(no heartbeat for {self.timeout:g} s) while forming quorum {n}"
+                    )
+                if len(live) < min_replicas:
+                    raise QuorumTimeoutError(
+                        f"only {len(live)} live replica(s) {sorted(live, key=replica_sort_key)} for "
+                        f"{self.timeout:g} s while forming quorum {n}, fewer than `min_replicas`={min_replicas}"
+                    )
+            # A live replica that has not joined may still be inside a collective that fails only
+            # at the timeout: wait twice as long before going on without it.
+            timed_out = waited > 2 * self.timeout
+            proposal = self._try_close(n, joins, live, sizes, timed_out=timed_out, min_replicas=min_replicas)
+            if proposal is not None:
+                published = self.store.compare_set(result_key, "", proposal.to_json())
+                if published == proposal.to_json().encode():
+                    self.store.set(_key("closed"), str(n))
+                    return proposal
+                continue  # another process published first: read its result at the top of the loop
+            poll = _backoff(poll, start)
+
+    def _try_close(
+        self, n: int, joins: bytes, live: set[str], sizes: dict[str, int], *, timed_out: bool, min_replicas: int
+    ) -> Quorum | None:
+        joined: dict[str, dict[int, int]] = {}
+        for rid, lr, step in _lines(joins):
+            joined.setdefault(rid, {})[int(lr)] = int(step)
+        complete = {rid for rid, ranks in joined.items() if len(ranks) >= sizes.get(rid, 1)}
+        members = sorted(complete & live, key=replica_sort_key)
+        if len(members) < min_replicas:
+            return None
+        steps = [max(joined[rid].values()) for rid in members]
+        if not live <= complete:
+            # A live replica has not joined: close without it only after the timeout, and only
+            # when a replica at the highest live step can heal the others.
+            highest = max(self._steps_of(live))
+            if not timed_out or max(steps) < highest:
+                return None
+        member_sizes = tuple(sizes.get(rid, 1) for rid in members)
+        return Quorum(n, tuple(members), tuple(steps), member_sizes, self._group_round(n, tuple(members)))
+
+    def _steps_of(self, replicas: set[str]) -> list[int]:
+        keys = [_key("hb", rid, 0) for rid in replicas]
+        values = self.store.multi_get(keys) if keys else []
+        return [int(v.split()[1]) for v in values if v != b"left"] or [0]
+
+    def _group_round(self, n: int, members: tuple[str, ...]) -> int:
+        """Reuse the previous quorum's group when it has the same members and committed."""
+        keys = [_key("r", n - 1, "result"), _key("r", n - 1, "decision")]
+        if n > 1 and self.store.check(keys):
+            result, decision = self.store.multi_get(keys)
+            prev = Quorum.from_json(result)
+            if prev.members == members and decision == b"commit":
+                return prev.group
+        return n
+
+    # -- the commit vote -------------------------------------------------------------------------
+
+    def vote(self, quorum: Quorum, ok: bool) -> bool:
+        """Vote on committing the step of ``quorum``; return the decision shared by every member."""
+        votes_key, decision_key = _key("r", quorum.round, "votes"), _key("r", quorum.round, "decision")
+        _append(self.store, votes_key, f"{self.replica_id}|{self.local_rank}|{'ok' if ok else 'fail'}\n")
+        expected = {(rid, lr) for rid, size in zip(quorum.members, quorum.sizes, strict=True) for lr in range(size)}
+        start = time.monotonic()
+        deadline = start + self.timeout
+        poll = _POLL_MIN
+        while not self.store.check([decision_key]):
+            votes = {(rid, int(lr)): v for rid, lr, v in _lines(self.store.get(votes_key))}
+            decision = None
+            if "fail" in votes.values() or time.monotonic() > deadline:
+                decision = "abort"
+            elif expected <= votes.keys():
+                decision = "commit"
+            if decision is not None:
+                return self.store.compare_set(decision_key, "", decision) == b"commit"
+            poll = _backoff(poll, start)
+        return self.store.get(decision_key) == b"commit"
+
+    def leave(self) -> None:
+        """Mark this process as gone, so the next round does not wait for its replica."""
+        self.store.set(_key("hb", self.replica_id, self.local_rank), "left")
+
+
+def _backoff(poll: float, start: float) -> float:
+    """Sleep ``poll`` seconds; return the next interval (doubling, capped by how long we waited)."""
+    time.sleep(poll)
+    return min(poll * 2, _POLL_MAX if time.monotonic() - start < _FAST else _POLL_SLOW)
+
+
+def _sizes(registry: list[list[str]]) -> dict[str, int]:
+    """The number of processes of each registered replica."""
+    sizes: dict[str, int] = {}
+    for rid, _, lws in registry:
+        sizes[rid] = max(sizes.get(rid, 1), int(lws))
+    return sizes
+
+
+def _append(store: TCPStore, key: str, value: str) -> None:
+    """Append ``value`` to ``key`` atomically (``TCPStore.append``; torch's stubs omit it)."""
+    appender: Any = store
+    appender.append(key, value)
+
+
+def write_heartbeat(store: TCPStore, replica_id: str, local_rank: int, step: int) -> None:
+    """Write the heartbeat of one process: the current time and its step number."""
+    store.set(_key("hb", replica_id, local_rank), f"{time.time():.6f} {step}")

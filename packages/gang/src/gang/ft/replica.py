@@ -1,0 +1,498 @@
+""":class:`ReplicaGang`: a gang across replicas whose membership changes at runtime."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from datetime import timedelta
+from typing import Any, final
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed import ProcessGroup
+from typing_extensions import override
+
+from gang._torch_groups import PrefixStore, StandaloneGroup, TCPStore, new_standalone_group
+from gang.env import get_local_rank, get_local_world_size
+from gang.errors import GangError, InvalidOperationError, NotSupportedError
+from gang.extend import check_device, check_int, check_open, check_timeout, operation_error
+from gang.ft.quorum import ROOT, Protocol, Quorum, QuorumTimeoutError, write_heartbeat
+from gang.gang import Gang, ReduceOperation
+from gang.process_group import reduce_op
+
+DEFAULT_TIMEOUT = timedelta(seconds=60)
+"""The timeout of :meth:`ReplicaGang.join` when none is given."""
+
+_STORE_ERRORS = (RuntimeError, OSError, ValueError)
+
+
+@final
+class ReplicaGang(Gang):
+    """A gang across replicas that keeps training when a replica dies.
+
+    Create it with :meth:`join` (the constructor takes what ``join`` checked). Each training step
+    runs inside ``with gang.step():``, which forms the quorum of live replicas, rebuilds the
+    process group when membership changed and heals a replica that is behind. Inside a step, a
+    failed or hung collective does not raise: it is recorded (:meth:`errored`), the step's later
+    collectives are skipped (tensors left as they are; the failed one may have written part of its
+    output), and :meth:`should_commit` returns ``False`` on every member. :attr:`rank` and
+    :attr:`size` are those of the current quorum (rank 0 of 1 before the first step).
+    """
+
+    def __init__(
+        self,
+        *,
+        replica_id: str,
+        address: tuple[str, int],
+        device: torch.device,
+        state_dict: Callable[[], Mapping[str, Any]],
+        load_state_dict: Callable[[Mapping[str, Any]], None],
+        min_replicas: int,
+        timeout: timedelta,
+    ) -> None:
+        super().__init__(rank=0, size=1, device=device, debug=False)
+        self._replica_id = replica_id
+        self._address = address
+        self._state_dict = state_dict
+        self._load_state_dict = load_state_dict
+        self._min_replicas = min_replicas
+        self._timeout = timeout
+        self._local_rank = get_local_rank()
+        self._local_world_size = get_local_world_size()
+        self._step_number = 0
+        self._round = 0
+        self._quorum: Quorum | None = None
+        self._pg: StandaloneGroup | None = None
+        self._pg_round = -1
+        self._in_step = False
+        self._error: GangError | None = None
+        self._commit: bool | None = None
+        self._store = self._connect()
+        self._protocol = Protocol(self._store, replica_id, self._local_rank, self._local_world_size, timeout)
+        self._stop = threading.Event()
+        self._beat_error: Exception | None = None
+        try:
+            self._protocol.register(0)
+        except _STORE_ERRORS as ex:
+            raise self._store_error("join", ex) from ex
+        self._beat_store = self._connect()
+        self._beat = threading.Thread(target=self._heartbeat, name=f"gang.ft heartbeat {replica_id}", daemon=True)
+        self._beat.start()
+
+    @classmethod
+    def join(
+        cls,
+        *,
+        replica_id: str | int | None = None,
+        store: str | None = None,
+        device: torch.device | None = None,
+        state_dict: Callable[[], Mapping[str, Any]],
+        load_state_dict: Callable[[Mapping[str, Any]], None],
+        min_replicas: int = 1,
+        timeout: timedelta | None = None,
+    ) -> ReplicaGang:
+        """Join the replicas that train together through the coordination store.
+
+        Every process of a replica (each local rank under torchrun) joins with the same
+        ``replica_id``; the gang links the processes of equal local rank across replicas.
+        Joining only registers this process; the first ``with gang.step():`` forms a quorum.
+
+        :param replica_id: This replica's id (``GANG_FT_REPLICA_ID`` when ``None``); letters,
+            digits, ``-``, ``_`` and ``.``. A restarted replica keeps its id.
+        :param store: ``"host:port"`` of ``python -m gang.ft.store`` (``GANG_FT_STORE`` when ``None``).
+        :param device: ``cpu`` (gloo) or ``cuda[:N]`` (NCCL); ``None`` is ``cpu``.
+        :param state_dict: Returns what a replica that is behind needs (model and optimizer
+            state); called on a healthy replica when another one heals.
+        :param load_state_dict: Loads what ``state_dict`` returned, on the replica that heals (it
+            travels through ``torch.save``/``torch.load(weights_only=False)``: replicas trust each other).
+        :param min_replicas: The fewest replicas a step runs with.
+        :param timeout: Bounds a stuck collective and healing, and is the heartbeat age after which
+            a replica counts as dead (default 60 seconds). Forming a quorum waits for a dead
+            replica until its heartbeat is that old, for a live one that does not join up to
+            twice as long (it may be in a collective that fails at the timeout), and raises after
+            ``timeout`` with fewer than ``min_replicas`` live replicas.
+        :raises ValueError: If an argument has a bad value or an environment variable is missing.
+        :raises TypeError: If an argument has the wrong type.
+        :raises GangError: If the store cannot be reached.
+        """
+        rid = _check_replica_id(replica_id)
+        address = _check_store(store)
+        device = _check_device(device)
+        for name, fn in (("state_dict", state_dict), ("load_state_dict", load_state_dict)):
+            if not callable(fn):
+                raise TypeError(f"`{name}` must be callable, but is {fn!r} instead.")
+        min_replicas = check_int("min_replicas", min_replicas, minimum=1)
+        timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
+        return cls(
+            replica_id=rid,
+            address=address,
+            device=device,
+            state_dict=state_dict,
+            load_state_dict=load_state_dict,
+            min_replicas=min_replicas,
+            timeout=timeout,
+        )
+
+    # -- properties -----------------------------------------------------------------------------
+
+    @property
+    @override
+    def supports_process_group(self) -> bool:
+        return False
+
+    @property
+    def replica_id(self) -> str:
+        """This replica's id."""
+        return self._replica_id
+
+    @property
+    def step_number(self) -> int:
+        """The number of committed steps (a healed replica takes its healer's)."""
+        return self._step_number
+
+    @property
+    def quorum(self) -> tuple[str, ...]:
+        """The replica ids of the current quorum, in rank order (empty before the first step)."""
+        return () if self._quorum is None else self._quorum.members
+
+    @property
+    def timeout(self) -> timedelta:
+        """The bound on a stuck collective and on healing; the heartbeat age of a dead replica (see :meth:`join`)."""
+        return self._timeout
+
+    # -- the step ---------------------------------------------------------------------------------
+
+    @contextmanager
+    def step(self) -> Iterator[ReplicaGang]:
+        """Run one training step on the quorum of live replicas.
+
+        On entry: form the quorum (waiting for live replicas; at least ``min_replicas``), rebuild
+        the process group under a fresh store prefix when membership changed, and heal this
+        replica if it is behind. Call :meth:`should_commit` after the step's collectives; a step
+        that never called it (or raised) is not committed on any member.
+
+        :raises InvalidOperationError: If the gang is closed or a step is already running.
+        :raises GangError: If fewer than ``min_replicas`` replicas stay live for the timeout, or
+            the coordination store is unreachable.
+        """
+        check_open(self, "step")
+        if self._in_step:
+            raise InvalidOperationError("`step` cannot be entered while a step of this gang is running.")
+        self._in_step = True
+        try:
+            self._begin()
+        except BaseException:
+            self._in_step = False
+            raise
+        ok = False
+        try:
+            yield self
+            ok = True
+        finally:
+            self._in_step = False
+            if self._commit is None:
+                try:
+                    self._vote(False)
+                except GangError:
+                    if ok:
+                        raise
+
+    def errored(self) -> GangError | None:
+        """The error that made this step's collectives stop, or ``None``."""
+        return self._error
+
+    def should_commit(self) -> bool:
+        """Agree with every member whether this step is committed; call it once per step, last.
+
+        ``True`` only when every member of the quorum finished the step without error. On
+        ``True``, :attr:`step_number` grows by one on every member. Calling it again in the same
+        step returns the same answer.
+
+        :raises InvalidOperationError: Outside ``with gang.step():``.
+        :raises GangError: If the coordination store is unreachable.
+        """
+        check_open(self, "should_commit")
+        if not self._in_step:
+            raise InvalidOperationError("`should_commit` must be called inside `with gang.step():`.")
+        if self._commit is None:
+            self._vote(self._error is None)
+        assert self._commit is not None
+        return self._commit
+
+    def _begin(self) -> None:
+        self._raise_beat_error("step")
+        self._error = None
+        self._commit = None
+        try:
+            quorum = self._protocol.form(self._round, self._step_number, self._min_replicas)
+        except QuorumTimeoutError as ex:
+            raise GangError(
+                f"`step` failed on replica {self._replica_id!r} before step {self._step_number + 1}: {ex}."
+            ) from ex
+        except _STORE_ERRORS as ex:
+            raise self._store_error("step", ex) from ex
+        self._quorum = quorum
+        self._round = quorum.round
+        self._rank, self._size = quorum.members.index(self._replica_id), len(quorum.members)
+        if self._pg_round != quorum.group:
+            self._rebuild(quorum)
+        if self._error is None and quorum.max_step > min(quorum.steps):
+            self._heal(quorum)
+
+    def _rebuild(self, quorum: Quorum) -> None:
+        self._drop_group()
+        prefix = f"{ROOT}g/{quorum.group}/lr{self._local_rank}"
+        try:
+            store = PrefixStore(prefix, self._store)
+            self._pg = new_standalone_group(store, self.rank, self.size, self._device, self._timeout)
+            self._pg_round = quorum.group
+        except _STORE_ERRORS as ex:
+            self._record("step (building the group)", ex)
+
+    def _heal(self, quorum: Quorum) -> None:
+        source = quorum.heal_source
+        header = torch.zeros(2, dtype=torch.int64, device=self._device)
+        payload = b""
+        if self.rank == source:
+            buffer = io.BytesIO()
+            torch.save(dict(self._state_dict()), buffer)
+            payload = buffer.getvalue()
+            header[0], header[1] = len(payload), self._step_number
+        if not self._run("heal", lambda pg: pg.broadcast([header], _root(source))):
+            return
+        if payload:
+            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self._device)
+        else:
+            data = torch.empty(int(header[0]), dtype=torch.uint8, device=self._device)
+        if self._run("heal", lambda pg: pg.broadcast([data], _root(source))) and self._step_number < int(header[1]):
+            # Like `broadcast_objects`, this unpickles what a peer sent: replicas trust each other.
+            state = torch.load(io.BytesIO(data.cpu().numpy().tobytes()), map_location=self._device, weights_only=False)
+            self._load_state_dict(state)
+            self._step_number = int(header[1])
+
+    def _vote(self, ok: bool) -> None:
+        assert self._quorum is not None
+        try:
+            self._commit = self._protocol.vote(self._quorum, ok)
+        except _STORE_ERRORS as ex:
+            self._commit = False
+            raise self._store_error("should_commit", ex) from ex
+        if self._commit:
+            self._step_number += 1
+
+    # -- collectives ----------------------------------------------------------------------------------
+
+    def _run(self, operation: str, call: Callable[[StandaloneGroup], Any]) -> bool:
+        """Run ``call`` on the group unless this step already failed; record a failure."""
+        if not self._in_step:
+            raise InvalidOperationError(f"`{operation}` must be called inside `with gang.step():`.")
+        if self._error is not None or self._pg is None:
+            return False
+        try:
+            work = call(self._pg)
+            if work is not None:
+                work.wait()
+        except _STORE_ERRORS as ex:
+            self._record(operation, ex)
+            return False
+        return True
+
+    def _record(self, operation: str, ex: Exception) -> None:
+        where = "" if self._quorum is None else f" of {self._quorum.describe()}"
+        error = operation_error(
+            operation, self, f"replica {self._replica_id!r} in step {self._step_number + 1}{where}: {ex}"
+        )
+        error.__cause__ = ex
+        self._error = error
+
+    @override
+    def _barrier(self) -> None:
+        self._run("barrier", lambda pg: pg.barrier())
+
+    # Results are written in place; a collective that fails may leave its output partly written
+    # (the step is then not committed anywhere), and the later ones of the step do not run.
+
+    @override
+    def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
+        self._run("all_reduce", lambda pg: pg.allreduce([tensor], _reduce(op)))
+
+    @override
+    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+        self._run("all_gather", lambda pg: pg.allgather([list(output_tensor.unbind(0))], [input_tensor]))
+
+    @override
+    def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
+        self._run("all_gather_to_list", lambda pg: pg.allgather([output_tensors], [input_tensor]))
+
+    @override
+    def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
+        total = input_tensor.clone()  # gloo has no reduce-scatter of one tensor: reduce all rows
+        if self._run("reduce_scatter", lambda pg: pg.allreduce([total], _reduce(op))):
+            output_tensor.copy_(total[self.rank])
+
+    @override
+    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+        self._run("all_to_all", lambda pg: pg.alltoall_base(output_tensor.view(-1), input_tensor.view(-1), [], []))
+
+    @override
+    def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
+        self._run("broadcast", lambda pg: pg.broadcast([tensor], _root(source_rank)))
+
+    @override
+    def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:
+        # Header and payload must both arrive, or the list stays as it is.
+        if self._error is not None:
+            return
+        snapshot = list(objects)
+        try:
+            super()._broadcast_objects(objects, source_rank)
+        except (EOFError, pickle.UnpicklingError):
+            if self.errored() is None:
+                raise
+        if self.errored() is not None:
+            objects[:] = snapshot
+
+    @override
+    def _split(self, groups: list[list[int]]) -> Gang | None:
+        raise NotSupportedError("A `ReplicaGang` cannot be split: its membership changes at every quorum.")
+
+    @override
+    def _as_process_group(self) -> ProcessGroup:
+        raise NotSupportedError(
+            "A `ReplicaGang` has no fixed process group: it is rebuilt whenever membership changes."
+        )
+
+    @override
+    def _close(self) -> None:
+        self._stop.set()
+        self._beat.join(timeout=self._timeout.total_seconds())
+        with suppress(*_STORE_ERRORS):  # if the store is gone, the others see the heartbeat stop
+            self._protocol.leave()
+        self._drop_group()
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _connect(self) -> TCPStore:
+        host, port = self._address
+        try:
+            return TCPStore(host, port, is_master=False, timeout=self._timeout, wait_for_workers=False)
+        except _STORE_ERRORS as ex:
+            raise self._store_error("join", ex) from ex
+
+    def _store_error(self, operation: str, ex: Exception) -> GangError:
+        where = "" if self._quorum is None else f" in {self._quorum.describe()}"
+        host, port = self._address
+        return GangError(
+            f"`{operation}` failed on replica {self._replica_id!r} in step {self._step_number + 1}{where}: "
+            f"the coordination store at {host}:{port} is unreachable ({ex})."
+        )
+
+    def _raise_beat_error(self, operation: str) -> None:
+        if self._beat_error is not None:
+            raise self._store_error(operation, self._beat_error) from self._beat_error
+
+    def _heartbeat(self) -> None:
+        interval = min(0.1, self._timeout.total_seconds() / 10)
+        while not self._stop.wait(interval):
+            try:
+                write_heartbeat(self._beat_store, self._replica_id, self._local_rank, self._step_number)
+            except _STORE_ERRORS as ex:
+                self._beat_error = ex
+                return
+
+    def _drop_group(self) -> None:
+        pg, self._pg, self._pg_round = self._pg, None, -1
+        if pg is not None:
+            _reaper.drop(pg)
+
+
+class _Reaper:
+    """Destroys dropped process groups off the training thread (gloo's destructor waits ~1-2 s)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[StandaloneGroup] = []
+        self._thread: threading.Thread | None = None
+
+    def drop(self, pg: StandaloneGroup) -> None:
+        with suppress(RuntimeError):
+            pg.abort()
+        with self._lock:
+            self._pending.append(pg)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="gang.ft reaper", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                pg = self._pending.pop()
+            del pg
+
+
+_reaper = _Reaper()
+
+
+def _reduce(op: ReduceOperation) -> dist.AllreduceOptions:
+    options = dist.AllreduceOptions()
+    options.reduceOp = reduce_op(op)
+    return options
+
+
+def _root(rank: int) -> dist.BroadcastOptions:
+    options = dist.BroadcastOptions()
+    options.rootRank = rank
+    return options
+
+
+def _check_replica_id(replica_id: object) -> str:
+    if replica_id is None:
+        replica_id = os.environ.get("GANG_FT_REPLICA_ID")
+        if replica_id is None:
+            raise ValueError("`replica_id` must be given when `GANG_FT_REPLICA_ID` is not set, but is None.")
+        name = "GANG_FT_REPLICA_ID"
+    else:
+        name = "replica_id"
+    if isinstance(replica_id, int) and not isinstance(replica_id, bool):
+        replica_id = str(replica_id)
+    if not isinstance(replica_id, str):
+        raise TypeError(f"`{name}` must be a `str` or an `int`, but is {replica_id!r} instead.")
+    if not replica_id or not all(c.isalnum() or c in "-_." for c in replica_id):
+        raise ValueError(
+            f"`{name}` must be a non-empty id of letters, digits, `-`, `_` and `.`, but is {replica_id!r} instead."
+        )
+    return replica_id
+
+
+def _check_store(store: object) -> tuple[str, int]:
+    name = "store"
+    if store is None:
+        store = os.environ.get("GANG_FT_STORE")
+        if store is None:
+            raise ValueError("`store` must be given when `GANG_FT_STORE` is not set, but is None.")
+        name = "GANG_FT_STORE"
+    if not isinstance(store, str):
+        raise TypeError(f"`{name}` must be a `str` of the form 'host:port', but is {store!r} instead.")
+    host, _, port = store.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"`{name}` must have the form 'host:port', but is {store!r} instead.")
+    return host, int(port)
+
+
+def _check_device(device: object) -> torch.device:
+    if device is None:
+        return torch.device("cpu")
+    device = check_device("device", device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"`device` must be of type `cpu` or `cuda`, but is of type `{device.type}` instead.")
+    return device
+
+
+__all__ = ["DEFAULT_TIMEOUT", "ReplicaGang"]

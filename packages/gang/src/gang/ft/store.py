@@ -1,0 +1,60 @@
+"""The coordination store of :mod:`gang.ft`: ``python -m gang.ft.store --port P``.
+
+It serves torch's ``TCPStore`` (the server side only; no training process hosts it) until it is
+killed (``SIGTERM``/``SIGINT`` end it cleanly). Every replica reaches it at ``GANG_FT_STORE=host:P``.
+With ``--port 0`` the system picks a free port. Once the store listens, it prints one line
+``GANG_FT_STORE=<host>:<port>`` to standard output (the host is the machine's name when it listens
+on every address) and writes ``<host>:<port>`` to ``--port-file`` if given, so a launcher can wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+from gang._torch_groups import TCPStore
+
+
+def serve(port: int, *, host: str = "0.0.0.0", port_file: Path | None = None) -> None:
+    """Serve a ``TCPStore`` on ``host:port`` until ``SIGTERM`` or ``SIGINT``.
+
+    :param port: The port to listen on; ``0`` picks a free one (printed on standard output).
+    :param host: The address to listen on.
+    :param port_file: If given, the ``host:port`` line is also written to this file.
+    """
+    store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    address = f"{socket.gethostname() if host in ('0.0.0.0', '::', '') else host}:{store.port}"
+    line = f"GANG_FT_STORE={address}"
+    if port_file is not None:
+        tmp = port_file.with_name(port_file.name + ".tmp")
+        tmp.write_text(address + "\n")
+        tmp.replace(port_file)
+    print(line, flush=True)
+    while not stop.wait(3600):
+        pass
+    del store
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line and serve the store."""
+    parser = argparse.ArgumentParser(prog="python -m gang.ft.store", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True, help="port to listen on (0: pick a free one)")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    parser.add_argument("--port-file", type=Path, default=None, help="also write host:port to this file")
+    args = parser.parse_args(argv)
+    if not 0 <= args.port < 65536:
+        parser.error(f"`--port` must be in the range [0, 65536), but is {args.port} instead.")
+    serve(args.port, host=args.host, port_file=args.port_file)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Every name that processes must agree on: rendezvous stores, generations and group names.
+
+Processes find each other through keys in a store and through the names of the groups they
+create. A key or name must be the same on every process that takes part, and must not be reused
+by a later round (after :meth:`Gang.close <gang.Gang.close>` and a new initialisation, a stale
+key would be read as fresh). This module is the one place that makes them, for the core and for
+:mod:`gang_mesh` and :mod:`gang_jax`:
+
+* :func:`store` keeps one TCP store per rendezvous address for the life of the process;
+* :func:`next_generation` starts a new round of the default group, whose keys live under
+  :func:`store_prefix` and whose root gang is called :func:`root_name`;
+* :func:`wrapped_name` and :func:`sub_name` name the gangs made from a user's group and the
+  sub-gangs of a gang, from what every member shares (the parent's name and how often the parent
+  was split), never from per-process state such as the number of groups alive;
+* :func:`next_call` counts the calls of a kind (a mesh conversion, a JAX rendezvous) that every
+  process makes in the same order, so a name made from the count is the same everywhere;
+* :func:`new_named_group` creates a torch group of some processes under such a name.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from torch.distributed import (  # type: ignore[attr-defined]  # public, but not in torch's stubs
+    PrefixStore,
+    Store,
+    TCPStore,
+)
+
+from gang._torch_groups import new_named_group
+
+__all__ = [
+    "generation",
+    "jax_coordinator_key",
+    "new_named_group",
+    "next_call",
+    "next_generation",
+    "prefixed_store",
+    "root_name",
+    "store",
+    "store_prefix",
+    "sub_name",
+    "wrapped_name",
+]
+
+_stores: dict[tuple[str, int], Store] = {}
+_generation = 0
+_calls: dict[str, int] = {}
+
+
+def store(host: str, port: int, world_size: int, *, is_master: bool, timeout: timedelta) -> Store:
+    """Return the process's TCP store at ``host:port``, connecting (or serving, on the master) once.
+
+    The store outlives the default group: a second initialisation in the same process reuses it
+    (under a new :func:`store_prefix`), as the port may still be held by the first one.
+    """
+    cached = _stores.get((host, port))
+    if cached is None:
+        cached = TCPStore(host, port, world_size, is_master=is_master, timeout=timeout, wait_for_workers=False)
+        _stores[(host, port)] = cached
+    return cached
+
+
+def next_generation() -> int:
+    """Start a new round of the default group in this process and return its number (1, 2, ...)."""
+    global _generation
+    _generation += 1
+    return _generation
+
+
+def generation() -> int:
+    """The number of the current round of the default group (0 before the first)."""
+    return _generation
+
+
+def store_prefix(round_number: int) -> str:
+    """The prefix of the store keys of round ``round_number`` of the default group."""
+    return f"gang/{round_number}"
+
+
+def prefixed_store(base: Store, round_number: int) -> Store:
+    """``base`` seen under :func:`store_prefix` of round ``round_number``."""
+    prefixed: Store = PrefixStore(store_prefix(round_number), base)
+    return prefixed
+
+
+def root_name(round_number: int) -> str:
+    """The name of the root gang of round ``round_number``; its sub-gangs' names start with it."""
+    return f"gang{round_number}"
+
+
+def next_call(kind: str) -> int:
+    """Count one more call of ``kind`` in this process and return the count (1, 2, ...).
+
+    Every process that takes part must make the calls of one kind in the same order; the count
+    is then the same on all of them and can name what the call creates.
+    """
+    _calls[kind] = count = _calls.get(kind, 0) + 1
+    return count
+
+
+def wrapped_name(group_name: str, size: int) -> str:
+    """The name of a gang that wraps the user's torch group ``group_name`` of ``size`` processes.
+
+    Members wrap the same group in the same order, so the name is the same on all of them; it
+    holds the round of the default group, so a group re-created after a new initialisation
+    (torch may reuse its name) gets a fresh one.
+    """
+    count = next_call(f"wrap:{group_name}")
+    return f"wrap{_generation}:{group_name}:{count}:{size}"
+
+
+def sub_name(parent: str, split_index: int, group_index: int) -> str:
+    """The name of group ``group_index`` of the ``split_index``-th split of the gang named ``parent``."""
+    return f"{parent}.{split_index}.{group_index}"
+
+
+def jax_coordinator_key() -> str:
+    """A fresh store key under which JAX's coordinator address is published (see :mod:`gang_jax`).
+
+    It holds torchrun's restart count and a per-process count of JAX rendezvous, so a second
+    initialisation, in the same process or after an elastic restart, never reads a stale address.
+    """
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"gang_jax/coordinator/{restart}/{next_call('gang_jax/coordinator')}"

@@ -1,0 +1,176 @@
+"""The gang.ft test replicas: the deterministic model, its single-process reference, the worker.
+
+The model, data and update rule are shared by the replicas and by :func:`reference`, which
+replays committed steps in one process so the test can compare parameters bit for bit.
+
+One process of one replica trains the shared model until a step count. Run as
+``python ft_workers.py LOG STEPS`` with ``GANG_FT_REPLICA_ID``/``GANG_FT_STORE`` set. It
+appends JSON lines to LOG: ``joined``, ``collective`` (with the step and the quorum) before the
+gradient exchange, ``commit`` with the members and the parameters after every committed step,
+``abort`` with the recorded error after an uncommitted one, ``healed`` when it loaded a peer's
+state, ``error`` when the gang raised, and ``done`` at the end. ``FT_PAUSE=<point>:<step>``
+makes it log ``paused`` at that point (``enter`` before ``with gang.step()``, ``collective``
+inside the step, ``heal:-1`` inside ``state_dict()``) and wait until the file
+``LOG.release.<point>.<step>`` exists (the harness kills or stops it there). Several pauses are
+separated by commas; ``FT_GATE=1`` adds ``enter:1`` on every local rank. ``FT_TIMEOUT`` and
+``FT_MIN_REPLICAS`` set the gang's timeout and ``min_replicas``.
+
+Under torchrun (a replica of several processes) each local rank trains its shard of the flat
+parameters: the replica's tensor-parallel gang (``create_parallel_gangs``) gathers the full
+parameters, every local rank computes the same gradient, and the ``ReplicaGang`` of local rank
+``k`` exchanges shard ``k`` of it across replicas. ``FT_PAUSE_LOCAL_RANK`` picks the local rank
+that pauses (default: all); each local rank logs to ``LOG.lr<k>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import zlib
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gang import (
+    Gang,
+    GangError,
+    ReduceOperation,
+    create_default_gang,
+    create_parallel_gangs,
+    get_local_rank,
+    get_local_world_size,
+)
+from gang.ft import ReplicaGang
+
+IN, OUT, BATCH = 8, 4, 16
+LR = 0.05
+
+
+def initial_params() -> Tensor:
+    """The flat parameters (weight then bias) every replica starts from."""
+    return torch.randn(IN * OUT + OUT, generator=torch.Generator().manual_seed(1234))
+
+
+def batch(replica_id: str, step: int) -> tuple[Tensor, Tensor]:
+    """The batch replica ``replica_id`` trains on in step ``step`` (the same after a restart)."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"{replica_id}/{step}".encode()))
+    x = torch.randn(BATCH, IN, generator=g)
+    return x, x @ torch.ones(IN, OUT) + torch.randn(BATCH, OUT, generator=g)
+
+
+def gradient(params: Tensor, replica_id: str, step: int) -> Tensor:
+    """The gradient of the mean squared error of ``replica_id``'s batch of ``step`` at ``params``."""
+    p = params.detach().clone().requires_grad_(True)
+    x, y = batch(replica_id, step)
+    weight, bias = p[: IN * OUT].view(IN, OUT), p[IN * OUT :]
+    loss = ((x @ weight + bias - y) ** 2).mean()
+    (grad,) = torch.autograd.grad(loss, p)
+    return grad
+
+
+def update(params: Tensor, table: Tensor) -> Tensor:
+    """One SGD step from the gathered gradients (one row per member, in rank order)."""
+    return params - LR * (table.sum(0) / table.shape[0])
+
+
+def reference(schedule: list[list[str]]) -> Tensor:
+    """Replay committed steps ``1..len(schedule)`` in one process; entry ``s - 1`` lists step ``s``'s members."""
+    params = initial_params()
+    for step, members in enumerate(schedule, start=1):
+        params = update(params, torch.stack([gradient(params, m, step) for m in members]))
+    return params
+
+
+class Replica:
+    def __init__(self, log: Path, shard: int, shards: int) -> None:
+        self.log = log
+        self.params = initial_params().chunk(shards)[shard].clone()
+        pauser = os.environ.get("FT_PAUSE_LOCAL_RANK")
+        pauses = os.environ.get("FT_PAUSE", "") if pauser is None or int(pauser) == shard else ""
+        self.pauses = {(e, int(s)) for e, _, s in (p.partition(":") for p in pauses.split(",") if p)}
+        if os.environ.get("FT_GATE") == "1":
+            self.pauses.add(("enter", 1))  # every local rank waits to begin step 1
+
+    def emit(self, event: str, **fields: Any) -> None:
+        with self.log.open("a") as f:
+            f.write(json.dumps({"event": event, "pid": os.getpid(), "t": round(time.time(), 3), **fields}) + "\n")
+
+    def maybe_pause(self, event: str, step: int) -> None:
+        if (event, step) in self.pauses:
+            self.pauses.discard((event, step))
+            self.emit("paused", at=event, step=step)
+            release = Path(f"{self.log}.release.{event}.{step}")
+            while not release.exists():
+                time.sleep(0.01)
+
+    def state_dict(self) -> Mapping[str, Any]:
+        self.maybe_pause("heal", -1)
+        return {"params": self.params}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.params = state["params"].clone()
+        self.emit("healed")
+
+
+def full_params(tp: Gang | None, shard: torch.Tensor) -> torch.Tensor:
+    """The whole flat parameters, gathered from the replica's tensor-parallel gang."""
+    if tp is None:
+        return shard
+    table = torch.empty(tp.size, shard.numel())
+    tp.all_gather(table, shard)
+    return table.view(-1)
+
+
+def main() -> None:
+    log, steps = Path(sys.argv[1]), int(sys.argv[2])
+    shard, shards = get_local_rank(), get_local_world_size()
+    tp = None
+    if shards > 1:
+        tp = create_parallel_gangs(create_default_gang(torch.device("cpu")), tp_size=shards).tp
+        log = Path(f"{log}.lr{shard}")
+    replica = Replica(log, shard, shards)
+    rid = os.environ["GANG_FT_REPLICA_ID"]
+    gang = ReplicaGang.join(
+        state_dict=replica.state_dict,
+        load_state_dict=replica.load_state_dict,
+        timeout=timedelta(seconds=float(os.environ.get("FT_TIMEOUT", "3"))),
+        min_replicas=int(os.environ.get("FT_MIN_REPLICAS", "1")),
+    )
+    replica.emit("joined")
+    try:
+        while gang.step_number < steps:
+            replica.maybe_pause("enter", gang.step_number + 1)
+            with gang.step():
+                step = gang.step_number + 1
+                replica.maybe_pause("collective", step)
+                replica.emit("collective", step=step, members=list(gang.quorum))
+                grad = gradient(full_params(tp, replica.params), rid, step).chunk(shards)[shard]
+                table = torch.zeros(gang.size, grad.numel())
+                gang.all_gather(table, grad)
+                count = torch.tensor([1], dtype=torch.int64)
+                gang.all_reduce(count, ReduceOperation.SUM)
+                if gang.should_commit():
+                    assert int(count) == gang.size, (int(count), gang.size)
+                    replica.params = update(replica.params, table)
+                    replica.emit(
+                        "commit", step=gang.step_number, members=list(gang.quorum), params=replica.params.tolist()
+                    )
+                else:
+                    replica.emit("abort", step=step, error=str(gang.errored()))
+    except GangError as ex:
+        replica.emit("error", error=str(ex))
+        sys.stdout.flush()
+        os._exit(3)
+    gang.close()
+    replica.emit("done", step=gang.step_number, params=replica.params.tolist())
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,408 @@
+"""gang.ft on real processes: a store process, replica processes, SIGKILL and SIGSTOP.
+
+Every scenario starts ``python -m gang.ft.store`` and replicas running ``ft_workers.py`` (one
+process each, or one torchrun of 2 processes each), injects a failure with a real signal at a
+point the replica reports in its log, and then checks:
+
+- every committed step was committed by every replica that logged it with the same members and
+  bit-identical parameters;
+- the final parameters equal a single-process replay (``ft_workers.reference``) of the committed
+  steps with the same data and the same membership schedule;
+- the expected replicas finished (or raised the expected ``GangError``), and no process is left.
+
+Replicas wait at step 1 until all of them have joined, so the membership schedule depends only
+on the injected failures. The timeouts are short (3 s); nothing asserts wall-clock bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ft_workers import reference
+
+WORKER = Path(__file__).parent / "ft_workers.py"
+STEPS = 8
+TIMEOUT = "3"  # seconds: the gang timeout of every replica
+WAIT = 180.0  # the harness's bound on waiting for one event (a loaded 2-core machine)
+
+
+class Cluster:
+    """A store process and replica processes, each replica logging JSON lines to its own file."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: dict[str, list[Path]] = {}
+        port_file = root / "store.port"
+        self.store = self._popen(
+            [
+                sys.executable,
+                "-m",
+                "gang.ft.store",
+                "--port",
+                "0",
+                "--host",
+                "127.0.0.1",
+                "--port-file",
+                str(port_file),
+            ],
+            os.environ.copy(),
+        )
+        self._until(lambda: port_file.exists(), "the store to listen")
+        self.address = "127.0.0.1:" + port_file.read_text().strip().rpartition(":")[2]
+
+    def _popen(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def start(
+        self,
+        rid: str,
+        *,
+        pause: str = "",
+        nproc: int = 1,
+        pause_local_rank: int | None = None,
+        min_replicas: int = 1,
+        steps: int = STEPS,
+        timeout: str = TIMEOUT,
+    ) -> subprocess.Popen[bytes]:
+        """Start one incarnation of replica ``rid`` (a torchrun of ``nproc`` processes if ``nproc > 1``)."""
+        incarnation = len(self.logs.setdefault(rid, []))
+        log = self.root / f"{rid}.{incarnation}.log"
+        env = os.environ | {
+            "GANG_FT_REPLICA_ID": rid,
+            "GANG_FT_STORE": self.address,
+            "FT_TIMEOUT": timeout,
+            "FT_MIN_REPLICAS": str(min_replicas),
+            "FT_PAUSE": pause,
+            "FT_GATE": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+        if pause_local_rank is not None:
+            env["FT_PAUSE_LOCAL_RANK"] = str(pause_local_rank)
+        if nproc == 1:
+            self.logs[rid].append(log)
+            return self._popen([sys.executable, str(WORKER), str(log), str(steps)], env)
+        self.logs[rid].extend(Path(f"{log}.lr{k}") for k in range(nproc))
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "--max-restarts=0",
+            str(WORKER),
+            str(log),
+            str(steps),
+        ]
+        return self._popen(cmd, env)
+
+    # -- observing -----------------------------------------------------------------------------
+
+    @staticmethod
+    def events(log: Path) -> list[dict[str, Any]]:
+        if not log.exists():
+            return []
+        return [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")]
+
+    def current(self, rid: str) -> list[Path]:
+        """The logs of the latest incarnation of ``rid`` (one per local rank)."""
+        logs = self.logs[rid]
+        latest = logs[-1].name.split(".")[1]
+        return [p for p in logs if p.name.split(".")[1] == latest]
+
+    def wait(self, rid: str, event: str, step: int | None = None, local_rank: int | None = None) -> dict[str, Any]:
+        """Wait until ``local_rank`` (default: every local rank) of ``rid``'s latest incarnation logged ``event``."""
+        found: list[dict[str, Any]] = []
+        logs = self.current(rid) if local_rank is None else [self.current(rid)[local_rank]]
+
+        def seen() -> bool:
+            found.clear()
+            for log in logs:
+                match = [e for e in self.events(log) if e["event"] == event and (step is None or e.get("step") == step)]
+                if not match:
+                    return False
+                found.append(match[0])
+            return True
+
+        self._until(seen, f"replica {rid} to log {event} {step}")
+        return found[0]
+
+    def release(self, rid: str, event: str, step: int) -> None:
+        for log in self.current(rid):
+            Path(f"{log}.release.{event}.{step}").touch()
+
+    def start_all(self, pauses: dict[str, str], steps: dict[str, int] | None = None, **kwargs: Any) -> None:
+        """Start replicas (ids mapped to their pauses; ``steps`` overrides how many steps some
+        train) and let them begin step 1 once all joined."""
+        rids = list(pauses)
+        for rid, pause in pauses.items():
+            self.start(rid, pause=pause, steps=(steps or {}).get(rid, STEPS), **kwargs)
+        for rid in rids:
+            self.wait(rid, "paused", 1)
+        for rid in rids:
+            self.release(rid, "enter", 1)
+
+    def pid(self, rid: str, local_rank: int = 0) -> int:
+        return int(self.wait(rid, "joined", local_rank=local_rank)["pid"])
+
+    def signal(self, rid: str, sig: signal.Signals, local_rank: int = 0) -> None:
+        os.kill(self.pid(rid, local_rank), sig)
+
+    def _until(self, condition: Any, what: str) -> None:
+        deadline = time.monotonic() + WAIT
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; logs:\n{self.dump()}")
+            time.sleep(0.02)
+
+    def finish(self, expect: dict[str, int]) -> None:
+        """Wait for every replica process; ``expect`` maps replica ids to 0 (they must finish
+        training) or 3 (they must end with a ``GangError``), as their last log line shows."""
+        deadline = time.monotonic() + WAIT
+        for proc in self.procs[1:]:
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"replica process {proc.args!r} did not end; logs:\n{self.dump()}") from None
+        for rid, code in expect.items():
+            last = [e for log in self.current(rid) for e in self.events(log) if e["event"] in ("done", "error")]
+            kinds = {e["event"] for e in last}
+            assert kinds == ({"done"} if code == 0 else {"error"}), f"replica {rid}: {last}\n{self.dump()}"
+
+    def close(self) -> None:
+        # torchrun's workers live in their own process groups: kill every pid a replica logged.
+        for logs in self.logs.values():
+            for log in logs:
+                for pid in {e["pid"] for e in self.events(log)}:
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGCONT)
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()
+
+    def dump(self) -> str:
+        lines = []
+        for logs in self.logs.values():
+            for log in logs:
+                for e in self.events(log):
+                    e.pop("params", None)
+                    lines.append(f"{log.name}: {e}")
+        return "\n".join(lines[-200:])
+
+    # -- the checks --------------------------------------------------------------------------------
+
+    def check_training(self, finishers: list[str]) -> dict[int, list[str]]:
+        """Check the invariants over every log; return the membership schedule of the committed steps."""
+        by_step: dict[int, dict[int, dict[str, Any]]] = {}
+        shards: dict[int, int] = {}
+        for logs in self.logs.values():
+            for log in logs:
+                shard = int(log.name.rpartition(".lr")[2]) if ".lr" in log.name else 0
+                shards[shard] = 1
+                for e in self.events(log):
+                    if e["event"] != "commit":
+                        continue
+                    key = (e["step"], shard)
+                    seen = by_step.setdefault(e["step"], {}).setdefault(shard, e)
+                    assert seen["members"] == e["members"], (key, seen["members"], e["members"])
+                    assert seen["params"] == e["params"], f"step {key}: parameters differ between {log.name} and others"
+        schedule = [by_step[s][0]["members"] for s in range(1, STEPS + 1)]
+        expected = reference(schedule).chunk(len(shards))
+        for rid in finishers:
+            for k, log in enumerate(sorted(self.current(rid))):
+                done = [e for e in self.events(log) if e["event"] == "done"]
+                assert done and done[0]["step"] == STEPS, (rid, done)
+                final = torch.tensor(done[0]["params"])
+                assert torch.equal(final, expected[k]), f"replica {rid} shard {k} differs from the reference"
+        return dict(enumerate(schedule, start=1))
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+    leftovers = [p.pid for p in c.procs if p.poll() is None]
+    assert not leftovers, leftovers
+
+
+ALL = ["0", "1", "2", "3"]
+
+
+def _members_after(schedule: dict[int, list[str]], step: int) -> set[tuple[str, ...]]:
+    return {tuple(m) for s, m in schedule.items() if s >= step}
+
+
+@pytest.mark.parametrize("point", ["collective", "enter"])
+def test_one_of_four_killed(cluster: Cluster, point: str) -> None:
+    # `collective`: replica 2 is killed inside step 3, before the gradient exchange the others
+    # are waiting in. `enter`: it is killed before step 3, while the others wait for it in the
+    # quorum until its heartbeat goes stale. Either way step 3 commits without it.
+    cluster.start_all({"0": "", "1": "", "2": f"{point}:3", "3": ""})
+    cluster.wait("2", "paused", 3)
+    cluster.signal("2", signal.SIGKILL)
+    cluster.finish({"0": 0, "1": 0, "3": 0})
+    schedule = cluster.check_training(["0", "1", "3"])
+    assert schedule[1] == ALL and schedule[2] == ALL
+    assert _members_after(schedule, 3) == {("0", "1", "3")}
+
+
+def _aborted(cluster: Cluster, rid: str, step: int) -> list[str]:
+    """The errors ``rid`` recorded in the uncommitted attempts at ``step``."""
+    return [
+        e["error"]
+        for log in cluster.current(rid)
+        for e in cluster.events(log)
+        if e["event"] == "abort" and e["step"] == step
+    ]
+
+
+def test_two_killed_at_once(cluster: Cluster) -> None:
+    cluster.start_all({"0": "", "1": "collective:3", "2": "", "3": "collective:3"})
+    cluster.wait("1", "paused", 3)
+    cluster.wait("3", "paused", 3)
+    cluster.signal("1", signal.SIGKILL)
+    cluster.signal("3", signal.SIGKILL)
+    cluster.finish({"0": 0, "2": 0})
+    schedule = cluster.check_training(["0", "2"])
+    assert _members_after(schedule, 3) == {("0", "2")}
+    assert _aborted(cluster, "0", 3), "step 3 should have failed once on the survivors"
+
+
+def test_sigstop_hang_then_heal_back(cluster: Cluster) -> None:
+    # Replica 1 hangs (SIGSTOP) just before the gradient exchange of step 3: the others' exchange
+    # times out, they drop it and go on. Continued, it finds itself dropped, heals and rejoins.
+    cluster.start_all({"0": "enter:6", "1": "collective:3", "2": "enter:6", "3": "enter:6"})
+    cluster.wait("1", "paused", 3)
+    cluster.signal("1", signal.SIGSTOP)
+    cluster.release("1", "collective", 3)
+    for rid in ("0", "2", "3"):
+        cluster.wait(rid, "paused", 6)  # survivors committed step 5 without replica 1
+    cluster.signal("1", signal.SIGCONT)
+    for rid in ("0", "2", "3"):
+        cluster.release(rid, "enter", 6)
+    cluster.finish({"0": 0, "1": 0, "2": 0, "3": 0})
+    schedule = cluster.check_training(ALL)
+    assert schedule[3] == ["0", "2", "3"]
+    assert schedule[STEPS] == ALL
+    cluster.wait("1", "healed")
+    assert any("quorum" in e for e in _aborted(cluster, "0", 3)), _aborted(cluster, "0", 3)
+
+
+def test_restarted_replica_heals_and_rejoins(cluster: Cluster) -> None:
+    cluster.start_all({"0": "enter:6", "1": "enter:6", "2": "collective:3", "3": "enter:6"})
+    cluster.wait("2", "paused", 3)
+    cluster.signal("2", signal.SIGKILL)
+    for rid in ("0", "1", "3"):
+        cluster.wait(rid, "paused", 6)
+    cluster.start("2")  # the same replica id, a fresh process at step 0
+    cluster.wait("2", "paused", 1)
+    cluster.release("2", "enter", 1)
+    for rid in ("0", "1", "3"):
+        cluster.release(rid, "enter", 6)
+    cluster.finish({"0": 0, "1": 0, "2": 0, "3": 0})
+    schedule = cluster.check_training(ALL)
+    assert schedule[5] == ["0", "1", "3"] and schedule[6] == ALL
+    healed = cluster.wait("2", "healed")
+    first = next(e for e in cluster.events(cluster.current("2")[0]) if e["event"] == "commit")
+    assert first["step"] == 6 and healed["t"] <= first["t"]
+
+
+def test_new_replica_joins_and_healer_killed_during_healing(cluster: Cluster) -> None:
+    # Replicas 0-2 train; a brand-new replica 3 joins before step 4. Replica 0 (the healer: the
+    # lowest rank at the highest step) is killed inside `state_dict()` while it prepares the heal;
+    # the step fails everywhere, and the next quorum heals replica 3 from replica 1.
+    cluster.start_all({"0": "enter:4,heal:-1", "1": "enter:4", "2": "enter:4"})
+    for rid in ("0", "1", "2"):
+        cluster.wait(rid, "paused", 4)
+    cluster.start("3")
+    cluster.wait("3", "paused", 1)
+    cluster.release("3", "enter", 1)
+    for rid in ("0", "1", "2"):
+        cluster.release(rid, "enter", 4)
+    cluster.wait("0", "paused", -1)
+    cluster.signal("0", signal.SIGKILL)
+    cluster.finish({"1": 0, "2": 0, "3": 0})
+    schedule = cluster.check_training(["1", "2", "3"])
+    assert schedule[3] == ["0", "1", "2"]
+    # Replica 3 waits out the failed heal in a gloo receive (its broadcast parent is not the dead
+    # healer, so it sees no closed socket) for the gang timeout, while 1 and 2 wait for it in the
+    # next quorum for the same timeout: it rejoins at step 4 or, losing that race, at step 5.
+    joined = min(s for s, members in schedule.items() if s >= 4 and "3" in members)
+    assert joined in (4, 5), schedule
+    assert all(members == ["1", "2", "3"] for s, members in schedule.items() if s > joined)
+    assert all(members == ["1", "2"] for s, members in schedule.items() if 4 <= s < joined)
+    healed = cluster.wait("3", "healed")
+    first = next(e for e in cluster.events(cluster.current("3")[0]) if e["event"] == "commit")
+    assert first["step"] == joined and healed["t"] <= first["t"]
+
+
+def test_fewer_than_min_replicas_raises_naming_the_quorum(cluster: Cluster) -> None:
+    cluster.start_all({"0": "", "1": "collective:3", "2": ""}, min_replicas=3)
+    cluster.wait("1", "paused", 3)
+    cluster.signal("1", signal.SIGKILL)
+    cluster.finish({"0": 3, "2": 3})
+    for rid in ("0", "2"):
+        error = cluster.wait(rid, "error")["error"]
+        assert f"replica '{rid}'" in error and "quorum" in error and "`min_replicas`=3" in error, error
+        assert "['0', '2']" in error, error
+
+
+def test_store_dies_every_replica_raises(cluster: Cluster) -> None:
+    cluster.start_all({"0": "enter:3", "1": "enter:3", "2": "enter:3"})
+    for rid in ("0", "1", "2"):
+        cluster.wait(rid, "paused", 3)
+    cluster.store.kill()
+    cluster.store.wait()
+    for rid in ("0", "1", "2"):
+        cluster.release(rid, "enter", 3)
+    cluster.finish({"0": 3, "1": 3, "2": 3})
+    for rid in ("0", "1", "2"):
+        error = cluster.wait(rid, "error")["error"]
+        assert "coordination store" in error and f"replica '{rid}'" in error, error
+
+
+def test_multi_process_replicas_one_process_killed(cluster: Cluster) -> None:
+    # Three replicas of 2 processes (one torchrun each, a tensor-parallel gang inside). Local
+    # rank 1 of replica 1 is killed mid-step: torchrun ends its replica, which is dropped whole.
+    cluster.start_all({"0": "", "1": "collective:3", "2": ""}, nproc=2, pause_local_rank=1)
+    cluster.wait("1", "paused", 3, local_rank=1)
+    cluster.signal("1", signal.SIGKILL, local_rank=1)
+    cluster.finish({"0": 0, "2": 0})
+    schedule = cluster.check_training(["0", "2"])
+    assert schedule[2] == ["0", "1", "2"]
+    assert _members_after(schedule, 3) == {("0", "2")}
+
+
+def test_closed_replica_leaves_the_quorum_at_once(cluster: Cluster) -> None:
+    # The gang timeout is 10 minutes here: had `close()` not left the quorum, the others would
+    # wait that long for replica 2 before going on, and the harness would give up first.
+    cluster.start_all({"0": "", "1": "", "2": ""}, steps={"2": 4}, timeout="600")
+    cluster.finish({"0": 0, "1": 0, "2": 0})
+    schedule = cluster.check_training(["0", "1"])
+    assert schedule[4] == ["0", "1", "2"]
+    assert _members_after(schedule, 5) == {("0", "1")}

@@ -1,0 +1,107 @@
+"""ReplicaGang argument checks and misuse: clear errors before any communication."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+
+from gang import InvalidOperationError, NotSupportedError, ReduceOperation
+from gang._torch_groups import TCPStore
+from gang.ft import ReplicaGang
+
+
+def _state() -> Mapping[str, Any]:
+    return {}
+
+
+def _load(state: Mapping[str, Any]) -> None:
+    pass
+
+
+GOOD: dict[str, Any] = {"replica_id": "r0", "store": "127.0.0.1:1", "state_dict": _state, "load_state_dict": _load}
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "text"),
+    [
+        ({"replica_id": ""}, ValueError, "`replica_id` must be a non-empty id"),
+        ({"replica_id": "a/b"}, ValueError, "but is 'a/b' instead"),
+        ({"replica_id": 1.5}, TypeError, "`replica_id` must be a `str` or an `int`, but is 1.5 instead"),
+        ({"store": "nohost"}, ValueError, "`store` must have the form 'host:port', but is 'nohost' instead"),
+        ({"store": "h:99999"}, ValueError, "but is 'h:99999' instead"),
+        ({"store": 5}, TypeError, "`store` must be a `str`"),
+        ({"device": "cpu"}, TypeError, "`device` must be a `torch.device`, but is 'cpu' instead"),
+        ({"device": torch.device("meta")}, ValueError, "`device` must be of type `cpu` or `cuda`"),
+        ({"state_dict": None}, TypeError, "`state_dict` must be callable, but is None instead"),
+        ({"load_state_dict": 3}, TypeError, "`load_state_dict` must be callable, but is 3 instead"),
+        ({"min_replicas": 0}, ValueError, "`min_replicas` must be at least 1, but is 0 instead"),
+        ({"min_replicas": True}, TypeError, "`min_replicas` must be an `int`, but is True of type `bool` instead"),
+        ({"timeout": 3}, TypeError, "`timeout` must be a `datetime.timedelta`, but is 3 instead"),
+        ({"timeout": timedelta(0)}, ValueError, "`timeout` must be positive"),
+    ],
+)
+def test_bad_arguments(changes: dict[str, Any], error: type[Exception], text: str) -> None:
+    with pytest.raises(error, match=re.escape(text)):
+        ReplicaGang.join(**(GOOD | changes))
+
+
+def test_missing_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GANG_FT_REPLICA_ID", raising=False)
+    monkeypatch.delenv("GANG_FT_STORE", raising=False)
+    with pytest.raises(ValueError, match="`replica_id` must be given when `GANG_FT_REPLICA_ID` is not set"):
+        ReplicaGang.join(state_dict=_state, load_state_dict=_load, store="h:1")
+    monkeypatch.setenv("GANG_FT_REPLICA_ID", "x")
+    with pytest.raises(ValueError, match="`store` must be given when `GANG_FT_STORE` is not set"):
+        ReplicaGang.join(state_dict=_state, load_state_dict=_load)
+    monkeypatch.setenv("GANG_FT_STORE", "bad")
+    with pytest.raises(ValueError, match="`GANG_FT_STORE` must have the form 'host:port', but is 'bad' instead"):
+        ReplicaGang.join(state_dict=_state, load_state_dict=_load)
+
+
+@pytest.fixture
+def gang() -> Iterator[ReplicaGang]:
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    g = ReplicaGang.join(
+        replica_id="solo",
+        store=f"127.0.0.1:{server.port}",
+        state_dict=_state,
+        load_state_dict=_load,
+        timeout=timedelta(seconds=5),
+    )
+    try:
+        yield g
+    finally:
+        g.close()
+
+
+def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang) -> None:
+    t = torch.ones(3)
+    with pytest.raises(InvalidOperationError, match=re.escape("inside `with gang.step():`")):
+        gang.all_reduce(t, ReduceOperation.SUM)
+    with pytest.raises(InvalidOperationError, match=re.escape("inside `with gang.step():`")):
+        gang.should_commit()
+    with pytest.raises(NotSupportedError):
+        gang.create_gang([0])
+    for expected in (1, 2):
+        with gang.step():
+            assert (gang.rank, gang.size, gang.quorum) == (0, 1, ("solo",))
+            gang.all_reduce(t, ReduceOperation.SUM)
+            with pytest.raises(ValueError, match=re.escape("`op` is `ReduceOperation.MEAN`")):
+                gang.all_reduce(torch.ones(2, dtype=torch.int64), ReduceOperation.MEAN)
+            with pytest.raises(InvalidOperationError, match="while a step of this gang is running"), gang.step():
+                pass
+            assert gang.errored() is None
+            assert gang.should_commit() and gang.should_commit()
+        assert gang.step_number == expected
+    with gang.step():
+        pass  # never asked to commit: not committed
+    assert gang.step_number == 2
+    assert torch.equal(t, torch.ones(3))
+    gang.close()
+    with pytest.raises(InvalidOperationError, match="closed gang"), gang.step():
+        pass
