@@ -1,8 +1,9 @@
 """Functions the conformance suite runs on every rank: the same inputs through two gangs.
 
 Each worker holds the torch :class:`~gang.ProcessGroupGang` that :class:`gang.testing.World`
-created and one :class:`~gang_jax.JaxGang`, created on first use and kept in a module global, so
-a whole test module shares one JAX runtime per process.
+created and up to two root JaxGangs, one in-process and one isolated (JAX in
+a child process), each created on first use and kept in a module global, so a whole test module
+shares one JAX runtime of each kind per process. Every worker takes ``isolated`` to pick one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch import Tensor
 from gang import Gang, Gangs, ReduceOperation, create_fsdp_gangs, create_parallel_gangs
 from gang_jax import JaxGang
 
-_JAX: JaxGang | None = None
+_JAX: dict[bool, JaxGang] = {}
 
 DTYPES = {
     "float32": torch.float32,
@@ -26,12 +27,12 @@ DTYPES = {
 }
 
 
-def jax_gang() -> JaxGang:
-    """Return this process's root :class:`JaxGang`, creating it on first use."""
-    global _JAX
-    if _JAX is None or _JAX.closed:
-        _JAX = JaxGang.create_default()
-    return _JAX
+def jax_gang(isolated: bool) -> JaxGang:
+    """Return this process's root :class:`JaxGang` of the given kind, creating it on first use."""
+    g = _JAX.get(isolated)
+    if g is None or g.closed:
+        g = _JAX[isolated] = JaxGang.create_default(isolated=isolated)
+    return g
 
 
 def make_input(rank: int, shape: tuple[int, ...], dtype: torch.dtype, op: ReduceOperation | None) -> Tensor:
@@ -62,16 +63,18 @@ def _close_all(gangs: Gangs) -> None:
             g.close()
 
 
-def _both(pg: Gang) -> tuple[Gang, Gang]:
-    return pg, jax_gang()
+def _both(pg: Gang, isolated: bool) -> tuple[Gang, Gang]:
+    return pg, jax_gang(isolated)
 
 
-def run_collective(pg: Gang, kind: str, op_name: str | None, dtype_name: str, shape: tuple[int, ...]) -> dict[str, Any]:
+def run_collective(
+    pg: Gang, kind: str, op_name: str | None, dtype_name: str, shape: tuple[int, ...], isolated: bool
+) -> dict[str, Any]:
     """Run ``kind`` on the torch gang and on the JAX gang with the same inputs; return both outputs."""
     dtype = DTYPES[dtype_name]
     op = ReduceOperation[op_name] if op_name else None
     results: dict[str, Any] = {}
-    for name, g in zip(("torch", "jax"), _both(pg), strict=True):
+    for name, g in zip(("torch", "jax"), _both(pg, isolated), strict=True):
         results[name] = _run_one(g, kind, op, dtype, shape)
     return results
 
@@ -112,10 +115,10 @@ def _run_one(g: Gang, kind: str, op: ReduceOperation | None, dtype: torch.dtype,
     raise ValueError(f"`kind` must name a collective, but is {kind!r} instead.")
 
 
-def run_on_subgangs(pg: Gang, how: str) -> dict[str, Any]:
+def run_on_subgangs(pg: Gang, how: str, isolated: bool) -> dict[str, Any]:
     """Build sub-gangs of both roots the same way and run a few collectives on them."""
     results: dict[str, Any] = {}
-    for name, root in zip(("torch", "jax"), _both(pg), strict=True):
+    for name, root in zip(("torch", "jax"), _both(pg, isolated), strict=True):
         if how == "create_gang":
             sub = root.create_gang([0, root.size - 1])
         elif how == "split":
@@ -153,10 +156,10 @@ def _summarise(gangs: Gangs, root_rank: int) -> dict[str, Any]:
     return out
 
 
-def run_parallel_gangs(pg: Gang, tp_size: int) -> dict[str, Any]:
+def run_parallel_gangs(pg: Gang, tp_size: int, isolated: bool) -> dict[str, Any]:
     """Build parallel and FSDP gangs on both roots and all-reduce along every axis."""
     results: dict[str, Any] = {}
-    for name, root in zip(("torch", "jax"), _both(pg), strict=True):
+    for name, root in zip(("torch", "jax"), _both(pg, isolated), strict=True):
         gangs = create_parallel_gangs(root, tp_size=tp_size)
         fsdp = create_fsdp_gangs(gangs, intra_node_size=2 if gangs.dp.size % 2 == 0 else None)
         results[name] = {"parallel": _summarise(gangs, root.rank), "fsdp": _summarise(fsdp, root.rank)}
@@ -165,10 +168,10 @@ def run_parallel_gangs(pg: Gang, tp_size: int) -> dict[str, Any]:
     return results
 
 
-def run_broadcast_objects(pg: Gang) -> dict[str, Any]:
+def run_broadcast_objects(pg: Gang, isolated: bool) -> dict[str, Any]:
     """Broadcast a list of objects from the last rank on both gangs."""
     results: dict[str, Any] = {}
-    for name, g in zip(("torch", "jax"), _both(pg), strict=True):
+    for name, g in zip(("torch", "jax"), _both(pg, isolated), strict=True):
         objects: list[object] = [{"from": g.rank}, "x" * 1000] if g.rank == g.size - 1 else []
         g.broadcast_objects(objects, g.size - 1)
         results[name] = objects

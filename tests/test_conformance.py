@@ -1,7 +1,8 @@
 """One body per collective, run on a torch ProcessGroupGang and a JaxGang in the same processes.
 
 Inputs are chosen so that every reduction is exact whatever order a backend combines values in
-(see :func:`conformance_workers.make_input`); results must then be equal bit for bit.
+(see :func:`conformance_workers.make_input`); results must then be equal bit for bit. Every test
+runs twice: on an in-process JaxGang and on an isolated one (JAX in a child process).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ SHAPE = (2, 3)
 def world(request: pytest.FixtureRequest) -> Iterator[World]:
     with World(request.param, env={"OMP_NUM_THREADS": "1"}) as w:
         yield w
+
+
+@pytest.fixture(params=[False, True], ids=["in-process", "isolated"])
+def isolated(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
 
 
 def _assert_same(results: list[dict[str, Any]]) -> None:
@@ -50,47 +56,47 @@ def _reductions() -> list[Any]:
 
 
 @pytest.mark.parametrize(("op", "dtype"), _reductions())
-def test_all_reduce(world: World, op: str, dtype: str) -> None:
-    _assert_same(world.run(cw.run_collective, "all_reduce", op, dtype, SHAPE))
+def test_all_reduce(world: World, isolated: bool, op: str, dtype: str) -> None:
+    _assert_same(world.run(cw.run_collective, "all_reduce", op, dtype, SHAPE, isolated))
 
 
 @pytest.mark.parametrize(("op", "dtype"), _reductions())
-def test_reduce_scatter(world: World, op: str, dtype: str) -> None:
-    _assert_same(world.run(cw.run_collective, "reduce_scatter", op, dtype, SHAPE))
+def test_reduce_scatter(world: World, isolated: bool, op: str, dtype: str) -> None:
+    _assert_same(world.run(cw.run_collective, "reduce_scatter", op, dtype, SHAPE, isolated))
 
 
 @pytest.mark.parametrize(
     "kind", ["all_gather", "all_gather_to_list", "all_to_all", "broadcast_first", "broadcast_last"]
 )
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_data_movement(world: World, kind: str, dtype: str) -> None:
-    _assert_same(world.run(cw.run_collective, kind, None, dtype, SHAPE))
+def test_data_movement(world: World, isolated: bool, kind: str, dtype: str) -> None:
+    _assert_same(world.run(cw.run_collective, kind, None, dtype, SHAPE, isolated))
 
 
 @pytest.mark.parametrize("shape", [(), (0,), (1, 1, 5)], ids=["scalar", "empty", "rank3"])
 @pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "broadcast_last"])
-def test_odd_shapes(world: World, kind: str, shape: tuple[int, ...]) -> None:
-    _assert_same(world.run(cw.run_collective, kind, "SUM", "float32", shape))
+def test_odd_shapes(world: World, isolated: bool, kind: str, shape: tuple[int, ...]) -> None:
+    _assert_same(world.run(cw.run_collective, kind, "SUM", "float32", shape, isolated))
 
 
 @pytest.mark.parametrize(("op", "dtype"), [("SUM", "float32"), ("MAX", "int64"), ("SUM", "int32")])
-def test_large_reduce_scatter(world: World, op: str, dtype: str) -> None:
+def test_large_reduce_scatter(world: World, isolated: bool, op: str, dtype: str) -> None:
     # 2**20 elements per chunk: a size at which some JAX CPU builds returned wrong reduce-scatter data.
-    results = world.run(cw.run_collective, "reduce_scatter", op, dtype, (1 << 20,))
+    results = world.run(cw.run_collective, "reduce_scatter", op, dtype, (1 << 20,), isolated)
     _assert_same(results)
 
 
-def test_results_are_not_trivial(world: World) -> None:
+def test_results_are_not_trivial(world: World, isolated: bool) -> None:
     # Guards the suite itself: a SUM must differ from the input, or equality would prove nothing.
-    results = world.run(cw.run_collective, "all_reduce", "SUM", "int64", SHAPE)
+    results = world.run(cw.run_collective, "all_reduce", "SUM", "int64", SHAPE, isolated)
     expected = torch.stack([cw.make_input(r, SHAPE, torch.int64, None) for r in range(world.world_size)]).sum(0)
     for r in results:
         assert torch.equal(r["jax"], expected)
 
 
 @pytest.mark.parametrize("how", ["create_gang", "split", "three"])
-def test_subgangs(world: World, how: str) -> None:
-    results = world.run(cw.run_on_subgangs, how)
+def test_subgangs(world: World, isolated: bool, how: str) -> None:
+    results = world.run(cw.run_on_subgangs, how, isolated)
     members = 0
     for r in results:
         assert (r["torch"] is None) == (r["jax"] is None)
@@ -105,8 +111,8 @@ def test_subgangs(world: World, how: str) -> None:
 
 
 @pytest.mark.parametrize("tp_size", [1, 2])
-def test_parallel_gangs(world: World, tp_size: int) -> None:
-    results = world.run(cw.run_parallel_gangs, tp_size)
+def test_parallel_gangs(world: World, isolated: bool, tp_size: int) -> None:
+    results = world.run(cw.run_parallel_gangs, tp_size, isolated)
     for r in results:
         for layout in ("parallel", "fsdp"):
             for axis, (rank, size, value) in r["torch"][layout].items():
@@ -115,7 +121,7 @@ def test_parallel_gangs(world: World, tp_size: int) -> None:
                 assert torch.equal(value, j_value), (layout, axis)
 
 
-def test_broadcast_objects(world: World) -> None:
-    results = world.run(cw.run_broadcast_objects)
+def test_broadcast_objects(world: World, isolated: bool) -> None:
+    results = world.run(cw.run_broadcast_objects, isolated)
     for r in results:
         assert r["torch"] == r["jax"] == [{"from": world.world_size - 1}, "x" * 1000]

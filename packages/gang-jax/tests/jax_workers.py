@@ -169,19 +169,19 @@ def error_is_gang_error() -> tuple[str, str, str]:
     g = gang()
     from gang_jax import _collectives
 
-    comm = g._communicator()
-    original = comm.all_reduce
+    comm = g.communicator
+    original = comm.host_call
 
-    def broken(x: Any, op: ReduceOperation) -> Any:
+    def broken(*args: Any) -> Any:
         raise RuntimeError("simulated backend failure")
 
-    comm.all_reduce = broken  # type: ignore[method-assign]
+    comm.host_call = broken  # type: ignore[method-assign,assignment]
     try:
-        g.all_reduce(torch.ones(1), ReduceOperation.SUM)
+        g.all_reduce(torch.ones(13), ReduceOperation.SUM)  # a shape no other test uses, so it is prepared here
     except GangError as ex:
         return str(ex), type(ex.__cause__).__name__, _collectives.AXIS
     finally:
-        comm.all_reduce = original  # type: ignore[method-assign]
+        comm.host_call = original  # type: ignore[method-assign]
     return "no error", "", ""
 
 
@@ -243,3 +243,56 @@ def several_local_devices() -> dict[str, Any]:
     }
     g.close()
     return info
+
+
+_ISOLATED: JaxGang | None = None
+
+
+def isolated_gang() -> JaxGang:
+    """Return this process's isolated root gang (JAX in a child process), created once per process."""
+    global _ISOLATED
+    if _ISOLATED is None:
+        _ISOLATED = JaxGang.create_default(isolated=True)
+    return _ISOLATED
+
+
+def compile_stays_flat(isolated: bool) -> list[int]:
+    """``num_compiled`` after one round of every collective, then after each of five more rounds."""
+    g = isolated_gang() if isolated else gang()
+    n = g.size
+    floats, longs = torch.ones(2, 3), torch.ones(5, dtype=torch.int64)
+    rows, out = torch.ones(n, 4), torch.empty(n, 4)
+    counts = []
+    for _ in range(6):
+        g.all_reduce(floats, ReduceOperation.SUM)
+        g.all_reduce(longs, ReduceOperation.MAX)  # 64-bit reductions run in JAX's 64-bit mode
+        g.all_gather(out, rows[0])
+        g.reduce_scatter(out[0], rows, ReduceOperation.SUM)
+        g.all_to_all(out, rows)
+        g.broadcast(floats, n - 1)
+        g.barrier()
+        counts.append(g.num_compiled)
+    return counts
+
+
+def isolated_properties() -> dict[str, Any]:
+    """What an isolated gang tells about itself, next to the in-process gang of the same processes."""
+    iso, local = isolated_gang(), gang()
+    out: dict[str, Any] = {"same": (iso.rank, iso.size, iso.members) == (local.rank, local.size, local.members)}
+    out["isolated"] = (iso.isolated, local.isolated)
+    for name, call in (
+        ("communicator", lambda: iso.communicator),
+        ("functional", lambda: functional.all_reduce(iso, jnp.ones(2), ReduceOperation.SUM)),
+    ):
+        try:
+            call()
+            out[name] = "no error"
+        except NotSupportedError as ex:
+            out[name] = str(ex)
+    sub = iso.create_gang([0, iso.size - 1])
+    if isinstance(sub, JaxGang):
+        t = torch.tensor([float(iso.rank)])
+        sub.all_reduce(t, ReduceOperation.SUM)
+        out["sub"] = (sub.rank, sub.size, sub.members, t.item())
+        sub.close()
+    return out

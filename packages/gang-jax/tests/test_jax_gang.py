@@ -165,3 +165,23 @@ def test_rank_is_mesh_position_not_device_id() -> None:
     # Device ids are not dense across processes, and the gang never assumes they are.
     assert results[0]["mesh_ids"] == results[1]["mesh_ids"]
     assert results[0]["mesh_ids"] != [0, 1]
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in-process", "isolated"])
+def test_num_compiled_stays_flat_in_a_loop(world: World, isolated: bool) -> None:
+    # One compiled program per (collective, reduction, shape, dtype), counted by JAX: repeating the
+    # same calls (64-bit reductions and barriers included) must never trace or compile again.
+    for counts in world.run(jw.compile_stays_flat, isolated):
+        assert counts[0] >= 6
+        assert counts == [counts[0]] * 6, counts
+
+
+def test_isolated_gang(world: World) -> None:
+    results = world.run(jw.isolated_properties)
+    for rank, r in enumerate(results):
+        assert r["same"] and r["isolated"] == (True, False)
+        assert "isolated" in r["communicator"] and "isolated" in r["functional"]
+        if rank in (0, 2):
+            assert r["sub"] == ((0 if rank == 0 else 1), 2, (0, 2), 2.0)
+        else:
+            assert "sub" not in r

@@ -9,6 +9,7 @@ mesh axis, and only the member processes take part. Compiled functions are cache
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -33,6 +34,7 @@ _all_to_all = cast(_Collective, jax.lax.all_to_all)
 _all_gather = cast(_Collective, jax.lax.all_gather)
 _SPEC = cast(Callable[..., PartitionSpec], PartitionSpec)(AXIS)
 _Key = tuple[Any, ...]
+_Program = tuple[_Key, Callable[[], _Body]]
 
 
 def _reduce_rows(rows: jax.Array, op: ReduceOperation, size: int) -> jax.Array:
@@ -108,12 +110,131 @@ def _broadcast_body(source: int) -> _Body:
     return body
 
 
+def _first_block(out: jax.Array) -> jax.Array:
+    """This process's block of the global array ``out`` (``addressable_data(0)`` without its checks)."""
+    arrays = getattr(out, "_arrays", None)
+    return cast(jax.Array, arrays[0]) if arrays else out.addressable_data(0)
+
+
+class HostCall:
+    """One collective on host memory, ready to run: copy in, run the compiled program, copy out.
+
+    Small inputs are copied (``memmove``) into the plan's device buffer; larger ones are handed to
+    JAX as NumPy views, which JAX aliases on CPU (no copy). The result is copied from JAX's
+    output buffer straight into the destination. Both copies are plain byte copies, so the
+    caller may pass any dtype whose bytes the program expects.
+    """
+
+    __slots__ = ("_device", "_dtype", "_plan", "_shape", "_staged", "nbytes_in")
+
+    def __init__(
+        self,
+        plan: _Plan,
+        staged: tuple[int, jax.Array] | None,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        device: jax.Device,
+    ) -> None:
+        self._plan = plan
+        self._staged = staged
+        self._shape = shape
+        self._dtype = dtype
+        self._device = device
+        self.nbytes_in = int(np.prod(shape)) * dtype.itemsize
+
+    def run(self, source: int, source_array: Callable[[], np.ndarray[Any, Any]], target: int, nbytes_out: int) -> None:
+        """Run on the ``nbytes_in`` bytes at address ``source``; write ``nbytes_out`` result bytes to ``target``.
+
+        :param source_array: Returns the source as a NumPy array of the call's shape and dtype
+            (used instead of ``source`` when the input is not staged).
+        """
+        plan = self._plan
+        if self._staged is not None:
+            ctypes.memmove(self._staged[0], source, self.nbytes_in)
+            if plan.out is not None:
+                # The output lands in the buffer donated to the program (XLA aliases it), whose
+                # address is known: no object of the result is looked into.
+                address, buffer = plan.out
+                out = plan.host_fn(self._staged[1], buffer)
+                out.block_until_ready()
+                plan.out = (address, out)
+                if plan.aliased is None:
+                    plan.aliased = _first_block(out).unsafe_buffer_pointer() == address
+                    if not plan.aliased:  # XLA chose another buffer: copy from it, and stop donating
+                        plan.out = None
+                        address = _first_block(out).unsafe_buffer_pointer()
+                if nbytes_out:
+                    ctypes.memmove(target, address, nbytes_out)
+                return
+            out = plan.fn(self._staged[1])
+        else:
+            out = plan.fn(plan.build(jax.device_put(source_array().reshape(self._shape), self._device)))
+        out.block_until_ready()  # as raw JAX waits, on the global array
+        if nbytes_out:
+            ctypes.memmove(target, _first_block(out).unsafe_buffer_pointer(), nbytes_out)
+
+
+class _Plan:
+    """One compiled collective for one (collective, reduction, shape, dtype), with what calls it cheaply.
+
+    ``fn`` is the compiled program and ``build`` turns this process's single-device block into
+    the global array it takes. For blocks up to :data:`STAGED_BYTES` the plan also owns a device
+    buffer that torch callers copy their data into (``staged``: its address and the global array
+    wrapping it, made once), and an output buffer (``out``: its address and the global array)
+    that ``host_fn``, the same program taking the output buffer as a donated second argument,
+    writes its result into; each result becomes the next call's output buffer. So a call in a
+    loop allocates and wraps nothing, and the result is read at a known address.
+    """
+
+    __slots__ = ("aliased", "build", "fn", "host_fn", "out", "staged")
+
+    def __init__(self, fn: Callable[..., jax.Array], build: Callable[[jax.Array], jax.Array]) -> None:
+        self.fn = fn
+        self.build = build
+        self.staged: tuple[int, jax.Array] | None = None
+        self.host_fn: Callable[..., jax.Array] = fn
+        self.out: tuple[int, jax.Array] | None = None
+        self.aliased: bool | None = None
+
+
+STAGED_BYTES = 16 << 20
+"""Blocks up to this size are copied into a device buffer that the plan keeps; larger ones are
+handed to JAX without a copy (``jax.device_put`` of a NumPy view aliases host memory on CPU, but
+measured slower per call than a ``memmove`` into a resident buffer up to several MiB)."""
+
+STAGING_LIMIT = 256 << 20
+"""The most bytes of staging buffers one gang keeps; calls beyond it stage without a buffer."""
+
+
+def _builder(shape: tuple[int, ...], dtype: np.dtype[Any], sharding: NamedSharding) -> Callable[[jax.Array], jax.Array]:
+    """Return a function that wraps this process's block into the global array of ``shape``.
+
+    ``jax.make_array_from_single_device_arrays`` re-derives the abstract value and checks the
+    block on every call (about 30 us); the blocks given here are made by the plan itself, with
+    the right shape, dtype and device, so the abstract value is computed once and the checks are
+    skipped. If this JAX has no such constructor, the public function is used.
+    """
+    try:
+        from jax._src import core
+        from jax._src.array import ArrayImpl
+
+        aval = core.update_aval_with_sharding(core.ShapedArray(shape, dtype, weak_type=False), sharding)
+
+        def fast(local: jax.Array) -> jax.Array:
+            return cast(jax.Array, ArrayImpl(aval, sharding, [cast(Any, local)], committed=True, _skip_checks=True))
+
+        return fast
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - depends on the JAX version
+        return lambda local: jax.make_array_from_single_device_arrays(shape, sharding, [local])
+
+
 class Communicator:
     """Runs compiled collectives among the processes owning ``devices`` (gang rank ``i`` owns ``devices[i]``).
 
-    Every collective takes this process's array and returns this process's result with an extra
-    leading axis of length 1 (the block of the global result that lives here); callers drop it,
-    torch callers after the copy to host, where it costs nothing.
+    Every collective takes this process's block (its data with a leading axis of length 1) and
+    returns this process's result block, also with a leading axis of length 1. :meth:`run` takes
+    ``jax.Array`` or NumPy blocks; :meth:`host_call` prepares a :class:`HostCall` that works on
+    host memory, the path torch callers use.
 
     :param devices: One JAX device per member, in gang rank order.
     :param rank: This process's index in ``devices``.
@@ -126,61 +247,133 @@ class Communicator:
         self.device = devices[rank]
         self.mesh = Mesh(np.array(devices, dtype=object), (AXIS,))
         self.sharding = NamedSharding(self.mesh, _SPEC)
-        self._cache: dict[_Key, Callable[[jax.Array], jax.Array]] = {}
-        # `jnp.asarray` puts host data on the default device synchronously; `jax.device_put` queues
-        # an asynchronous transfer that the collective then waits for, which measured about twice
-        # as slow per call on CPU. Use the former whenever it lands on this gang's device.
-        self._direct = jnp.zeros(1).devices() == {self.device}
+        self._plans: dict[_Key, _Plan] = {}
+        self._staged_bytes = 0
 
     @property
     def cache_size(self) -> int:
-        """The number of compiled collectives held."""
-        return len(self._cache)
+        """The number of compiled programs held (JAX's own count: a retrace would show here)."""
+        total = 0
+        for plan in self._plans.values():
+            for fn in {id(plan.fn): plan.fn, id(plan.host_fn): plan.host_fn}.values():
+                count = getattr(fn, "_cache_size", None)
+                total += int(count()) if callable(count) else 1
+        return total
 
     def clear(self) -> None:
-        """Drop every compiled collective."""
-        self._cache.clear()
+        """Drop every compiled collective and staging buffer."""
+        self._plans.clear()
+        self._staged_bytes = 0
 
-    def _compiled(self, key: _Key, body: Callable[[], _Body]) -> Callable[[jax.Array], jax.Array]:
-        fn = self._cache.get(key)
-        if fn is None:
+    def _plan(self, key: _Key, body: Callable[[], _Body], shape: tuple[int, ...], dtype: np.dtype[Any]) -> _Plan:
+        plan = self._plans.get(key)
+        if plan is None:
             mapped = jax.shard_map(body(), mesh=self.mesh, in_specs=_SPEC, out_specs=_SPEC)
-            fn = jax.jit(mapped)
-            self._cache[key] = fn
-        return fn
+            global_shape = (self.size, *shape[1:])
+            plan = _Plan(jax.jit(mapped), _builder(global_shape, dtype, self.sharding))
+            self._plans[key] = plan
+        return plan
 
-    def _run(self, key: _Key, body: Callable[[], _Body], block: jax.Array | np.ndarray[Any, Any]) -> jax.Array:
+    def _output_buffer(self, plan: _Plan, body: _Body, staged_input: jax.Array) -> None:
+        """Give ``plan`` its donated output buffer and the program that writes into it.
+
+        The first buffer is made by a compiled program with exactly the sharding of the
+        program's results (XLA may simplify it, e.g. on a mesh of one device), so every call has
+        the signature of the steady state and JAX caches the program once.
+        """
+
+        def with_output(block: jax.Array, output: jax.Array) -> jax.Array:
+            return body(block)
+
+        mapped = jax.shard_map(with_output, mesh=self.mesh, in_specs=(_SPEC, _SPEC), out_specs=_SPEC)
+        host_fn = jax.jit(mapped, donate_argnums=1, keep_unused=True)
+        result = jax.eval_shape(plan.fn, staged_input)
+        like = jax.ShapeDtypeStruct(result.shape, result.dtype, sharding=self.sharding)  # type: ignore[no-untyped-call]
+        sharding = host_fn.lower(staged_input, like).compile().output_shardings
+        buffer = jax.jit(lambda: jnp.zeros(result.shape, result.dtype), out_shardings=sharding)()
+        buffer.block_until_ready()
+        plan.host_fn = host_fn
+        plan.out = (_first_block(buffer).unsafe_buffer_pointer(), buffer)
+
+    def run(self, key: _Key, body: Callable[[], _Body], block: jax.Array | np.ndarray[Any, Any]) -> jax.Array:
         """Run a collective on this process's ``block`` (leading axis 1); return this process's result block."""
-        local = jnp.asarray(block) if self._direct else jax.device_put(block, self.device)
-        global_shape = (self.size, *local.shape[1:])
-        inp = jax.make_array_from_single_device_arrays(global_shape, self.sharding, [local])
-        out = self._compiled(key, body)(inp)
+        dtype = np.dtype(block.dtype)
+        plan = self._plan(key, body, tuple(block.shape), dtype)
+        if isinstance(block, jax.Array) and block.devices() == {self.device}:
+            local = block
+        else:
+            local = jax.device_put(block, self.device)
+        if local.dtype != dtype:  # a 64-bit NumPy block outside JAX's 64-bit mode
+            raise ValueError(f"`x` of dtype {dtype} needs `jax.enable_x64` to be staged.")
+        out = plan.fn(plan.build(local))
         result: jax.Array = out.addressable_data(0)
         return result
 
+    def host_call(self, key: _Key, body: Callable[[], _Body], shape: tuple[int, ...], dtype: np.dtype[Any]) -> HostCall:
+        """The collective ``key`` on host memory: a block of ``shape`` (leading axis 1) and ``dtype``."""
+        plan = self._plan(key, body, shape, dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if plan.staged is None and 0 < nbytes <= STAGED_BYTES and self._staged_bytes + nbytes <= STAGING_LIMIT:
+            plan.staged = self._staging_buffer(plan, shape, dtype)
+            self._output_buffer(plan, body(), plan.staged[1])
+            self._staged_bytes += nbytes
+        staged = plan.staged
+        return HostCall(plan, staged, shape, dtype, self.device)
+
+    def _staging_buffer(self, plan: _Plan, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[int, jax.Array]:
+        """A device buffer that this plan owns: its address and the global array wrapping it.
+
+        On CPU a JAX buffer is host memory at a fixed address; writing it is safe here because
+        every call waits for its result, so no computation reads the buffer while it is written,
+        and the buffer never leaves the plan.
+        """
+        local = jax.device_put(np.zeros(shape, dtype), self.device)
+        local.block_until_ready()
+        return local.unsafe_buffer_pointer(), plan.build(local)
+
     def all_reduce(self, x: Any, op: ReduceOperation) -> jax.Array:
-        """All-reduce ``x``; return the result (same shape)."""
-        dtype = np.dtype(x.dtype)
-        key = ("all_reduce", op, tuple(x.shape), dtype)
-        return self._run(key, lambda: _all_reduce_body(op, self.size, dtype), x[None])
+        """All-reduce ``x``; return the result block (shape ``[1, *x.shape]``)."""
+        key, body = self.all_reduce_program(x.shape, np.dtype(x.dtype), op)
+        return self.run(key, body, x[None])
 
     def reduce_scatter(self, x: Any, op: ReduceOperation) -> jax.Array:
-        """Reduce row ``j`` of ``x`` (shape ``[size, ...]``) of every rank into rank ``j``; return ``x.shape[1:]``."""
-        dtype = np.dtype(x.dtype)
-        key = ("reduce_scatter", op, tuple(x.shape), dtype)
-        return self._run(key, lambda: _reduce_scatter_body(op, self.size, dtype), x[None])
+        """Reduce row ``j`` of ``x`` (``[size, ...]``) of every rank into rank ``j``; return ``[1, *x.shape[1:]]``."""
+        key, body = self.reduce_scatter_program(x.shape, np.dtype(x.dtype), op)
+        return self.run(key, body, x[None])
 
     def all_gather(self, x: Any) -> jax.Array:
-        """Gather ``x`` of every rank; return ``[size, *x.shape]``."""
-        key = ("all_gather", tuple(x.shape), np.dtype(x.dtype))
-        return self._run(key, lambda: _all_gather_body, x[None])
+        """Gather ``x`` of every rank; return ``[1, size, *x.shape]``."""
+        key, body = self.all_gather_program(x.shape, np.dtype(x.dtype))
+        return self.run(key, body, x[None])
 
     def all_to_all(self, x: Any) -> jax.Array:
         """Send row ``j`` of ``x`` (shape ``[size, ...]``) to rank ``j``; row ``i`` of the result is from rank ``i``."""
-        key = ("all_to_all", tuple(x.shape), np.dtype(x.dtype))
-        return self._run(key, lambda: _all_to_all_body, x[None])
+        key, body = self.all_to_all_program(x.shape, np.dtype(x.dtype))
+        return self.run(key, body, x[None])
 
     def broadcast_bits(self, x: Any, source: int) -> jax.Array:
-        """Broadcast ``x`` (an unsigned integer array) from rank ``source``."""
-        key = ("broadcast", source, tuple(x.shape), np.dtype(x.dtype))
-        return self._run(key, lambda: _broadcast_body(source), x[None])
+        """Broadcast ``x`` (an unsigned integer array) from rank ``source``; return ``[1, *x.shape]``."""
+        key, body = self.broadcast_program(x.shape, np.dtype(x.dtype), source)
+        return self.run(key, body, x[None])
+
+    # The (cache key, body factory) of each collective, for an input of ``shape`` and ``dtype``.
+
+    def all_reduce_program(self, shape: tuple[int, ...], dtype: np.dtype[Any], op: ReduceOperation) -> _Program:
+        """The program of an all-reduce."""
+        return ("all_reduce", op, tuple(shape), dtype), lambda: _all_reduce_body(op, self.size, dtype)
+
+    def reduce_scatter_program(self, shape: tuple[int, ...], dtype: np.dtype[Any], op: ReduceOperation) -> _Program:
+        """The program of a reduce-scatter."""
+        return ("reduce_scatter", op, tuple(shape), dtype), lambda: _reduce_scatter_body(op, self.size, dtype)
+
+    def all_gather_program(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> _Program:
+        """The program of an all-gather."""
+        return ("all_gather", tuple(shape), dtype), lambda: _all_gather_body
+
+    def all_to_all_program(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> _Program:
+        """The program of an all-to-all."""
+        return ("all_to_all", tuple(shape), dtype), lambda: _all_to_all_body
+
+    def broadcast_program(self, shape: tuple[int, ...], dtype: np.dtype[Any], source: int) -> _Program:
+        """The program of a broadcast of raw bits."""
+        return ("broadcast", source, tuple(shape), dtype), lambda: _broadcast_body(source)

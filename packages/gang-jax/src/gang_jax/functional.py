@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gang import Gang, ReduceOperation
-from gang.extend import check_open, check_rank
+from gang import Gang, NotSupportedError, ReduceOperation
+from gang.extend import check_open, check_rank, operation_error
+from gang_jax._engine import FAILURES
 from gang_jax.gang import JaxGang
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
@@ -30,6 +31,11 @@ def _check(gang: object, x: object, operation: str) -> JaxGang:
     if not isinstance(gang, JaxGang):
         raise TypeError(f"`gang` must be a `JaxGang`, but is of type `{type(gang).__name__}` instead.")
     check_open(gang, operation)
+    if gang.isolated:
+        raise NotSupportedError(
+            "`gang` must run JAX in this process for `gang_jax.functional`, but it is isolated "
+            "(`create_default(isolated=True)`); use its torch collectives instead."
+        )
     if not isinstance(x, jax.Array):
         raise TypeError(f"`x` must be a `jax.Array`, but is of type `{type(x).__name__}` instead.")
     if not x.is_fully_addressable:
@@ -55,9 +61,11 @@ def _check_op(op: object, x: jax.Array) -> ReduceOperation:
 
 
 def _run(gang: JaxGang, operation: str, fn: Any, *args: Any) -> jax.Array:
-    with gang._translate(operation):
+    try:
         block: jax.Array = fn(*args)
-        return block[0]
+    except FAILURES as ex:
+        raise operation_error(operation, gang, ex) from ex
+    return block[0]
 
 
 def _to_bits(x: jax.Array) -> jax.Array:
@@ -95,7 +103,7 @@ def all_reduce(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
     """
     g = _check(gang, x, "all_reduce")
     checked = _check_op(op, x)
-    return _run(g, "all_reduce", g._communicator().all_reduce, x, checked)
+    return _run(g, "all_reduce", g.communicator.all_reduce, x, checked)
 
 
 def all_gather(gang: Gang, x: jax.Array) -> jax.Array:
@@ -108,7 +116,7 @@ def all_gather(gang: Gang, x: jax.Array) -> jax.Array:
     :raises GangError: If the collective fails.
     """
     g = _check(gang, x, "all_gather")
-    return _run(g, "all_gather", g._communicator().all_gather, x)
+    return _run(g, "all_gather", g.communicator.all_gather, x)
 
 
 def reduce_scatter(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
@@ -125,7 +133,7 @@ def reduce_scatter(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
     g = _check(gang, x, "reduce_scatter")
     _check_rows(g, x)
     checked = _check_op(op, x)
-    return _run(g, "reduce_scatter", g._communicator().reduce_scatter, x, checked)
+    return _run(g, "reduce_scatter", g.communicator.reduce_scatter, x, checked)
 
 
 def all_to_all(gang: Gang, x: jax.Array) -> jax.Array:
@@ -140,7 +148,7 @@ def all_to_all(gang: Gang, x: jax.Array) -> jax.Array:
     """
     g = _check(gang, x, "all_to_all")
     _check_rows(g, x)
-    return _run(g, "all_to_all", g._communicator().all_to_all, x)
+    return _run(g, "all_to_all", g.communicator.all_to_all, x)
 
 
 def broadcast(gang: Gang, x: jax.Array, source_rank: int = 0) -> jax.Array:
@@ -158,7 +166,7 @@ def broadcast(gang: Gang, x: jax.Array, source_rank: int = 0) -> jax.Array:
     source_rank = check_rank("source_rank", source_rank, g.size)
 
     def run() -> jax.Array:
-        bits = g._communicator().broadcast_bits(_to_bits(x), source_rank)
+        bits = g.communicator.broadcast_bits(_to_bits(x), source_rank)
         return _from_bits(bits, np.dtype(x.dtype))
 
     return _run(g, "broadcast", run)

@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from datetime import timedelta
-from typing import Any, final
+from typing import final
 
 import jax
-import numpy as np
 import torch
 from jax.extend.backend import clear_backends
 from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import override
 
-from gang import Gang, InvalidOperationError, NotSupportedError, ReduceOperation
+from gang import Gang, GangError, InvalidOperationError, NotSupportedError, ReduceOperation
 from gang.extend import check_int, check_rank, check_timeout, operation_error
 from gang_jax._collectives import Communicator
-from gang_jax._convert import as_raw_bits, to_numpy
+from gang_jax._engine import FAILURES, Engine, LocalEngine
+from gang_jax._isolated import IsolatedEngine
 from gang_jax._rendezvous import resolve
 
 DEFAULT_TIMEOUT = timedelta(minutes=5)
@@ -44,14 +42,21 @@ class JaxGang(Gang):
     types are handled whatever ``jax_enable_x64`` says. Create the root with
     :meth:`create_default`; sub-gangs come from :meth:`create_gang` and :meth:`split`.
 
-    :param members: The JAX process index of each member, in gang rank order.
+    :param engine: What runs the collectives: JAX in this process, or in an isolated child
+        process (see :meth:`create_default`).
     :param owns_runtime: Whether closing this gang shuts ``jax.distributed`` down.
     :param debug: Whether every collective first checks that all ranks make the same call
         (``None``: on when the environment variable ``GANG_DEBUG`` says so). Sub-gangs inherit it.
-    :raises ValueError: If this process is not one of ``members`` or a member owns no CPU device.
     """
 
-    def __init__(self, members: list[int], *, owns_runtime: bool = False, debug: bool | None = None) -> None:
+    def __init__(self, engine: Engine, *, owns_runtime: bool = False, debug: bool | None = None) -> None:
+        super().__init__(rank=engine.rank, size=engine.size, device=torch.device("cpu"), debug=debug)
+        self._engine = engine
+        self._owns_runtime = owns_runtime
+
+    @classmethod
+    def _in_process(cls, members: list[int], *, owns_runtime: bool, debug: bool | None) -> JaxGang:
+        """A gang of ``members`` (JAX process indices) on this process's JAX runtime."""
         devices = _process_devices()
         me = jax.process_index()
         if me not in members:
@@ -59,10 +64,8 @@ class JaxGang(Gang):
         missing = [m for m in members if m not in devices]
         if missing:
             raise ValueError(f"`members` must be JAX processes that own a CPU device, but {missing} own none.")
-        self._members = tuple(members)
-        self._owns_runtime = owns_runtime
-        self._comm = Communicator([devices[m] for m in members], members.index(me))
-        super().__init__(rank=self._comm.rank, size=self._comm.size, device=torch.device("cpu"), debug=debug)
+        comm = Communicator([devices[m] for m in members], members.index(me))
+        return cls(LocalEngine(comm, tuple(members)), owns_runtime=owns_runtime, debug=debug)
 
     @classmethod
     def create_default(
@@ -73,6 +76,7 @@ class JaxGang(Gang):
         process_id: int | None = None,
         timeout: timedelta | None = None,
         debug: bool | None = None,
+        isolated: bool = False,
     ) -> JaxGang:
         """Initialise ``jax.distributed`` and return a gang of every JAX process.
 
@@ -95,9 +99,17 @@ class JaxGang(Gang):
             process* (``SIGABRT``, exit status 134, "Terminating process because the JAX
             distributed service detected fatal errors ... Task N heartbeat timeout" on stderr).
             Survivors whose collective talks to the dead process directly get a
-            :class:`~gang.GangError` first. See "JAX gangs" in the failures guide.
+            :class:`~gang.GangError` first. See "JAX gangs" in the failures guide. With
+            ``isolated=True`` it is also the longest a collective waits (the children's own runtime
+            gets 2 minutes more, for their start-up).
         :param debug: Turn debug mode on or off for this gang and its sub-gangs (``None``: from
             ``GANG_DEBUG``); see :attr:`gang.Gang.debug`.
+        :param isolated: Run JAX in a child process that this process starts and talks to
+            through a pipe and shared memory. When a peer dies, JAX ends the children, and every
+            survivor's pending and next collective raises :class:`~gang.GangError` (within
+            ``timeout``) while the survivor's own process lives on; it may close the gang and
+            go on. Each collective then costs a round trip to the child and two copies; see
+            "Gangs on JAX: when to isolate, what it costs" in the JAX guide.
         :raises TypeError: If an argument has the wrong type.
         :raises ValueError: If ``num_processes`` or ``process_id`` is out of range, or ``timeout``
             is not positive.
@@ -114,13 +126,26 @@ class JaxGang(Gang):
             else:
                 process_id = check_rank("process_id", process_id, num_processes)
         timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
+        if not isinstance(isolated, bool):
+            raise TypeError(f"`isolated` must be a `bool`, but is {isolated!r} instead.")
 
+        if isolated:
+            where = resolve(coordinator_address, num_processes, process_id, timeout)
+            try:
+                engine = IsolatedEngine.start(where, timeout)
+            except FAILURES as ex:
+                raise operation_error(
+                    "create_default",
+                    (where.process_id, where.num_processes),
+                    f"coordinator {where.coordinator_address}, isolated: {ex}",
+                ) from ex
+            return cls(engine, owns_runtime=True, debug=debug)
         if jax.distributed.is_initialized():
             if (coordinator_address, num_processes, process_id) != (None, None, None):
                 raise InvalidOperationError(
                     "`jax.distributed` is already initialised; call `create_default()` without arguments to wrap it."
                 )
-            return cls(list(range(jax.process_count())), owns_runtime=False, debug=debug)
+            return cls._in_process(list(range(jax.process_count())), owns_runtime=False, debug=debug)
 
         where = resolve(coordinator_address, num_processes, process_id, timeout)
         seconds = max(1, math.ceil(timeout.total_seconds()))
@@ -139,7 +164,7 @@ class JaxGang(Gang):
                 (where.process_id, where.num_processes),
                 f"coordinator {where.coordinator_address}: {ex}",
             ) from ex
-        return cls(list(range(jax.process_count())), owns_runtime=True, debug=debug)
+        return cls._in_process(list(range(jax.process_count())), owns_runtime=True, debug=debug)
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -149,50 +174,58 @@ class JaxGang(Gang):
         return False
 
     @property
+    def isolated(self) -> bool:
+        """Whether JAX runs in a child process (``create_default(isolated=True)``)."""
+        return not isinstance(self._engine, LocalEngine)
+
+    @property
     def members(self) -> tuple[int, ...]:
         """The JAX process index of each member, in gang rank order."""
-        return self._members
+        return self._engine.members
+
+    @property
+    def communicator(self) -> Communicator:
+        """The compiled collectives of this gang on ``jax.Array`` blocks (what :mod:`gang_jax.functional` runs).
+
+        :raises NotSupportedError: If the gang is isolated (JAX does not run in this process).
+        """
+        if not isinstance(self._engine, LocalEngine):
+            raise NotSupportedError("An isolated `JaxGang` runs JAX in a child process; it has no JAX objects here.")
+        return self._engine.comm
 
     @property
     def jax_device(self) -> jax.Device:
-        """The JAX device this process contributes to the gang's mesh."""
-        return self._comm.device
+        """The JAX device this process contributes to the gang's mesh (in-process gangs only)."""
+        return self.communicator.device
 
     @property
     def mesh(self) -> jax.sharding.Mesh:
-        """The one-dimensional mesh (axis ``"gang"``) of the members' devices, in rank order."""
-        return self._comm.mesh
+        """The one-dimensional mesh (axis ``"gang"``) of the members' devices, in rank order (in-process gangs only)."""
+        return self.communicator.mesh
 
     @property
     def num_compiled(self) -> int:
-        """How many compiled collectives this gang holds (one per collective, reduction, shape and dtype)."""
-        return self._comm.cache_size
+        """How many compiled collectives this gang holds (one per collective, reduction, shape and dtype).
+
+        JAX's own count of compiled programs: it stays flat in a loop that repeats the same calls.
+        """
+        return self._engine.num_compiled
 
     # -- implementation ---------------------------------------------------------------------------
 
-    @contextmanager
-    def _translate(self, operation: str, dtype: torch.dtype | None = None) -> Iterator[None]:
-        # 64-bit reductions need JAX's 64-bit mode; entering it costs tens of microseconds, so
-        # only they pay for it (bits are moved as 32-bit words, see `as_raw_bits`).
-        wide = dtype is not None and dtype.itemsize == 8
-        try:
-            with jax.enable_x64(True) if wide else nullcontext():
-                yield
-        except (RuntimeError, ValueError, OSError) as ex:  # JaxRuntimeError derives from RuntimeError
-            raise operation_error(operation, self, ex) from ex
-
-    def _communicator(self) -> Communicator:
-        """The collectives of this gang, for :mod:`gang_jax.functional`."""
-        return self._comm
+    def _failure(self, operation: str, cause: BaseException) -> GangError:
+        return operation_error(operation, self, cause)
 
     @override
     def _split(self, groups: list[list[int]]) -> Gang | None:
         # No communication is needed: every member computes the same meshes from the same groups.
         for group in groups:
             if self.rank in group:
-                if group == list(range(self.size)):
-                    return JaxGang(list(self._members))
-                return JaxGang([self._members[r] for r in group])
+                try:
+                    engine = self._engine.split(group)
+                except FAILURES as ex:
+                    raise self._failure("split", ex) from ex
+                return JaxGang(engine)
         return None
 
     @override
@@ -201,73 +234,64 @@ class JaxGang(Gang):
 
     @override
     def _barrier(self) -> None:
-        with self._translate("barrier"):
-            np.asarray(self._comm.all_reduce(np.zeros(1, dtype=np.int32), ReduceOperation.SUM))
+        try:
+            self._engine.barrier()
+        except FAILURES as ex:
+            raise self._failure("barrier", ex) from ex
 
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
-        with self._translate("all_reduce", tensor.dtype):
-            _write(tensor, self._comm.all_reduce(to_numpy(tensor), op))
+        try:
+            self._engine.all_reduce(tensor, op)
+        except FAILURES as ex:
+            raise self._failure("all_reduce", ex) from ex
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        with self._translate("all_gather"):
-            _write_bits(output_tensor, self._gather_bits(input_tensor))
+        try:
+            self._engine.all_gather(output_tensor, input_tensor)
+        except FAILURES as ex:
+            raise self._failure("all_gather", ex) from ex
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
-        with self._translate("all_gather_to_list"):
-            rows = self._gather_bits(input_tensor)
-            for i, out in enumerate(output_tensors):
-                np.copyto(_raw_view(out), rows[i])
+        rows = torch.empty((self.size, *input_tensor.shape), dtype=input_tensor.dtype)
+        try:
+            self._engine.all_gather(rows, input_tensor)
+        except FAILURES as ex:
+            raise self._failure("all_gather_to_list", ex) from ex
+        for row, out in zip(rows, output_tensors, strict=True):
+            out.copy_(row)
 
     @override
     def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
-        with self._translate("reduce_scatter", input_tensor.dtype):
-            _write(output_tensor, self._comm.reduce_scatter(to_numpy(input_tensor), op))
+        try:
+            self._engine.reduce_scatter(output_tensor, input_tensor, op)
+        except FAILURES as ex:
+            raise self._failure("reduce_scatter", ex) from ex
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        with self._translate("all_to_all"):
-            bits = as_raw_bits(to_numpy(input_tensor)).reshape(self.size, -1)
-            _write_bits(output_tensor, np.asarray(self._comm.all_to_all(bits)))
+        try:
+            self._engine.all_to_all(output_tensor, input_tensor)
+        except FAILURES as ex:
+            raise self._failure("all_to_all", ex) from ex
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        with self._translate("broadcast"):
-            if tensor.numel() == 0:
-                self._barrier()
-                return
-            _write_bits(tensor, np.asarray(self._comm.broadcast_bits(as_raw_bits(to_numpy(tensor)), source_rank)))
-
-    def _gather_bits(self, input_tensor: Tensor) -> np.ndarray[Any, Any]:
-        """All-gather the raw bits of ``input_tensor``; return ``[size, n_words]``."""
-        block = np.asarray(self._comm.all_gather(as_raw_bits(to_numpy(input_tensor))))
-        rows: np.ndarray[Any, Any] = block[0]
-        return rows
+        try:
+            self._engine.broadcast(tensor, source_rank)
+        except FAILURES as ex:
+            raise self._failure("broadcast", ex) from ex
 
     @override
     def _close(self) -> None:
-        self._comm.clear()
-        if self._owns_runtime and jax.distributed.is_initialized():
-            try:
+        try:
+            self._engine.close()
+            if self._owns_runtime and not self.isolated and jax.distributed.is_initialized():
                 # Drop the XLA clients first: they hold the distributed runtime, and JAX refuses to
                 # initialise it again while a client exists (so `create_default` works after this).
                 clear_backends()  # type: ignore[no-untyped-call]
                 jax.distributed.shutdown()  # type: ignore[no-untyped-call]
-            except RuntimeError as ex:
-                raise operation_error("close", self, ex) from ex
-
-
-def _raw_view(tensor: Tensor) -> np.ndarray[Any, Any]:
-    return as_raw_bits(to_numpy(tensor))
-
-
-def _write(tensor: Tensor, result: jax.Array) -> None:
-    """Copy ``result`` into ``tensor`` (same number of elements and dtype)."""
-    np.copyto(to_numpy(tensor), np.asarray(result).reshape(tuple(tensor.shape)))
-
-
-def _write_bits(tensor: Tensor, bits: np.ndarray[Any, Any]) -> None:
-    """Copy raw bits into ``tensor``."""
-    np.copyto(_raw_view(tensor), bits.reshape(-1))
+        except FAILURES as ex:
+            raise self._failure("close", ex) from ex
