@@ -3,12 +3,17 @@
 Every session installs through ``constraints.txt`` (torch==2.13.0 is the local CPU wheel; a looser
 requirement would pull a multi-GB CUDA build) and installs our own packages from their folders in
 one pip call, so the unrelated ``gang`` distribution on the registry is never chosen.
+
+The sessions that need every package (typecheck, tests, launchers, docs) share one environment,
+made fresh once per nox run: torch and JAX are installed once, not once per session. ``plugin``
+(gang alone, as a user's project has it), ``demo``, ``bench`` and ``lint`` have their own.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import nox
@@ -16,14 +21,10 @@ import nox
 ROOT = Path(__file__).parent
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 
-# A package joins the suite by appearing here, with the local packages its tests install beside it
-# (always from their folders, so `gang>=0.1` is never satisfied by the registry's unrelated `gang`).
-PACKAGES: dict[str, list[str]] = {
-    "gang": [],
-    "gang-mesh": ["gang"],
-    "gang-jax": ["gang"],
-}
-# Cross-package tests in tests/ need every package.
+# A package joins the suite by appearing here. Ours are always installed from their folders, so
+# `gang>=0.1` is never satisfied by the registry's unrelated `gang`.
+PACKAGES = ("gang", "gang-mesh", "gang-jax")
+# Each package's tests, and the cross-package tests in tests/.
 TEST_TARGETS = [*PACKAGES, "integration"]
 
 nox.options.sessions = ["lint", "typecheck", "tests", "launchers", "plugin", "docs"]
@@ -38,39 +39,61 @@ def install(session: nox.Session, *extra: str, packages: list[str] | None = None
     names = list(PACKAGES) if packages is None else packages
     local = [arg for name in names for arg in ("-e", str(ROOT / "packages" / name))]
     session.install(*CONSTRAINTS, *local, *extra)
-    # Prove that `gang` is ours, not the registry's unrelated 0.0.x distribution.
-    session.run(
-        "python",
-        "-c",
-        "import gang, importlib.metadata as m, pathlib; "
-        "v = m.version('gang'); assert v.startswith('0.1'), v; "
-        f"assert pathlib.Path(gang.__file__).is_relative_to({str(ROOT)!r}), gang.__file__",
-        silent=True,
-    )
+    session.run("python", "-c", OURS, silent=True)
 
 
-@nox.session
+# Proves that `gang` is ours, not the registry's unrelated 0.0.x distribution.
+OURS = (
+    "import gang, importlib.metadata as m, pathlib; "
+    "v = m.version('gang'); assert v.startswith('0.1'), v; "
+    f"assert pathlib.Path(gang.__file__).is_relative_to({str(ROOT)!r}), gang.__file__"
+)
+
+
+SHARED = ROOT / ".nox" / "shared"
+SHARED_BIN = SHARED / ("Scripts" if os.name == "nt" else "bin")
+SHARED_TOOLS = ("pytest", "pytest-timeout", "mypy", "nox", "matplotlib", "sphinx", "furo")
+_shared_made = False
+
+
+def shared(session: nox.Session) -> None:
+    """Run ``session`` in the shared environment (every package and tool), made on first use in this run.
+
+    The session's commands are then called by path (``SHARED_BIN / name``), and its ``PATH`` starts
+    with the environment's ``bin`` so the processes the tests start find the same programs.
+    """
+    global _shared_made
+    if not _shared_made:
+        shutil.rmtree(SHARED, ignore_errors=True)
+        session.run(sys.executable, "-m", "virtualenv", "-q", str(SHARED))
+        local = [arg for name in PACKAGES for arg in ("-e", str(ROOT / "packages" / name))]
+        env = {"PIP_NO_COMPILE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        session.run(str(SHARED_BIN / "python"), "-m", "pip", "install", *CONSTRAINTS, *local, *SHARED_TOOLS, env=env)
+        session.run(str(SHARED_BIN / "python"), "-c", OURS, silent=True)
+        _shared_made = True
+    session.env["VIRTUAL_ENV"] = str(SHARED)
+    session.env["PATH"] = os.pathsep.join([str(SHARED_BIN), os.environ.get("PATH", "")])
+
+
+@nox.session(venv_backend="none")
 @nox.parametrize("target", TEST_TARGETS)
 def tests(session: nox.Session, target: str) -> None:
     """Run one package's tests (or the cross-package tests in ``tests/``) on real local processes."""
     ignore: list[str] = []
     if target == "integration":
         path = ROOT / "tests"
-        if not list(path.rglob("test_*.py")):
-            session.skip("no cross-package tests yet")
-        install(session, "pytest", "pytest-timeout")
         ignore = ["--ignore", str(LAUNCHER_TESTS)]  # the `launchers` session runs them
     else:
-        install(session, "pytest", "pytest-timeout", packages=[target, *PACKAGES[target]])
         path = ROOT / "packages" / target / "tests"
-    session.run("pytest", str(path), "-p", "no:cacheprovider", *ignore, *session.posargs)
+    shared(session)
+    session.run(str(SHARED_BIN / "pytest"), str(path), "-p", "no:cacheprovider", *ignore, *session.posargs)
 
 
 LAUNCHER_TESTS = ROOT / "tests" / "launchers"
 LAUNCHER_PACKAGES = ("slurm-wlm", "munge", "openmpi-bin")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def launchers(session: nox.Session) -> None:
     """The real launchers: a SLURM cluster on localhost (srun, sbatch), mpirun, two-node torchrun.
 
@@ -91,11 +114,11 @@ def launchers(session: nox.Session) -> None:
     if missing:
         sudo = [] if os.geteuid() == 0 else ["sudo"]
         apt = {"DEBIAN_FRONTEND": "noninteractive"}
-        session.run(*sudo, "apt-get", "update", "-q", external=True, env=apt)
-        session.run(*sudo, "apt-get", "install", "-y", "-q", *LAUNCHER_PACKAGES, external=True, env=apt)
-    install(session, "pytest", "pytest-timeout")
+        session.run(*sudo, "apt-get", "update", "-q", env=apt)
+        session.run(*sudo, "apt-get", "install", "-y", "-q", *LAUNCHER_PACKAGES, env=apt)
+    shared(session)
     env = {"GANG_REQUIRE_LAUNCHERS": "1", "OMP_NUM_THREADS": "1"}
-    session.run("pytest", str(LAUNCHER_TESTS), "-p", "no:cacheprovider", *posargs, env=env)
+    session.run(str(SHARED_BIN / "pytest"), str(LAUNCHER_TESTS), "-p", "no:cacheprovider", *posargs, env=env)
 
 
 @nox.session
@@ -121,13 +144,14 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over every package, the examples, the benchmarks and every test folder."""
-    install(session, "mypy", "pytest", "nox", "matplotlib")
+    shared(session)
+    mypy = str(SHARED_BIN / "mypy")
     sources = [ROOT / "packages" / name / "src" for name in PACKAGES]
     session.run(
-        "mypy",
+        mypy,
         *map(str, sources),
         str(ROOT / "examples"),
         str(ROOT / "benchmarks"),
@@ -137,20 +161,21 @@ def typecheck(session: nox.Session) -> None:
     # Test folders import their helper modules (`*_workers.py`) by name: pytest finds them through
     # its `pythonpath` setting and mypy through its `mypy_path` (both in the root pyproject.toml).
     test_folders = [ROOT / "packages" / name / "tests" for name in PACKAGES] + [ROOT / "tests"]
-    session.run("mypy", *map(str, test_folders))
+    session.run(mypy, *map(str, test_folders))
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def docs(session: nox.Session) -> None:
     """Build the Sphinx site warning-free, run its doctests, and run every example."""
-    install(session, "sphinx", "furo", "pytest")  # pytest: the API reference documents the pytest plugin
+    shared(session)  # sphinx, furo, and pytest (the API reference documents the pytest plugin)
     build = ROOT / "docs" / "_build"
-    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(build / "html"))
-    session.run("sphinx-build", "-W", "--keep-going", "-b", "doctest", "docs", str(build / "doctest"))
+    sphinx = str(SHARED_BIN / "sphinx-build")
+    session.run(sphinx, "-W", "--keep-going", "-b", "html", "docs", str(build / "html"))
+    session.run(sphinx, "-W", "--keep-going", "-b", "doctest", "docs", str(build / "doctest"))
     for example in sorted((ROOT / "examples").glob("*.py")):
         if example.name.startswith("_"):
             continue
-        session.run("python", str(example), env={"OMP_NUM_THREADS": "1"})
+        session.run(str(SHARED_BIN / "python"), str(example), env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session
