@@ -16,7 +16,9 @@ each, gloo on CPU, and the coordination store (``python -m gang.ft.store``). Two
   50 ms step; replica 2 is ``SIGKILL``\\ ed at a random moment of a step, and the time from the
   signal to the survivors' first committed step without it is measured (the later of the two
   survivors); then replica 2 is started again and the time from its launch (``Popen``) to its
-  first committed step (after healing from a peer) is measured. Every time is a wall-clock
+  first committed step (after healing from a peer) is measured, with the moments it had imported
+  torch (``imported``), built its model and optimizer (``built``: torch's first optimizer imports
+  ``torch._dynamo``, about 1.2 s on an idle core here) and joined. Every time is a wall-clock
   timestamp taken in the process where the event happened.
 
 With ``--torchft-python`` or ``TORCHFT_PYTHON`` (the interpreter of a separate virtual environment
@@ -175,10 +177,11 @@ class PlainTrainer(StateOwner):
 class GangTrainer(StateOwner):
     """The step inside ``with gang.step():`` of a :class:`gang.ft.ReplicaGang` (joined from the environment)."""
 
-    def __init__(self, replica: int, min_replicas: int, timeout_s: float) -> None:
+    def __init__(self, replica: int, min_replicas: int, timeout_s: float, on_built: Callable[[], None]) -> None:
         from gang.ft import ReplicaGang
 
         super().__init__(replica)
+        on_built()
         self.gang = ReplicaGang.join(
             device=torch.device("cpu"),
             state_dict=self.state_dict,
@@ -226,14 +229,16 @@ def _calibrate(plain: PlainTrainer, step_ms: float) -> int:
     return max(1, round(step_ms / 1e3 / fastest))
 
 
-def _make_trainer(args: argparse.Namespace, min_replicas: int) -> Trainer:
+def _make_trainer(args: argparse.Namespace, min_replicas: int, on_built: Callable[[], None] = lambda: None) -> Trainer:
+    """Build the model and optimizer, call ``on_built``, then join the fault-tolerant job."""
     if args.impl == "torchft":
         from benchmarks.ft_torchft import TorchftTrainer
 
         owner = StateOwner(args.replica)
+        on_built()
         parts = _train_step_parts(owner)
         return TorchftTrainer(owner, args.replica, min_replicas, args.lighthouse, args.timeout, parts)
-    return GangTrainer(args.replica, min_replicas, args.timeout)
+    return GangTrainer(args.replica, min_replicas, args.timeout, on_built)
 
 
 def _train_step_parts(owner: StateOwner) -> tuple[Callable[[int, int], Tensor], Callable[[Tensor], None]]:
@@ -272,9 +277,9 @@ def worker_overhead(args: argparse.Namespace) -> None:
 
 
 def worker_recovery(args: argparse.Namespace) -> None:
-    """Train until killed, printing a timestamped line per committed step (and when the trainer is ready)."""
+    """Train until killed, printing a timestamped line per committed step (and the moments of its start)."""
     print(f"@imported {time.time()}", flush=True)
-    trainer = _make_trainer(args, 1)
+    trainer = _make_trainer(args, 1, lambda: print(f"@built {time.time()}", flush=True))
     print(f"@joined {time.time()}", flush=True)
     while True:
         before = trainer.step_number
@@ -392,6 +397,7 @@ def measure_recovery(runner: Runner, cycles: int, micro_batches: int) -> list[di
                         "kill_to_commit": max(survivors.values()) - killed,
                         "restart_to_commit": commit[1] - launched,
                         "restart_to_imported": stamps.get("@imported", float("nan")) - launched,
+                        "restart_to_built": stamps.get("@built", float("nan")) - launched,
                         "restart_to_joined": stamps.get("@joined", float("nan")) - launched,
                         "healed_from_step": commit[3],
                         "healed_to_step": commit[0],
@@ -401,7 +407,8 @@ def measure_recovery(runner: Runner, cycles: int, micro_batches: int) -> list[di
                 print(
                     f"# {runner.impl:>8} cycle {len(samples)}: kill -> survivors' next commit "
                     f"{last['kill_to_commit']:.2f} s, launch -> first commit {last['restart_to_commit']:.2f} s "
-                    f"(imported {last['restart_to_imported']:.2f} s, joined {last['restart_to_joined']:.2f} s, "
+                    f"(imported {last['restart_to_imported']:.2f} s, model built {last['restart_to_built']:.2f} s, "
+                    f"joined {last['restart_to_joined']:.2f} s, "
                     f"healed step {commit[3]} -> {commit[0]})",
                     flush=True,
                 )
@@ -411,9 +418,9 @@ def measure_recovery(runner: Runner, cycles: int, micro_batches: int) -> list[di
 
 
 def _launch_stamps(output: list[str]) -> dict[str, float]:
-    """Return the ``@imported`` and ``@joined`` times of the last start of a replica."""
+    """Return the ``@imported``, ``@built`` and ``@joined`` times of the last start of a replica."""
     last = max(i for i, text in enumerate(output) if text.startswith("@imported"))
-    stamps = [text.split() for text in output[last:] if text.startswith(("@imported", "@joined"))]
+    stamps = [text.split() for text in output[last:] if text.startswith(("@imported", "@built", "@joined"))]
     return {name: float(stamp) for name, stamp in stamps}
 
 
@@ -459,6 +466,7 @@ def recovery_rows(impl: str, samples: list[dict[str, float]]) -> list[Row]:
         extra: dict[str, Any] = {"samples": values, "timeout_s": RECOVERY_TIMEOUT_S}
         if key == "restart_to_commit":
             extra["imported_s"] = median(s["restart_to_imported"] for s in samples)
+            extra["built_s"] = median(s["restart_to_built"] for s in samples)
             extra["joined_s"] = median(s["restart_to_joined"] for s in samples)
         rows.append(make_row(impl, f"ft_{key}", 0, REPLICAS, median(values), bandwidth=False, **extra))
     return rows
@@ -476,7 +484,8 @@ def table(rows: list[Row]) -> str:
         if "samples" in row:
             notes = "samples " + ", ".join(f"{s:.2f}" for s in row["samples"])
             if "imported_s" in row:
-                notes += f"; imported {row['imported_s']:.2f} s, joined {row['joined_s']:.2f} s"
+                stamps = (f"{name} {row[name + '_s']:.2f} s" for name in ("imported", "built", "joined"))
+                notes += "; " + ", ".join(stamps)
         elif "micro_batches" in row:
             notes = f"{row['iters']} steps, {row['micro_batches']} micro-batches"
         lines.append(f"{row['op']:>22} {row['impl']:>14} {time_text} {ratio} {paired}  {notes}")

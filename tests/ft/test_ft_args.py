@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from typing import Any
@@ -105,3 +106,25 @@ def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang) -> No
     gang.close()
     with pytest.raises(InvalidOperationError, match="closed gang"), gang.step():
         pass
+
+
+def test_old_rounds_are_deleted_from_the_store(gang: ReplicaGang) -> None:
+    # Round n's keys go once round n + KEEP_ROUNDS closed: the store does not grow with the steps.
+    from gang.ft.quorum import KEEP_ROUNDS, ROOT
+
+    host, port = gang._address
+    client = TCPStore(host, port, is_master=False, wait_for_workers=False)
+    for _ in range(12):
+        with gang.step():
+            assert gang.should_commit()
+
+    def round_keys(n: int) -> list[str]:
+        return [f"{ROOT}r/{n}/{part}" for part in ("joins", "result", "votes", "decision")]
+
+    last = 12
+    for n in range(last - KEEP_ROUNDS + 1, last + 1):
+        assert client.check(round_keys(n)), f"round {n} is still needed"
+    deadline = time.monotonic() + 30  # the heartbeat thread deletes them within a beat or two
+    while any(client.check([key]) for n in range(1, last - KEEP_ROUNDS + 1) for key in round_keys(n)):
+        assert time.monotonic() < deadline, "old rounds' keys were never deleted"
+        time.sleep(0.05)

@@ -33,11 +33,14 @@ from gang._torch_groups import TCPStore
 ROOT = "gang.ft/"
 """The prefix of every key :mod:`gang.ft` writes in the coordination store."""
 
-_POLL_MIN = 0.0002
-_POLL_MAX = 0.002  # while a wait is young (`_FAST` seconds): a step's members arrive close together
+_POLL_MIN = 0.0001
+_POLL_MAX = 0.001  # while a wait is young (`_FAST` seconds): a step's members arrive close together
 _POLL_SLOW = 0.01  # afterwards: waiting for a slow or dead replica should not load the store
 _FAST = 0.05
 _RECHECK = 0.02  # seconds between liveness checks while the joins of a round do not change
+_ABSENT = "\x00"  # never a value of ours: `compare_set` returns it for a key that does not exist
+KEEP_ROUNDS = 2
+"""Round ``n``'s keys are deleted when round ``n + KEEP_ROUNDS`` closes."""
 
 
 def replica_sort_key(replica_id: str) -> tuple[int, int, str]:
@@ -123,6 +126,8 @@ class Protocol:
         self.local_rank = local_rank
         self.local_world_size = local_world_size
         self.timeout = timeout.total_seconds()
+        self.closed_round = 0
+        """The last round whose result this process published (its keys' collection is due)."""
 
     # -- membership -------------------------------------------------------------------------
 
@@ -131,16 +136,21 @@ class Protocol:
         write_heartbeat(self.store, self.replica_id, self.local_rank, step)
         _append(self.store, _key("reg"), f"{self.replica_id}|{self.local_rank}|{self.local_world_size}\n")
 
-    def live_replicas(self) -> tuple[set[str], dict[str, int]]:
-        """Return the live replica ids and the number of processes of every registered replica."""
-        registry = _lines(self.store.get(_key("reg")))
-        sizes = _sizes(registry)
-        registered = {(rid, int(lr)) for rid, lr, _ in registry}
-        keys = sorted(registered)
+    def live_replicas(self, joined: dict[str, dict[int, int]] | None = None) -> tuple[set[str], dict[str, int]]:
+        """Return the live replica ids and the number of processes of every registered replica.
+
+        :param joined: The local ranks (and steps) of each replica that joined the current round:
+            a replica all of whose processes joined is live without reading its heartbeats.
+        """
+        sizes = _sizes(_lines(peek(self.store, _key("reg")) or b""))
+        joined = joined or {}
+        live = {rid for rid, size in sizes.items() if len(joined.get(rid, ())) >= size}
+        keys = [(rid, lr) for rid, size in sizes.items() if rid not in live for lr in range(size)]
+        if not keys:
+            return live, sizes
         # A process writes its heartbeat before it registers, so every registered key exists.
         values = dict(zip(keys, self.store.multi_get([_key("hb", *k) for k in keys]), strict=True))
         now = time.time()
-        live = set()
         for rid, size in sizes.items():
             beats = [values.get((rid, lr)) for lr in range(size)]
             if all(b is not None and b != b"left" and now - float(b.split()[0]) < self.timeout for b in beats):
@@ -151,12 +161,16 @@ class Protocol:
 
     def first_round(self, last_round: int) -> int:
         """The round to join next: after the last one this process took part in and the last closed one."""
-        closed = int(self.store.get(_key("closed"))) if self.store.check([_key("closed")]) else 0
-        return max(last_round, closed) + 1
+        closed = peek(self.store, _key("closed"))
+        return max(last_round, 0 if closed is None else int(closed)) + 1
 
-    def form(self, last_round: int, step: int, min_replicas: int) -> Quorum:
+    def form(
+        self, last_round: int, step: int, min_replicas: int, previous: tuple[Quorum, bool] | None = None
+    ) -> Quorum:
         """Join rounds from ``last_round + 1`` on until one publishes a quorum holding this replica.
 
+        :param previous: The last quorum this process was a member of and whether its step was
+            committed (saves reading them back when this process closes the next round).
         :raises QuorumTimeoutError: If fewer than ``min_replicas`` replicas stay live for the
             timeout, or this replica itself loses a process.
         """
@@ -166,26 +180,35 @@ class Protocol:
         start = time.monotonic()
         poll = _POLL_MIN
         _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
-        seen, checked = b"", 0.0
+        seen: bytes | None = None
+        checked = 0.0
         while True:
-            result_key = _key("r", n, "result")
-            if self.store.check([result_key]):
-                quorum = Quorum.from_json(self.store.get(result_key))
+            result = peek(self.store, _key("r", n, "result"))
+            if result is not None:
+                quorum = Quorum.from_json(result)
                 if self.replica_id in quorum.members:
                     return quorum
                 n = max(n + 1, self.first_round(0))  # closed without us: join the next round
                 _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
-                seen, checked = b"", 0.0
+                seen, checked = None, 0.0
                 continue
-            # Cheap polls (two reads) while nothing changes; liveness is re-read when the joins
+            # One cheap poll (two reads) while nothing changes; liveness is re-read when the joins
             # change and every `_RECHECK` seconds.
-            joins = self.store.get(_key("r", n, "joins"))
-            if joins == seen and time.monotonic() - checked < _RECHECK:
+            joins = peek(self.store, _key("r", n, "joins")) or b""
+            now = time.monotonic()
+            if joins == seen and now - checked < _RECHECK:
                 poll = _backoff(poll, start)
                 continue
-            seen, checked = joins, time.monotonic()
-            live, sizes = self.live_replicas()
-            waited = time.monotonic() - start
+            if joins == seen and self._deleted(n):
+                # The round closed long ago and its keys were deleted (this process was paused).
+                n = self.first_round(0)
+                _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
+                seen, checked = None, 0.0
+                continue
+            seen, checked = joins, now
+            joined = _joined(joins)
+            live, sizes = self.live_replicas(joined)
+            waited = now - start
             if waited > self.timeout:
                 if self.replica_id not in live:
                     raise QuorumTimeoutError(
@@ -200,21 +223,34 @@ class Protocol:
             # A live replica that has not joined may still be inside a collective that fails only
             # at the timeout: wait twice as long before going on without it.
             timed_out = waited > 2 * self.timeout
-            proposal = self._try_close(n, joins, live, sizes, timed_out=timed_out, min_replicas=min_replicas)
+            proposal = self._try_close(
+                n, joined, live, sizes, timed_out=timed_out, min_replicas=min_replicas, previous=previous
+            )
             if proposal is not None:
-                published = self.store.compare_set(result_key, "", proposal.to_json())
+                published = self.store.compare_set(_key("r", n, "result"), "", proposal.to_json())
                 if published == proposal.to_json().encode():
                     self.store.set(_key("closed"), str(n))
+                    self.closed_round = n
                     return proposal
                 continue  # another process published first: read its result at the top of the loop
             poll = _backoff(poll, start)
 
+    def _deleted(self, n: int) -> bool:
+        """Whether round ``n`` closed and its keys were already deleted."""
+        # A result is published before `closed` is set: a missing result after `closed` >= n is deleted.
+        return self.first_round(0) > n and peek(self.store, _key("r", n, "result")) is None
+
     def _try_close(
-        self, n: int, joins: bytes, live: set[str], sizes: dict[str, int], *, timed_out: bool, min_replicas: int
+        self,
+        n: int,
+        joined: dict[str, dict[int, int]],
+        live: set[str],
+        sizes: dict[str, int],
+        *,
+        timed_out: bool,
+        min_replicas: int,
+        previous: tuple[Quorum, bool] | None,
     ) -> Quorum | None:
-        joined: dict[str, dict[int, int]] = {}
-        for rid, lr, step in _lines(joins):
-            joined.setdefault(rid, {})[int(lr)] = int(step)
         complete = {rid for rid, ranks in joined.items() if len(ranks) >= sizes.get(rid, 1)}
         members = sorted(complete & live, key=replica_sort_key)
         if len(members) < min_replicas:
@@ -227,22 +263,27 @@ class Protocol:
             if not timed_out or max(steps) < highest:
                 return None
         member_sizes = tuple(sizes.get(rid, 1) for rid in members)
-        return Quorum(n, tuple(members), tuple(steps), member_sizes, self._group_round(n, tuple(members)))
+        group = self._group_round(n, tuple(members), previous)
+        return Quorum(n, tuple(members), tuple(steps), member_sizes, group)
 
     def _steps_of(self, replicas: set[str]) -> list[int]:
         keys = [_key("hb", rid, 0) for rid in replicas]
         values = self.store.multi_get(keys) if keys else []
         return [int(v.split()[1]) for v in values if v != b"left"] or [0]
 
-    def _group_round(self, n: int, members: tuple[str, ...]) -> int:
+    def _group_round(self, n: int, members: tuple[str, ...], previous: tuple[Quorum, bool] | None) -> int:
         """Reuse the previous quorum's group when it has the same members and committed."""
-        keys = [_key("r", n - 1, "result"), _key("r", n - 1, "decision")]
-        if n > 1 and self.store.check(keys):
-            result, decision = self.store.multi_get(keys)
-            prev = Quorum.from_json(result)
-            if prev.members == members and decision == b"commit":
-                return prev.group
-        return n
+        if previous is not None and previous[0].round == n - 1:
+            prev, committed = previous
+        else:
+            result, decision = (
+                peek(self.store, _key("r", n - 1, "result")),
+                peek(self.store, _key("r", n - 1, "decision")),
+            )
+            if result is None or decision is None:
+                return n
+            prev, committed = Quorum.from_json(result), decision == b"commit"
+        return prev.group if prev.members == members and committed else n
 
     # -- the commit vote -------------------------------------------------------------------------
 
@@ -254,8 +295,8 @@ class Protocol:
         start = time.monotonic()
         deadline = start + self.timeout
         poll = _POLL_MIN
-        while not self.store.check([decision_key]):
-            votes = {(rid, int(lr)): v for rid, lr, v in _lines(self.store.get(votes_key))}
+        while True:
+            votes = {(rid, int(lr)): v for rid, lr, v in _lines(peek(self.store, votes_key) or b"")}
             decision = None
             if "fail" in votes.values() or time.monotonic() > deadline:
                 decision = "abort"
@@ -264,17 +305,45 @@ class Protocol:
             if decision is not None:
                 return self.store.compare_set(decision_key, "", decision) == b"commit"
             poll = _backoff(poll, start)
-        return self.store.get(decision_key) == b"commit"
+            published = peek(self.store, decision_key)
+            if published is not None:
+                return published == b"commit"
 
     def leave(self) -> None:
         """Mark this process as gone, so the next round does not wait for its replica."""
         self.store.set(_key("hb", self.replica_id, self.local_rank), "left")
 
 
+def collect(store: TCPStore, closed_round: int) -> None:
+    """Delete the keys of the round ``KEEP_ROUNDS`` before ``closed_round`` (call once per closed round)."""
+    old = closed_round - KEEP_ROUNDS
+    if old > 0:
+        for part in ("joins", "result", "votes", "decision"):
+            store.delete_key(_key("r", old, part))
+
+
+def peek(store: TCPStore, key: str) -> bytes | None:
+    """Return the value of ``key``, or ``None`` if it does not exist, in one round trip.
+
+    ``compare_set`` with an expected value that is never stored returns the current value and
+    changes nothing (or, for a missing key, returns the expected value and creates nothing).
+    """
+    value = store.compare_set(key, _ABSENT, _ABSENT)
+    return None if value == _ABSENT.encode() else value
+
+
 def _backoff(poll: float, start: float) -> float:
     """Sleep ``poll`` seconds; return the next interval (doubling, capped by how long we waited)."""
     time.sleep(poll)
     return min(poll * 2, _POLL_MAX if time.monotonic() - start < _FAST else _POLL_SLOW)
+
+
+def _joined(joins: bytes) -> dict[str, dict[int, int]]:
+    """The step of every joined process of a round, by replica id and local rank."""
+    joined: dict[str, dict[int, int]] = {}
+    for rid, lr, step in _lines(joins):
+        joined.setdefault(rid, {})[int(lr)] = int(step)
+    return joined
 
 
 def _sizes(registry: list[list[str]]) -> dict[str, int]:

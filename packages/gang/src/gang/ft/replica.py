@@ -21,7 +21,7 @@ from gang._torch_groups import PrefixStore, StandaloneGroup, TCPStore, new_stand
 from gang.env import get_local_rank, get_local_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_device, check_int, check_open, check_timeout, operation_error
-from gang.ft.quorum import ROOT, Protocol, Quorum, QuorumTimeoutError, write_heartbeat
+from gang.ft.quorum import ROOT, Protocol, Quorum, QuorumTimeoutError, collect, write_heartbeat
 from gang.gang import Gang, ReduceOperation
 from gang.process_group import reduce_op
 
@@ -226,10 +226,11 @@ class ReplicaGang(Gang):
 
     def _begin(self) -> None:
         self._raise_beat_error("step")
+        previous = None if self._quorum is None or self._commit is None else (self._quorum, self._commit)
         self._error = None
         self._commit = None
         try:
-            quorum = self._protocol.form(self._round, self._step_number, self._min_replicas)
+            quorum = self._protocol.form(self._round, self._step_number, self._min_replicas, previous)
         except QuorumTimeoutError as ex:
             raise GangError(
                 f"`step` failed on replica {self._replica_id!r} before step {self._step_number + 1}: {ex}."
@@ -401,9 +402,16 @@ class ReplicaGang(Gang):
 
     def _heartbeat(self) -> None:
         interval = min(0.1, self._timeout.total_seconds() / 10)
+        collected = 0
         while not self._stop.wait(interval):
             try:
                 write_heartbeat(self._beat_store, self._replica_id, self._local_rank, self._step_number)
+                # The rounds this process closed since the last beat: delete their old rounds' keys.
+                closed = self._protocol.closed_round
+                if closed > collected:
+                    for n in range(max(collected + 1, closed - 100), closed + 1):
+                        collect(self._beat_store, n)
+                    collected = closed
             except _STORE_ERRORS as ex:
                 self._beat_error = ex
                 return
