@@ -35,6 +35,7 @@ _all_gather = cast(_Collective, jax.lax.all_gather)
 _SPEC = cast(Callable[..., PartitionSpec], PartitionSpec)(AXIS)
 _Key = tuple[Any, ...]
 _Program = tuple[_Key, Callable[[], _Body]]
+memmove = ctypes.memmove
 
 
 def _reduce_rows(rows: jax.Array, op: ReduceOperation, size: int) -> jax.Array:
@@ -123,9 +124,14 @@ class HostCall:
     JAX as NumPy views, which JAX aliases on CPU (no copy). The result is copied from JAX's
     output buffer straight into the destination. Both copies are plain byte copies, so the
     caller may pass any dtype whose bytes the program expects.
+
+    :ivar staged: Whether the input is copied into a device buffer (then :meth:`run_staged`
+        runs the call from addresses alone).
+    :ivar nbytes_in: The bytes of the input.
+    :ivar nbytes_out: The bytes of the result that are copied out.
     """
 
-    __slots__ = ("_device", "_dtype", "_plan", "_shape", "_staged", "nbytes_in")
+    __slots__ = ("_device", "_dtype", "_plan", "_shape", "_staged", "nbytes_in", "nbytes_out", "staged")
 
     def __init__(
         self,
@@ -134,44 +140,60 @@ class HostCall:
         shape: tuple[int, ...],
         dtype: np.dtype[Any],
         device: jax.Device,
+        nbytes_out: int,
     ) -> None:
         self._plan = plan
         self._staged = staged
+        self.staged = staged is not None
         self._shape = shape
         self._dtype = dtype
         self._device = device
         self.nbytes_in = int(np.prod(shape)) * dtype.itemsize
+        self.nbytes_out = nbytes_out
 
-    def run(self, source: int, source_array: Callable[[], np.ndarray[Any, Any]], target: int, nbytes_out: int) -> None:
+    def run_staged(self, source: int, target: int) -> None:
+        """Run a staged call on the ``nbytes_in`` bytes at address ``source``; write the result to ``target``.
+
+        This is the path of every call of a loop, so it is kept short: the time between a
+        process waking up and posting its collective is spent here.
+        """
+        staged = self._staged
+        assert staged is not None
+        memmove(staged[0], source, self.nbytes_in)
+        plan = self._plan
+        if plan.out is None:
+            self._finish(plan.fn(staged[1]), target)
+            return
+        # The output lands in the buffer donated to the program (XLA aliases it), whose address is
+        # known: no object of the result is looked into.
+        address, buffer = plan.out
+        out = plan.host_fn(staged[1], buffer)
+        out.block_until_ready()
+        plan.out = (address, out)
+        if plan.aliased is None:
+            plan.aliased = _first_block(out).unsafe_buffer_pointer() == address
+            if not plan.aliased:  # XLA chose another buffer: copy from it, and stop donating
+                plan.out = None
+                address = _first_block(out).unsafe_buffer_pointer()
+        if self.nbytes_out:
+            memmove(target, address, self.nbytes_out)
+
+    def run(self, source: int, source_array: Callable[[], np.ndarray[Any, Any]], target: int) -> None:
         """Run on the ``nbytes_in`` bytes at address ``source``; write ``nbytes_out`` result bytes to ``target``.
 
         :param source_array: Returns the source as a NumPy array of the call's shape and dtype
             (used instead of ``source`` when the input is not staged).
         """
-        plan = self._plan
-        if self._staged is not None:
-            ctypes.memmove(self._staged[0], source, self.nbytes_in)
-            if plan.out is not None:
-                # The output lands in the buffer donated to the program (XLA aliases it), whose
-                # address is known: no object of the result is looked into.
-                address, buffer = plan.out
-                out = plan.host_fn(self._staged[1], buffer)
-                out.block_until_ready()
-                plan.out = (address, out)
-                if plan.aliased is None:
-                    plan.aliased = _first_block(out).unsafe_buffer_pointer() == address
-                    if not plan.aliased:  # XLA chose another buffer: copy from it, and stop donating
-                        plan.out = None
-                        address = _first_block(out).unsafe_buffer_pointer()
-                if nbytes_out:
-                    ctypes.memmove(target, address, nbytes_out)
-                return
-            out = plan.fn(self._staged[1])
-        else:
-            out = plan.fn(plan.build(jax.device_put(source_array().reshape(self._shape), self._device)))
+        if self.staged:
+            self.run_staged(source, target)
+            return
+        local = jax.device_put(source_array().reshape(self._shape), self._device)
+        self._finish(self._plan.fn(self._plan.build(local)), target)
+
+    def _finish(self, out: jax.Array, target: int) -> None:
         out.block_until_ready()  # as raw JAX waits, on the global array
-        if nbytes_out:
-            ctypes.memmove(target, _first_block(out).unsafe_buffer_pointer(), nbytes_out)
+        if self.nbytes_out:
+            memmove(target, _first_block(out).unsafe_buffer_pointer(), self.nbytes_out)
 
 
 class _Plan:
@@ -309,8 +331,13 @@ class Communicator:
         result: jax.Array = out.addressable_data(0)
         return result
 
-    def host_call(self, key: _Key, body: Callable[[], _Body], shape: tuple[int, ...], dtype: np.dtype[Any]) -> HostCall:
-        """The collective ``key`` on host memory: a block of ``shape`` (leading axis 1) and ``dtype``."""
+    def host_call(
+        self, key: _Key, body: Callable[[], _Body], shape: tuple[int, ...], dtype: np.dtype[Any], nbytes_out: int
+    ) -> HostCall:
+        """The collective ``key`` on host memory: a block of ``shape`` (leading axis 1) and ``dtype``.
+
+        :param nbytes_out: The bytes of the result to copy out (``0``: none, as for a barrier).
+        """
         plan = self._plan(key, body, shape, dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         if plan.staged is None and 0 < nbytes <= STAGED_BYTES and self._staged_bytes + nbytes <= STAGING_LIMIT:
@@ -318,7 +345,7 @@ class Communicator:
             self._output_buffer(plan, body(), plan.staged[1])
             self._staged_bytes += nbytes
         staged = plan.staged
-        return HostCall(plan, staged, shape, dtype, self.device)
+        return HostCall(plan, staged, shape, dtype, self.device, nbytes_out)
 
     def _staging_buffer(self, plan: _Plan, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[int, jax.Array]:
         """A device buffer that this plan owns: its address and the global array wrapping it.
