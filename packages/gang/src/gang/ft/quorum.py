@@ -15,6 +15,14 @@ Everything lives in the coordination store (torch's ``TCPStore``) under :data:`R
 - ``r/<n>/votes`` and ``r/<n>/decision``: the commit vote of round ``n``. Each process appends
   ``replica|local_rank|ok`` (or ``fail``); the first process that sees every member's vote, a
   ``fail`` or its deadline writes the decision with ``compare_set``; everyone reads that one.
+- Round ``n``'s keys are deleted once round ``n + 2`` closed (by the heartbeat thread of a
+  process that closed round ``n + 2`` or a later one), so the store does not grow with the
+  number of steps. A process that comes back from a pause to a deleted round reads ``closed``
+  and joins the next open round.
+
+Waiting processes poll: each read returns at once whether or not the key exists (one round trip;
+``TCPStore.get`` waits for a missing key and costs two), with sleeps of 0.1 ms doubling up to
+1 ms for the first 50 ms of a wait, then 10 ms.
 
 Heartbeat ages compare wall clocks of different hosts, so the hosts' clocks must agree to well
 within the timeout (NTP does).

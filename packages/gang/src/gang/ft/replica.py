@@ -406,15 +406,17 @@ class ReplicaGang(Gang):
         while not self._stop.wait(interval):
             try:
                 write_heartbeat(self._beat_store, self._replica_id, self._local_rank, self._step_number)
-                # The rounds this process closed since the last beat: delete their old rounds' keys.
-                closed = self._protocol.closed_round
-                if closed > collected:
-                    for n in range(max(collected + 1, closed - 100), closed + 1):
-                        collect(self._beat_store, n)
-                    collected = closed
             except _STORE_ERRORS as ex:
                 self._beat_error = ex
                 return
+            # Delete the keys of rounds made obsolete by the rounds this process closed since the
+            # last beat (a failure here only leaves keys behind; a lost store shows at the next beat).
+            closed = self._protocol.closed_round
+            if closed > collected:
+                with suppress(*_STORE_ERRORS):
+                    for n in range(max(collected + 1, closed - 100), closed + 1):
+                        collect(self._beat_store, n)
+                collected = closed
 
     def _drop_group(self) -> None:
         pg, self._pg, self._pg_round = self._pg, None, -1
