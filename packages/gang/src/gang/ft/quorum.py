@@ -5,7 +5,8 @@ Everything lives in the coordination store (torch's ``TCPStore``) under :data:`R
 - ``reg``: every process appends ``replica|local_rank|local_world_size`` once, when it joins.
 - ``hb/<replica>/<local_rank>``: a heartbeat, ``"<unix time> <step>"`` written by a background
   thread of every process (``"left"`` once it closed). A replica is *live* while the heartbeat of
-  each of its local ranks is younger than the timeout.
+  each of its local ranks is younger than the timeout; in the round being formed, a replica all
+  of whose processes joined counts as live without its heartbeats being read.
 - ``r/<n>/joins``: round ``n`` of the quorum; each process appends ``replica|local_rank|step``.
   The first process that sees the round complete publishes ``r/<n>/result`` with an atomic
   ``compare_set`` (so every process reads the same member list), and ``closed`` = ``n``.
@@ -18,11 +19,13 @@ Everything lives in the coordination store (torch's ``TCPStore``) under :data:`R
 - Round ``n``'s keys are deleted once round ``n + 2`` closed (by the heartbeat thread of a
   process that closed round ``n + 2`` or a later one), so the store does not grow with the
   number of steps. A process that comes back from a pause to a deleted round reads ``closed``
-  and joins the next open round.
+  and joins the next open round (it never publishes a result for a round that closed); the vote
+  of a deleted round is lost for it (see :meth:`Protocol.vote`). Such a process leaves the one
+  or two keys it appended to the deleted round behind.
 
 Waiting processes poll: each read returns at once whether or not the key exists (one round trip;
 ``TCPStore.get`` waits for a missing key and costs two), with sleeps of 0.1 ms doubling up to
-1 ms for the first 50 ms of a wait, then 10 ms.
+1 ms for the first 50 ms of a wait, then doubling on up to 10 ms.
 
 Heartbeat ages compare wall clocks of different hosts, so the hosts' clocks must agree to well
 within the timeout (NTP does).
@@ -180,7 +183,7 @@ class Protocol:
         :param previous: The last quorum this process was a member of and whether its step was
             committed (saves reading them back when this process closes the next round).
         :raises QuorumTimeoutError: If fewer than ``min_replicas`` replicas stay live for the
-            timeout, or this replica itself loses a process.
+            timeout, or this replica itself loses a process before that process joined.
         """
         # After a round it took part in, a process joins the next one (the loop below moves on if
         # that one closed without it); a new process starts after the last closed round.
@@ -235,6 +238,11 @@ class Protocol:
                 n, joined, live, sizes, timed_out=timed_out, min_replicas=min_replicas, previous=previous
             )
             if proposal is not None:
+                if self._deleted(n):  # closed long ago (this process was paused): never publish it again
+                    n = self.first_round(0)
+                    _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
+                    seen, checked = None, 0.0
+                    continue
                 published = self.store.compare_set(_key("r", n, "result"), "", proposal.to_json())
                 if published == proposal.to_json().encode():
                     self.store.set(_key("closed"), str(n))
@@ -295,8 +303,13 @@ class Protocol:
 
     # -- the commit vote -------------------------------------------------------------------------
 
-    def vote(self, quorum: Quorum, ok: bool) -> bool:
-        """Vote on committing the step of ``quorum``; return the decision shared by every member."""
+    def vote(self, quorum: Quorum, ok: bool) -> bool | None:
+        """Vote on committing the step of ``quorum``; return the decision shared by every member.
+
+        ``None`` when the decision is lost: this process was paused until the round's keys were
+        deleted (two rounds later), before it read the decision. It is then not committed here,
+        whatever the others decided, and nothing is written for the deleted round.
+        """
         votes_key, decision_key = _key("r", quorum.round, "votes"), _key("r", quorum.round, "decision")
         _append(self.store, votes_key, f"{self.replica_id}|{self.local_rank}|{'ok' if ok else 'fail'}\n")
         expected = {(rid, lr) for rid, size in zip(quorum.members, quorum.sizes, strict=True) for lr in range(size)}
@@ -311,6 +324,8 @@ class Protocol:
             elif expected <= votes.keys():
                 decision = "commit"
             if decision is not None:
+                if decision == "abort" and peek(self.store, _key("r", quorum.round, "result")) is None:
+                    return None  # the round was deleted: its votes and decision are gone
                 return self.store.compare_set(decision_key, "", decision) == b"commit"
             poll = _backoff(poll, start)
             published = peek(self.store, decision_key)

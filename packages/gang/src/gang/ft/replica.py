@@ -211,7 +211,10 @@ class ReplicaGang(Gang):
 
         ``True`` only when every member of the quorum finished the step without error. On
         ``True``, :attr:`step_number` grows by one on every member. Calling it again in the same
-        step returns the same answer.
+        step returns the same answer. The one exception: a process paused from its vote until the
+        others had closed two more rounds (its round's keys were then deleted) cannot learn the
+        decision; it gets ``False`` whatever the others decided, :meth:`errored` says so, and the
+        replica heals from a peer at its next step.
 
         :raises InvalidOperationError: Outside ``with gang.step():``.
         :raises GangError: If the coordination store is unreachable.
@@ -279,10 +282,19 @@ class ReplicaGang(Gang):
     def _vote(self, ok: bool) -> None:
         assert self._quorum is not None
         try:
-            self._commit = self._protocol.vote(self._quorum, ok)
+            decision = self._protocol.vote(self._quorum, ok)
         except _STORE_ERRORS as ex:
             self._commit = False
             raise self._store_error("should_commit", ex) from ex
+        if decision is None and self._error is None:
+            self._record(
+                "should_commit",
+                RuntimeError(
+                    "this process was paused until the round's keys were deleted, so the decision is lost; "
+                    "the step is not committed here and the replica heals at its next step"
+                ),
+            )
+        self._commit = bool(decision)
         if self._commit:
             self._step_number += 1
 
@@ -409,8 +421,9 @@ class ReplicaGang(Gang):
             except _STORE_ERRORS as ex:
                 self._beat_error = ex
                 return
-            # Delete the keys of rounds made obsolete by the rounds this process closed since the
-            # last beat (a failure here only leaves keys behind; a lost store shows at the next beat).
+            # This process closed round `closed`: delete every round up to two before it that
+            # is not deleted yet by this thread (at most 101 at once; a failure here only leaves
+            # keys behind, and a lost store shows at the next beat).
             closed = self._protocol.closed_round
             if closed > collected:
                 with suppress(*_STORE_ERRORS):
