@@ -326,12 +326,18 @@ def fallback_warnings(g: Gang) -> list[str]:
     from gang import _torch_groups
 
     _torch_groups._warned_fallback = False  # whatever an earlier test in this process did
+    groups = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
+            # Both stay alive until the end: torch names such a group after the number of groups
+            # alive, so destroying the first before making the second would give the second the
+            # first one's name and store keys (the hang the warning is about; it made this test flaky).
             pg = _torch_groups._public_fallback(list(range(g.size)), timedelta(seconds=30))
             assert pg is not None
-            dist.destroy_process_group(pg)
+            groups.append(pg)
+    for pg in groups:
+        dist.destroy_process_group(pg)
     return [str(w.message) for w in caught]
 
 
