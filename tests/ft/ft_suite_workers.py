@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-import torch
 from conformance_workers import DTYPES, _run_one
+from core_workers import try_call
 
 from gang import Gang, ReduceOperation
 from gang.ft import ReplicaGang
@@ -95,24 +95,10 @@ def _op(name: str | None) -> ReduceOperation | None:
 
 def run_bad_calls(g: Gang, store: str, names: list[str]) -> dict[str, Any]:
     """Make every bad call inside one step; each is followed by an all_reduce proving all ranks go on."""
-    from bad_call_workers import BAD_CALLS
-
-    def attempt(gang: Gang, name: str) -> str:
-        try:
-            BAD_CALLS[name](gang)
-        except Exception as ex:
-            outcome = f"{type(ex).__name__}: {ex}"
-        else:
-            outcome = "no error"
-        t = torch.ones(1)
-        gang.all_reduce(t, ReduceOperation.SUM)
-        assert t.item() == gang.size, (name, t)
-        return outcome
-
     ft = replica_gang(g, store)
-    plain = {name: attempt(g, name) for name in names}
+    plain = {name: try_call(g, name) for name in names}
     with ft.step():
-        replica = {name: attempt(ft, name) for name in names}
+        replica = {name: try_call(ft, name) for name in names}
         committed = ft.should_commit()
     return {"plain": plain, "replica": replica, "committed": committed, "error": repr(ft.errored())}
 
