@@ -187,10 +187,9 @@ class Protocol:
         """
         # After a round it took part in, a process joins the next one (the loop below moves on if
         # that one closed without it); a new process starts after the last closed round.
-        n = last_round + 1 if last_round > 0 else self.first_round(0)
+        n = self._join(last_round + 1 if last_round > 0 else self.first_round(0), step)
         start = time.monotonic()
         poll = _POLL_MIN
-        _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
         seen: bytes | None = None
         checked = 0.0
         while True:
@@ -199,8 +198,7 @@ class Protocol:
                 quorum = Quorum.from_json(result)
                 if self.replica_id in quorum.members:
                     return quorum
-                n = max(n + 1, self.first_round(0))  # closed without us: join the next round
-                _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
+                n = self._join(max(n + 1, self.first_round(0)), step)  # closed without us: the next round
                 seen, checked = None, 0.0
                 continue
             # One cheap poll (two reads) while nothing changes; liveness is re-read when the joins
@@ -212,8 +210,7 @@ class Protocol:
                 continue
             if joins == seen and self._deleted(n):
                 # The round closed long ago and its keys were deleted (this process was paused).
-                n = self.first_round(0)
-                _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
+                n = self._join(self.first_round(0), step)
                 seen, checked = None, 0.0
                 continue
             seen, checked = joins, now
@@ -239,8 +236,7 @@ class Protocol:
             )
             if proposal is not None:
                 if self._deleted(n):  # closed long ago (this process was paused): never publish it again
-                    n = self.first_round(0)
-                    _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
+                    n = self._join(self.first_round(0), step)
                     seen, checked = None, 0.0
                     continue
                 published = self.store.compare_set(_key("r", n, "result"), "", proposal.to_json())
@@ -250,6 +246,11 @@ class Protocol:
                     return proposal
                 continue  # another process published first: read its result at the top of the loop
             poll = _backoff(poll, start)
+
+    def _join(self, n: int, step: int) -> int:
+        """Join round ``n`` at ``step``; return ``n``."""
+        _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
+        return n
 
     def _deleted(self, n: int) -> bool:
         """Whether round ``n`` closed and its keys were already deleted."""
