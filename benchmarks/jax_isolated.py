@@ -16,33 +16,11 @@ from __future__ import annotations
 import argparse
 import os
 
-import torch
 import torch.distributed as dist
 
-from gang import ReduceOperation
-from gang.bench.collectives import Call, numel_for, time_interleaved, without_gloo_notice
+from gang.bench.collectives import gang_call, numel_for, time_interleaved, without_gloo_notice
 from gang.bench.metrics import OPS, median, paired_ratio, parse_size
 from gang_jax import JaxGang
-
-
-def calls(gang: JaxGang, op: str, numel: int) -> Call:
-    """Return the public call of ``op`` on ``gang`` with a float32 buffer of ``numel`` elements."""
-    n = gang.size
-    chunk = numel // n if op not in ("all_reduce", "broadcast") else numel
-    if op == "all_reduce":
-        t = torch.zeros(numel)
-        return lambda: gang.all_reduce(t, ReduceOperation.SUM)
-    if op == "all_gather":
-        inp, out = torch.zeros(chunk), torch.zeros(n, chunk)
-        return lambda: gang.all_gather(out, inp)
-    if op == "reduce_scatter":
-        rows, one = torch.zeros(n, chunk), torch.zeros(chunk)
-        return lambda: gang.reduce_scatter(one, rows, ReduceOperation.SUM)
-    if op == "all_to_all":
-        inp, out = torch.zeros(n, chunk), torch.zeros(n, chunk)
-        return lambda: gang.all_to_all(out, inp)
-    t = torch.zeros(numel)
-    return lambda: gang.broadcast(t, source_rank=0)
 
 
 def main() -> None:
@@ -64,7 +42,7 @@ def main() -> None:
                 numel = numel_for(nbytes, dist.get_world_size(), op)
                 iters = args.iters if nbytes < (1 << 20) else max(10, args.iters // 5)
                 with without_gloo_notice():
-                    times = time_interleaved({k: calls(g, op, numel) for k, g in gangs.items()}, 3, iters)
+                    times = time_interleaved({k: gang_call(g, op, numel) for k, g in gangs.items()}, 3, iters)
                 if rank == 0:
                     base, iso = median(times["in-process"]), median(times["isolated"])
                     ratio = paired_ratio(times["isolated"], times["in-process"])

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gang import ProcessGroupGang, ReduceOperation
+from gang import Gang, ProcessGroupGang, ReduceOperation
 from gang.bench.metrics import PAIRS, Row, make_row, median, paired_ratio
 
 Call = Callable[[], object]
@@ -92,6 +92,33 @@ def without_gloo_notice() -> Iterator[None]:
                 if not GLOO_NOTICE.fullmatch(line.strip()):
                     sys.stdout.write(line)
             sys.stdout.flush()
+
+
+def gang_call(gang: Gang, op: str, numel: int) -> Call:
+    """Return the public call of ``op`` on ``gang`` for a full float32 buffer of ``numel`` elements.
+
+    Fresh tensors in the gang's layout (``[size, chunk]`` rows where the collective has rows),
+    made once: the callable runs only the collective.
+    """
+    n = gang.size
+    chunk = numel // n if op not in ("all_reduce", "broadcast") else numel
+    zeros = functools.partial(torch.zeros, device=gang.device)
+    if op == "all_reduce":
+        t = zeros(numel)
+        return lambda: gang.all_reduce(t, ReduceOperation.SUM)
+    if op == "all_gather":
+        inp, out = zeros(chunk), zeros(n, chunk)
+        return lambda: gang.all_gather(out, inp)
+    if op == "reduce_scatter":
+        rows, one = zeros(n, chunk), zeros(chunk)
+        return lambda: gang.reduce_scatter(one, rows, ReduceOperation.SUM)
+    if op == "all_to_all":
+        inp, out = zeros(n, chunk), zeros(n, chunk)
+        return lambda: gang.all_to_all(out, inp)
+    if op == "broadcast":
+        t = zeros(numel)
+        return lambda: gang.broadcast(t, source_rank=0)
+    raise ValueError(op)
 
 
 class TorchImpls:
@@ -184,27 +211,17 @@ class JaxImpls:
         x = self._global(block)
         if op == "all_reduce":
             fn = self._compile(lambda b: lax.psum(b, "x"))
-            t = torch.zeros(numel)
-            gang_call: Call = lambda: gang.all_reduce(t, ReduceOperation.SUM)  # noqa: E731
         elif op == "all_gather":
             fn = self._compile(lambda b: lax.all_gather(b, "x", tiled=True))
-            inp, out = torch.zeros(chunk), torch.zeros(n, chunk)
-            gang_call = lambda: gang.all_gather(out, inp)  # noqa: E731
         elif op == "reduce_scatter":
             fn = self._compile(lambda b: lax.psum_scatter(b, "x", scatter_dimension=0, tiled=True))
-            inp, out = torch.zeros(n, chunk), torch.zeros(chunk)
-            gang_call = lambda: gang.reduce_scatter(out, inp, ReduceOperation.SUM)  # noqa: E731
         elif op == "all_to_all":
             fn = self._compile(lambda b: lax.all_to_all(b, "x", 0, 0, tiled=True))
-            inp, out = torch.zeros(n, chunk), torch.zeros(n, chunk)
-            gang_call = lambda: gang.all_to_all(out, inp)  # noqa: E731
         elif op == "broadcast":
             fn = self._compile(lambda b: lax.psum(jax.numpy.where(lax.axis_index("x") == 0, b, 0), "x"))
-            t = torch.zeros(numel)
-            gang_call = lambda: gang.broadcast(t, source_rank=0)  # noqa: E731
         else:
             raise ValueError(op)
-        return {"jax": lambda: fn(x).block_until_ready(), "gang-jax": gang_call}
+        return {"jax": lambda: fn(x).block_until_ready(), "gang-jax": gang_call(gang, op, numel)}
 
 
 def time_interleaved(
