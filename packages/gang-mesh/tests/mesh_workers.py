@@ -215,3 +215,46 @@ def fake_backend_error(
     rest = mesh[tuple(name for name in dim_names if name != fake)]
     total = from_mesh_report(from_device_mesh(rest))["sums"]["root"]
     return kind, message, total - sum(rest.mesh.flatten().tolist())
+
+
+def equal_meshes_pitfall(root: Gang) -> dict[str, Any]:
+    """A DTensor op on a mesh right after the same op on an *equal* mesh over other groups.
+
+    ``theirs`` is an ``init_device_mesh`` mesh (as torchtitan builds) whose ``tp`` groups are on
+    torch's ``fake`` backend, so a collective that lands on them computes nothing and shows it.
+    ``plain`` is a plain ``DeviceMesh`` over the gangs' groups (what ``to_device_mesh`` returned
+    before it guarded against this); ``ours`` is ``to_device_mesh``'s. Each runs: a ``Partial``
+    DTensor doubled (a cached sharding propagation) and then reduced to ``Replicate`` (an
+    all-reduce over the output's mesh).
+    """
+    import torch.testing._internal.distributed.fake_pg  # registers the "fake" backend
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    gangs = make_gangs(root, tp=2, intra=0)
+    theirs = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"), backend_override={"tp": "fake"})
+    groups = [gangs.dp.as_process_group(), gangs.tp.as_process_group()]
+    plain = DeviceMesh.from_group(groups, "cpu", mesh=theirs.mesh, mesh_dim_names=("dp", "tp"))
+    ours = to_device_mesh(gangs, ("dp", "tp"))
+
+    def doubled_sum(mesh: DeviceMesh) -> tuple[bool, float]:
+        # A shape no other test uses: the cache entry is this function's own.
+        local = torch.full((7, 3), float(dist.get_rank() + 1), dtype=torch.float64)
+        doubled = DTensor.from_local(local, mesh, [Partial()]) * 2
+        total = doubled.redistribute(mesh, [Replicate()]).to_local()
+        return doubled.device_mesh is mesh, float(total[0, 0].item())
+
+    return {
+        "plain_equals_theirs": plain == theirs and plain["tp"] == theirs["tp"],
+        "ours_equals_theirs": ours == theirs or ours["tp"] == theirs["tp"] or theirs["tp"] == ours["tp"],
+        "ours_equals_ours_again": ours == to_device_mesh(gangs, ("dp", "tp")),
+        "theirs": doubled_sum(theirs["tp"]),  # First: fills the cache.
+        "plain": doubled_sum(plain["tp"]),
+        "ours": doubled_sum(ours["tp"]),
+        "expected": 2.0 * sum(r + 1 for r in members_of(gangs.tp)),
+    }
+
+
+def members_of(gang: Gang) -> tuple[int, ...]:
+    """Global ranks of a gang with a process group."""
+    assert isinstance(gang, ProcessGroupGang)
+    return gang.global_ranks

@@ -299,3 +299,21 @@ def test_fake_backend_dimension_is_refused(
     assert "fake" in message and "`mesh`" in message
     # With that dimension sliced out, the rest of the mesh works: its root sums its own ranks.
     assert [error for _, _, error in results] == [0.0] * 4
+
+
+# -- DeviceMesh equality ignores process groups ----------------------------------------------------
+
+
+def test_equal_meshes_do_not_share_dtensor_caches(world4: World) -> None:
+    # torch's DeviceMesh equality ignores process groups, and DTensor's sharding-propagation cache
+    # hands back the first equal mesh: a plain mesh over the gangs' groups gets `theirs` (fake
+    # backend: the all-reduce computes nothing, each rank keeps its own doubled value).
+    for rank, result in enumerate(world4.run(w.equal_meshes_pitfall)):
+        own = 2.0 * (rank + 1)
+        assert result["plain_equals_theirs"], rank
+        assert result["theirs"] == (True, own), rank
+        assert result["plain"] == (False, own), rank  # The pitfall: torch's behaviour, shown.
+        # A mesh from to_device_mesh is equal only to meshes over the same groups.
+        assert not result["ours_equals_theirs"], rank
+        assert result["ours_equals_ours_again"], rank
+        assert result["ours"] == (True, result["expected"]), rank

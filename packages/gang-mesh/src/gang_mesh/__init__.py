@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from gang.extend import ROLES  # The `Gangs` fields `to_device_mesh` accepts in `dims`.
 from gang_mesh.from_mesh import ALIASES, MESH_ROLES, from_device_mesh
-from gang_mesh.to_mesh import fsdp_mesh, to_device_mesh
+from gang_mesh.to_mesh import GangDeviceMesh, fsdp_mesh, to_device_mesh
 
 __version__ = "0.1.0"
 
-__all__ = ["ALIASES", "MESH_ROLES", "ROLES", "from_device_mesh", "fsdp_mesh", "to_device_mesh"]
+__all__ = ["ALIASES", "GangDeviceMesh", "MESH_ROLES", "ROLES", "from_device_mesh", "fsdp_mesh", "to_device_mesh"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -31,7 +32,9 @@ def to_device_mesh(gangs: Gangs, dims: Sequence[str]) -> DeviceMesh:
     :param gangs: The gangs of this process.
     :param dims: Names of fields of :class:`~gang.Gangs` (``root``, ``dp``, ``rdp``, ``sdp``, ``tp``,
         ``pp``), outermost first; for example ``("rdp", "sdp", "tp")``.
-    :returns: A mesh with ``mesh_dim_names == tuple(dims)`` on ``gangs.root.device``'s type.
+    :returns: A :class:`GangDeviceMesh` with ``mesh_dim_names == tuple(dims)`` on
+        ``gangs.root.device``'s type: equal only to meshes over the same process groups, so DTensor's
+        caches never mix it up with another mesh of the same ranks and names (torchtitan's, say).
     :raises TypeError: If ``gangs`` is not a :class:`~gang.Gangs` or ``dims`` not a sequence of ``str``.
     :raises ValueError: If ``dims`` is empty, names an unknown field or a field twice, names a gang
         without a process group (such as a size-1 :class:`~gang.FakeGang`), or names gangs that do
@@ -45,7 +48,54 @@ def to_device_mesh(gangs: Gangs, dims: Sequence[str]) -> DeviceMesh:
     everyone = dict(all_gather_objects(gangs.root, (me, mine)))
     grid, ranks = infer_grid(roles, everyone, me, argument="dims")
     mesh = torch.tensor(ranks, dtype=torch.int).reshape(grid.shape)
-    return DeviceMesh.from_group(groups, gangs.root.device.type, mesh=mesh, mesh_dim_names=roles)
+    return GangDeviceMesh.wrap(DeviceMesh.from_group(groups, gangs.root.device.type, mesh=mesh, mesh_dim_names=roles))
+
+
+class GangDeviceMesh(DeviceMesh):
+    """A ``DeviceMesh`` that equals only meshes over the same process groups (what :func:`to_device_mesh` returns).
+
+    torch's ``DeviceMesh.__eq__`` and ``__hash__`` look at the ranks, the layout, the device type
+    and the dimension names, never at the process groups. DTensor's sharding propagation caches
+    its results (the C++ dispatch cache behind ``ShardingPropagator.propagate_op_sharding``) keyed
+    by the input specs, meshes included, and hands back output specs that hold the mesh of the
+    *first* call. So with two meshes of the same ranks and names in one process (a gang mesh and
+    torchtitan's, say), a DTensor op on the second returns tensors on the first, and the next
+    redistribution (tensor parallel's all-reduce, an all-gather) runs on the first mesh's groups.
+
+    This subclass adds the names of its process groups to equality and hashing, so it is never
+    equal to a mesh over other groups and those caches keep the two apart; a mesh sliced from it
+    (``mesh["tp"]``) is one too. Meshes that torch derives in other ways (its private
+    ``_flatten``) are plain ``DeviceMesh`` objects: name flattened dimensions in
+    :func:`to_device_mesh`'s ``dims`` instead.
+    """
+
+    @classmethod
+    def wrap(cls, mesh: DeviceMesh) -> GangDeviceMesh:
+        """Make ``mesh`` (a plain ``DeviceMesh``) a :class:`GangDeviceMesh` in place and return it."""
+        if not isinstance(mesh, cls):
+            mesh.__class__ = cls
+        return cast(GangDeviceMesh, mesh)
+
+    def group_names(self) -> tuple[str, ...]:
+        """The names of the process groups of the mesh's dimensions, in order."""
+        names: tuple[str, ...] | None = self.__dict__.get("_gang_group_names")
+        if names is None:
+            names = tuple(self.get_group(axis).group_name for axis in range(self.ndim))
+            self.__dict__["_gang_group_names"] = names
+        return names
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, GangDeviceMesh):
+            return False
+        return bool(DeviceMesh.__eq__(self, other)) and self.group_names() == other.group_names()
+
+    def __hash__(self) -> int:
+        return hash((DeviceMesh.__hash__(self), self.group_names()))  # type: ignore[no-untyped-call]
+
+    def __getitem__(self, mesh_dim_names: str | tuple[str, ...]) -> DeviceMesh:
+        return GangDeviceMesh.wrap(DeviceMesh.__getitem__(self, mesh_dim_names))
 
 
 def fsdp_mesh(gangs: Gangs) -> DeviceMesh:
