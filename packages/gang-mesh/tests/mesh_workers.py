@@ -240,6 +240,7 @@ def equal_meshes_pitfall(root: Gang) -> dict[str, Any]:
         # A shape no other test uses: the cache entry is this function's own.
         local = torch.full((7, 3), float(dist.get_rank() + 1), dtype=torch.float64)
         doubled = DTensor.from_local(local, mesh, [Partial()]) * 2
+        assert isinstance(doubled, DTensor)
         total = doubled.redistribute(mesh, [Replicate()]).to_local()
         return doubled.device_mesh is mesh, float(total[0, 0].item())
 
