@@ -32,14 +32,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gang.errors import GangError, InvalidOperationError
+from gang.errors import GangError, InvalidOperationError, NotSupportedError
 from gang.ops import ReduceOperation
 
 if TYPE_CHECKING:
     from gang.gang import Gang
 
 __all__ = [
-    "ROLES",
     "SUPPORTED_DTYPES",
     "all_gather_bytes",
     "check_device",
@@ -49,13 +48,10 @@ __all__ = [
     "check_open",
     "check_rank",
     "check_timeout",
+    "check_values_exchangeable",
     "operation_error",
     "pickle_or_error",
 ]
-
-ROLES = ("root", "dp", "rdp", "sdp", "tp", "pp")
-"""The fields of :class:`gang.Gangs`, in order: every gang of a process, one per parallelism role."""
-
 
 SUPPORTED_DTYPES = frozenset(
     {
@@ -89,6 +85,22 @@ def check_open(gang: Gang, operation: str) -> None:
     """
     if gang.closed:
         raise InvalidOperationError(f"`{operation}` cannot be called on a closed gang ({gang!r}).")
+
+
+def check_values_exchangeable(gang: Gang, operation: str) -> None:
+    """Refuse ``operation``, which needs values from peers, on a gang whose collectives compute nothing.
+
+    A dry run (:func:`gang.testing.dry_run`, torch's ``fake`` backend) completes every collective
+    without moving data, so what reads peers' values back (objects, flags, dicts, debug mode's
+    checks) would silently see garbage.
+
+    :raises NotSupportedError: If ``gang`` is part of a dry run.
+    """
+    if getattr(gang, "dry_run", False):
+        raise NotSupportedError(
+            f"`{operation}` needs values from the other ranks, which a dry run (torch's `fake` backend, "
+            f"rank {gang.rank} of a gang of size {gang.size}) does not have."
+        )
 
 
 def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
