@@ -259,3 +259,142 @@ def members_of(gang: Gang) -> tuple[int, ...]:
     """Global ranks of a gang with a process group."""
     assert isinstance(gang, ProcessGroupGang)
     return gang.global_ranks
+
+
+# -- context and expert parallel -------------------------------------------------------------------
+
+
+def _mesh_report(gangs: Gangs, dims: Sequence[Any]) -> dict[str, Any]:
+    """``to_device_mesh(gangs, dims)``: its ranks, names, and whether each line and group is the gang's."""
+    mesh = to_device_mesh(gangs, dims)
+    coordinate = mesh.get_coordinate()
+    assert coordinate is not None
+    lines_ok, groups_ok = [], []
+    for i, dim in enumerate(dims):
+        gang = gangs.flatten(*dim) if isinstance(dim, tuple) else getattr(gangs, dim)
+        index = tuple(slice(None) if j == i else c for j, c in enumerate(coordinate))
+        lines_ok.append(tuple(mesh.mesh[index].tolist()) == members(gang) and mesh.get_local_rank(i) == gang.rank)
+        groups_ok.append(mesh.get_group(i) is gang.as_process_group())
+    return {"mesh": mesh.mesh.tolist(), "names": mesh.mesh_dim_names, "lines": lines_ok, "groups": groups_ok}
+
+
+def cp_ep_meshes(root: Gang) -> dict[str, Any]:
+    """Meshes of gangs with context and expert parallel, with and without a layout, and ``fsdp_mesh``."""
+    # 8 ranks, cp=2, ep=4, HSDP rdp=2 x sdp=2: rank = rdp * 4 + sdp * 2 + cp.
+    hybrid = create_fsdp_gangs(create_parallel_gangs(root, cp_size=2, ep_size=4), 2)
+    # 8 ranks, tp=2, cp=2, fully sharded sdp=dp=2: rank = sdp * 4 + cp * 2 + tp.
+    sharded = create_fsdp_gangs(create_parallel_gangs(root, tp_size=2, cp_size=2), None)
+    report = {
+        "rdp_sdp_cp": _mesh_report(hybrid, ("rdp", ("sdp", "cp"))),
+        "dp_cp": _mesh_report(hybrid, ("dp", "cp")),
+        "dp_cp_flat": _mesh_report(hybrid, (("cp", "dp"),)),
+        "edp_ep": _mesh_report(hybrid, ("edp", "ep")),
+        "dp_cp_tp": _mesh_report(sharded, ("dp", "cp", "tp")),
+        "fsdp_hybrid": describe(fsdp_mesh(hybrid)),
+        "fsdp_sharded": describe(fsdp_mesh(sharded)),
+        "flat_is_root": to_device_mesh(hybrid, (("dp", "cp"),)).get_group(0) is root.as_process_group(),
+    }
+    # The same gangs without a layout (from a mesh): found by gathering coordinates.
+    back = from_device_mesh(to_device_mesh(hybrid, ("rdp", "sdp", "cp")))
+    assert back.layout is None
+    report["no_layout"] = _mesh_report(back, ("rdp", ("sdp", "cp")))
+    report["no_layout_members"] = {role: members(getattr(back, role)) for role in ROLES}
+    report["members"] = {role: members(getattr(hybrid, role)) for role in ROLES}
+    return report
+
+
+def no_layout_not_a_grid(root: Gang) -> tuple[str, str]:
+    """``to_device_mesh`` of gangs without a layout whose ``tp`` gangs do not form a grid with ``dp``."""
+    base = from_device_mesh(init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")))
+    # tp: the gang of the other row's ranks {0, 3} and {1, 2}: with dp {0, 2} and {1, 3} no grid.
+    odd = root.split([[0, 3], [1, 2]])
+    assert odd is not None
+    gangs = Gangs(
+        root=base.root, dp=base.dp, rdp=base.rdp, sdp=base.sdp, tp=odd, pp=base.pp, cp=base.cp, ep=base.ep, edp=base.edp
+    )
+    try:
+        to_device_mesh(gangs, ("dp", "tp"))
+    except ValueError as ex:
+        return "ValueError", str(ex)
+    return "no error", ""
+
+
+# -- torchtitan's ParallelDims meshes, built as it builds them ----------------------------------
+
+
+def titan_meshes(dp_replicate: int, dp_shard: int, cp: int, tp: int, pp: int, ep: int) -> dict[str, DeviceMesh]:
+    """The global meshes torchtitan 0.3's ``ParallelDims.build_mesh`` builds, with torch's own calls.
+
+    Unflattened from a 1-D world mesh, each disabled axis (size 1, and ``efsdp`` without expert
+    parallel) on torch's ``fake`` backend, as torchtitan does; ``loss_mesh`` flattened from
+    ``batch`` and ``cp``.
+    """
+
+    world = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("world",))
+    always = {"fsdp", "dp_shard"} | ({"efsdp"} if ep > 1 else set())
+
+    def unflatten(names: tuple[str, ...], sizes: tuple[int, ...]) -> DeviceMesh:
+        fake: dict[str, Any] = {
+            name: "fake" for name, size in zip(names, sizes, strict=True) if size == 1 and name not in always
+        }
+        return world._unflatten(0, sizes, names, backend_override=fake)
+
+    batch = dp_replicate * dp_shard
+    dataloading = unflatten(("pp", "batch", "cp", "tp"), (pp, batch, cp, tp))
+    return {
+        "dataloading": dataloading,
+        "loss": dataloading["batch", "cp"]._flatten("loss_mesh"),
+        "dense": unflatten(("pp", "dp_replicate", "dp_shard", "cp", "tp"), (pp, dp_replicate, dp_shard, cp, tp)),
+        "fwdbwd": unflatten(("pp", "dp", "cp", "tp"), (pp, batch, cp, tp)),
+        "legacy": unflatten(("pp", "dp_replicate", "fsdp", "tp"), (pp, dp_replicate, dp_shard * cp, tp)),
+        "sparse": unflatten(("pp", "dp_replicate", "efsdp", "ep"), (pp, dp_replicate, dp_shard * cp * tp // ep, ep)),
+    }
+
+
+def _line(mesh: DeviceMesh, axes: Sequence[str]) -> tuple[int, ...] | int:
+    """The ranks of ``mesh`` that share this rank's coordinates off ``axes``, ``axes`` flattened in mesh order."""
+    names = list(mesh.mesh_dim_names or ())
+    coordinate = mesh.get_coordinate()
+    assert coordinate is not None
+    index = tuple(slice(None) if name in axes else c for name, c in zip(names, coordinate, strict=True))
+    ranks = tuple(int(r) for r in mesh.mesh[index].reshape(-1).tolist())
+    return ranks if len(ranks) > 1 else 1
+
+
+def check_titan_mesh(mesh: DeviceMesh, spans: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    """Convert ``mesh`` without ``names=``, compare every role with ``spans``, sum over every gang, round-trip.
+
+    ``spans[role]`` lists the mesh dimensions the role's gang spans (absent: a size-1 gang). The
+    round trip builds the mesh of the dimensions of size > 1 back from the gangs (by their roles)
+    and converts it again.
+    """
+    gangs = from_device_mesh(mesh)
+    got = {role: members(getattr(gangs, role)) for role in ROLES}
+    names = mesh.mesh_dim_names or ()
+    expected = {role: _line(mesh, names if role == "root" else spans.get(role, ())) for role in ROLES}
+    sums_ok = from_mesh_report(gangs)["sums"] == {
+        role: float(sum(value)) if isinstance(value, tuple) else float(dist.get_rank()) for role, value in got.items()
+    }
+    kept = [name for i, name in enumerate(names) if mesh.size(i) > 1]
+    dims = [_role_of(name) for name in kept]
+    if "edp" in dims and "rdp" in dims:
+        dims.remove("rdp")
+    round_trip: dict[str, Any] = {}
+    if dims:
+        again = to_device_mesh(gangs, dims)
+        round_trip = {
+            # Flattened: on a sparse mesh with `dp_replicate`, `edp` spans it and `efsdp` (one dimension).
+            "same_mesh": again.mesh.reshape(-1).tolist() == mesh[tuple(kept)].mesh.reshape(-1).tolist(),
+            "same_members": {role: members(getattr(from_device_mesh(again), role)) for role in ROLES} == got,
+        }
+    return {"got": got, "expected": expected, "sums_ok": sums_ok, "round_trip": round_trip}
+
+
+def _role_of(name: str) -> str:
+    return ALIASES.get(name, name)
+
+
+def titan_layouts(root: Gang, config: tuple[int, int, int, int, int, int], spans: Mapping[str, Any]) -> dict[str, Any]:
+    """Every mesh of :func:`titan_meshes` for ``config``, checked by :func:`check_titan_mesh`."""
+    meshes = titan_meshes(*config)
+    return {name: check_titan_mesh(mesh, spans[name]) for name, mesh in meshes.items()}

@@ -106,7 +106,13 @@ def test_1d_pp_mesh(world8: World) -> None:
 @pytest.mark.parametrize(
     ("dims", "kind", "fragments"),
     [
-        (("cp",), "ValueError", ["`dims`", "'cp'"]),
+        (("cp",), "ValueError", ["`dims[0]`", "'cp'", "process group"]),
+        ((("sdp", "cp"),), "ValueError", ["`dims[0]`", "('sdp', 'cp')", "process group"]),
+        ((("dp", "sdp"),), "ValueError", ["`dims[0]`", "overlap"]),
+        ((("dp", "ep"),), "ValueError", ["`dims[0]`", "`ep` alone"]),
+        (("ep", "dp"), "ValueError", ["grid", "'ep'", "'dp'"]),
+        (("bogus",), "ValueError", ["`dims`", "'bogus'"]),
+        ((("tp", 2),), "TypeError", ["`dims`", "('tp', 2)"]),
         (("dp", "tp", "dp"), "ValueError", ["`dims`", "repeat", "['dp']"]),
         ((), "ValueError", ["`dims`", "empty"]),
         ("sdp", "TypeError", ["`dims`", "'sdp'"]),
@@ -214,11 +220,13 @@ def test_from_sub_mesh_root_spans_only_the_sub_mesh(world8: World) -> None:
     ("shape", "dim_names", "names", "kind", "fragments"),
     [
         ((4,), None, None, "ValueError", ["`mesh`", "dimension names"]),
-        ((2, 2), ("dp", "cp"), None, "ValueError", ["`mesh`", "'cp'"]),
+        ((2, 2), ("dp", "ep"), None, "ValueError", ["`mesh`", "'ep'", "'dp'"]),
+        ((2, 2), ("loss", "cp"), None, "ValueError", ["`mesh`", "'loss'", "`cp`"]),
+        ((2, 2), ("a", "b"), None, "ValueError", ["`mesh`", "'a'", "be mapped by `names`"]),
         ((2, 2), ("a", "b"), {"a": "sdp", "b": "sdp"}, "ValueError", ["'a'", "'b'", "'sdp'"]),
         ((2, 2), ("dp", "dp_shard"), None, "ValueError", ["`dp`", "'sdp'"]),
         ((4,), ("x",), {"y": "dp"}, "ValueError", ["`names`", "'y' (to 'dp')", "('x',)"]),
-        ((4,), ("x",), {"x": "cp"}, "ValueError", ["`names`", "'x' to 'cp'"]),
+        ((4,), ("x",), {"x": "root"}, "ValueError", ["`names`", "'x' to 'root'"]),
         ((4,), ("x",), {"x": 1}, "TypeError", ["`names`"]),
         ((4,), ("x",), ["x"], "TypeError", ["`names`"]),
         ((), None, None, "TypeError", ["`mesh`", "str"]),
@@ -284,7 +292,7 @@ def test_sub_mesh_round_trip(world8: World, dim_names: tuple[str, ...], sub: tup
     ("shape", "dim_names", "fake"),
     [
         ((2, 2), ("dp", "tp"), "tp"),
-        ((2, 2, 1), ("dp_replicate", "dp_shard", "tp"), "tp"),  # a size-1 axis, as torchtitan disables one
+        ((2, 1, 2), ("dp_replicate", "tp", "dp_shard"), "dp_shard"),  # next to a size-1 axis
         ((2, 2), ("dp_replicate", "dp_shard"), "dp_shard"),
     ],
 )
@@ -317,3 +325,75 @@ def test_equal_meshes_do_not_share_dtensor_caches(world4: World) -> None:
         assert not result["ours_equals_theirs"], rank
         assert result["ours_equals_ours_again"], rank
         assert result["ours"] == (True, result["expected"]), rank
+
+
+# -- context and expert parallel, flattened dimensions ---------------------------------------------
+
+
+def test_cp_ep_and_flattened_meshes(world8: World) -> None:
+    # hybrid: cp=2, ep=4, rdp=2, sdp=2 (rank = rdp * 4 + sdp * 2 + cp); sharded: tp=2, cp=2, sdp=dp=2.
+    for rank, result in enumerate(world8.run(w.cp_ep_meshes)):
+        for key in ("rdp_sdp_cp", "dp_cp", "dp_cp_flat", "edp_ep", "dp_cp_tp", "no_layout"):
+            assert all(result[key]["lines"]), (rank, key)
+            assert all(result[key]["groups"]), (rank, key)
+        assert result["rdp_sdp_cp"]["mesh"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        assert result["rdp_sdp_cp"]["names"] == ("rdp", "sdp_cp")
+        assert result["dp_cp"]["mesh"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+        assert result["dp_cp_flat"]["names"] == ("cp_dp",)
+        assert result["dp_cp_flat"]["mesh"] == FULL_8  # grid order, whatever order the roles are named in
+        assert result["flat_is_root"]
+        # ep: blocks of 4 of the (dp, cp) ranks; edp: equal positions in those blocks.
+        assert result["edp_ep"]["mesh"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        assert result["members"]["ep"] == ((0, 1, 2, 3) if rank < 4 else (4, 5, 6, 7))
+        assert result["members"]["edp"] == (rank % 4, rank % 4 + 4)
+        assert result["dp_cp_tp"]["mesh"] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+        # fsdp_mesh shards over sdp x cp: HSDP ("rdp", "sdp_cp"), or 1-D "sdp_cp" (tp stays out).
+        assert result["fsdp_hybrid"]["mesh"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        assert result["fsdp_hybrid"]["names"] == ("rdp", "sdp_cp")
+        assert result["fsdp_sharded"]["names"] == ("sdp_cp",)
+        assert result["fsdp_sharded"]["mesh"] == [r for r in FULL_8 if r % 2 == rank % 2]
+        # Without a layout (gangs from a mesh), the same mesh, found by gathering coordinates.
+        assert result["no_layout"]["mesh"] == result["rdp_sdp_cp"]["mesh"]
+        for role in ("root", "dp", "rdp", "sdp", "cp", "tp", "pp"):
+            assert result["no_layout_members"][role] == result["members"][role], (rank, role)
+
+
+def test_no_layout_gangs_that_are_not_a_grid_fail_on_every_rank(world4: World) -> None:
+    results = world4.run(w.no_layout_not_a_grid)
+    assert {kind for kind, _ in results} == {"ValueError"}
+    culprits = {message.split(" do not")[0] for _, message in results}
+    assert len(culprits) == 1  # every rank names the same culprit
+    assert "`dims` must name gangs that form a grid" in results[0][1]
+
+
+# Which mesh dimensions each role spans on torchtitan 0.3's meshes (ParallelDims.build_mesh).
+TITAN_SPANS = {
+    "dataloading": {"dp": ("batch",), "rdp": ("batch",), "cp": ("cp",), "tp": ("tp",), "pp": ("pp",),
+                    "edp": ("batch", "cp")},
+    "loss": {"dp": ("loss_mesh",), "rdp": ("loss_mesh",), "edp": ("loss_mesh",)},
+    "dense": {"dp": ("dp_replicate", "dp_shard"), "rdp": ("dp_replicate",), "sdp": ("dp_shard",), "cp": ("cp",),
+              "tp": ("tp",), "pp": ("pp",), "edp": ("dp_replicate", "dp_shard", "cp")},
+    "fwdbwd": {"dp": ("dp",), "rdp": ("dp",), "cp": ("cp",), "tp": ("tp",), "pp": ("pp",), "edp": ("dp", "cp")},
+    "legacy": {"dp": ("dp_replicate", "fsdp"), "rdp": ("dp_replicate",), "sdp": ("fsdp",), "tp": ("tp",),
+               "pp": ("pp",), "edp": ("dp_replicate", "fsdp")},
+    "sparse": {"dp": ("dp_replicate", "efsdp", "ep"), "rdp": ("dp_replicate",), "sdp": ("efsdp", "ep"),
+               "pp": ("pp",), "ep": ("ep",), "edp": ("dp_replicate", "efsdp")},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        (1, 2, 2, 2, 1, 2),  # dp_replicate, dp_shard, cp, tp, pp, ep: efsdp = 4, disabled axes on `fake`
+        (2, 2, 2, 1, 1, 2),  # HSDP with cp and ep: efsdp = 2 next to dp_replicate
+    ],
+)
+def test_torchtitan_meshes_convert_and_round_trip(world8: World, config: tuple[int, ...]) -> None:
+    # The meshes are built with torch's `_unflatten`/`_flatten` exactly as torchtitan 0.3 builds
+    # them (torchtitan itself is too heavy for the test environment; test_torchtitan.py uses it
+    # where it is installed).
+    for rank, results in enumerate(world8.run(w.titan_layouts, config, TITAN_SPANS)):
+        for name, result in results.items():
+            assert result["got"] == result["expected"], (rank, name)
+            assert result["sums_ok"], (rank, name)
+            assert result["round_trip"] == {"same_mesh": True, "same_members": True}, (rank, name)

@@ -11,15 +11,19 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from gang import FakeGang, Gang, Gangs, ProcessGroupGang
+from gang import roles as role_table
 from gang.rendezvous import new_named_group, next_call
-from gang.roles import DENSE_ROLES
+from gang.roles import DENSE_ROLES, EXPERT_ROLES
 from gang.topology import Grid, role_spans
 
-MESH_ROLES = DENSE_ROLES
+MESH_ROLES = DENSE_ROLES + EXPERT_ROLES
 """The gang roles a mesh dimension can play."""
 
-ALIASES: dict[str, str] = {"dp_replicate": "rdp", "dp_shard": "sdp"}
-"""Mesh dimension names other libraries use (torchtitan) and the role each plays."""
+ALIASES: dict[str, str] = {alias.name: alias.role for alias in role_table.ALIASES}
+"""Mesh dimension names other libraries use (torchtitan, Megatron-Core) and the role each plays
+(from :data:`gang.roles.ALIASES`)."""
+
+_FOLDS_CP = frozenset(alias.name for alias in role_table.ALIASES if alias.folds_cp)
 
 
 def _digest(value: object) -> str:
@@ -29,9 +33,14 @@ def _digest(value: object) -> str:
 def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None) -> Gangs:
     """Wrap the process groups of ``mesh`` as :class:`~gang.Gangs`.
 
-    Dimensions named ``dp``, ``rdp``, ``sdp``, ``tp`` or ``pp`` become that gang; torchtitan's
-    ``dp_replicate`` and ``dp_shard`` become ``rdp`` and ``sdp``; ``names`` maps any other
-    dimension name to one of those roles. The returned gangs are:
+    Dimensions named ``dp``, ``rdp``, ``sdp``, ``cp``, ``tp``, ``pp``, ``ep`` or ``edp`` become that
+    gang; the names other libraries use (:data:`ALIASES`, from :data:`gang.roles.ALIASES`) are
+    understood: torchtitan's ``dp_replicate`` (``rdp``), ``dp_shard`` (``sdp``), ``efsdp``
+    (``edp``), ``batch`` (``dp``) and its flattened dimensions, which count as their data
+    parallel role with context parallel folded in (``fsdp`` and ``dp_shard_cp`` as ``sdp``,
+    ``loss``, ``loss_mesh`` and ``dp_cp`` as ``dp``; ``cp`` then has size 1). ``names`` maps
+    any other dimension name to a role. This covers every mesh of torchtitan's ``ParallelDims``,
+    dense and sparse. The returned gangs are:
 
     * ``root``: the group of a 1-D mesh (or of the one dimension that spans the whole mesh when
       the others have size 1), else the default group when the mesh spans every process,
@@ -40,9 +49,17 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     * ``dp``: from a ``dp`` dimension, or derived from ``rdp`` and ``sdp``: the one of them that is
       given, or a new group of the processes that share this process's position on every other
       dimension when both are; ``rdp = dp`` and a size-1 ``sdp`` when only ``dp`` is given (as
-      :func:`gang.create_parallel_gangs` does). These rules are
-      :func:`gang.topology.role_spans`;
-    * every other role absent from the mesh: a size-1 :class:`~gang.FakeGang`.
+      :func:`gang.create_parallel_gangs` does). These rules are :func:`gang.topology.role_spans`;
+    * ``ep`` and ``edp``: a mesh without expert dimensions gets a size-1 ``ep`` and ``edp``
+      spanning ``dp`` and ``cp``. On an expert (sparse) mesh, such as torchtitan's
+      ``("pp", "dp_replicate", "efsdp", "ep")``, ``ep`` is its dimension, ``edp`` spans every
+      data parallel dimension but ``ep`` (``dp_replicate`` and ``efsdp``: the processes that hold
+      the same experts), and the data parallel gangs are what the mesh can say: ``dp`` spans
+      ``rdp``, ``edp`` and ``ep``, ``sdp`` spans ``edp`` and ``ep``; ``cp`` and ``sdp``
+      dimensions cannot be on such a mesh;
+    * every other role absent from the mesh, and every dimension of size 1: a size-1
+      :class:`~gang.FakeGang`. torchtitan builds its disabled axes (size 1) on torch's ``fake``
+      backend; those are fine, a ``fake`` dimension of size greater than 1 is refused.
 
     No group is created when an existing one has the same members. The groups it does create
     are made by their members alone, under names derived from the mesh (so members agree on them
@@ -52,13 +69,15 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
 
     :param mesh: A mesh whose dimensions have names (``init_device_mesh(...,
         mesh_dim_names=...)``, :func:`~gang_mesh.to_device_mesh`) and that holds this process.
-    :param names: Maps mesh dimension names to roles, e.g. ``{"fsdp": "sdp"}``.
-    :returns: Gangs on ``mesh.device_type`` (the current CUDA device for ``cuda``).
+    :param names: Maps mesh dimension names to roles, e.g. ``{"shard": "sdp"}``.
+    :returns: Gangs on ``mesh.device_type`` (the current CUDA device for ``cuda``), without a layout.
     :raises TypeError: If ``mesh`` is not a ``DeviceMesh`` or ``names`` not a mapping of ``str``.
     :raises ValueError: If the mesh has no dimension names, a dimension has no role, two dimensions
-        play the same role, ``dp`` comes with ``rdp`` or ``sdp``, ``names`` holds a key that is not a
-        dimension or a value that is not a role, this process is not in the mesh, or a dimension's
-        group is on torch's ``fake`` backend (which computes nothing).
+        play the same role, ``dp`` comes with ``rdp`` or ``sdp``, a dimension with context
+        parallel folded in comes with ``cp``, an expert role comes with ``dp``, ``sdp`` or ``cp``,
+        ``names`` holds a key that is not a dimension or a value that is not a role, this process
+        is not in the mesh, or a dimension of size greater than 1 has its group on torch's
+        ``fake`` backend (which computes nothing).
     """
     roles = _check_mesh(mesh, names)
     spans = _role_spans(mesh, roles)
@@ -97,12 +116,15 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
             wrapped[key] = ProcessGroupGang.from_process_group(pg, device)
         return wrapped[key]
 
-    # The mesh's own groups first, so the roles of its axes get exactly those groups.
+    # The mesh's own groups first, so the roles of its axes get exactly those groups. Axes of size
+    # 1 (torchtitan builds its disabled ones on the `fake` backend) make size-1 gangs.
     for axis in range(mesh.ndim):
-        wrap(mesh.get_group(axis))
+        if mesh.size(axis) > 1:
+            wrap(mesh.get_group(axis))
     size_one = FakeGang(device)
 
     def gang_of(span: tuple[str, ...]) -> Gang:
+        span = tuple(name for name in span if grid.shape[roles.index(name)] > 1)
         if not span:
             return size_one
         if len(span) == 1:
@@ -153,24 +175,62 @@ def _check_mesh(mesh: DeviceMesh, names: Mapping[str, str] | None) -> list[str]:
         raise ValueError(
             f"`mesh` must hold this process (rank {dist.get_rank()}), but is {mesh.mesh.tolist()} instead."
         )
+    folded = [name for name in dim_names if name in _FOLDS_CP and name not in names]
+    if folded and "cp" in roles:
+        raise ValueError(
+            f"`mesh` must not have a `cp` dimension next to {folded[0]!r}, which has context parallel folded in, "
+            f"but its dimensions are {tuple(dim_names)} instead."
+        )
     for axis, name in enumerate(dim_names):
-        if dist.get_backend(mesh.get_group(axis)) == "fake":
+        if mesh.size(axis) > 1 and dist.get_backend(mesh.get_group(axis)) == "fake":
             raise ValueError(
                 f"`mesh` dimension {name!r} must have a process group that communicates, but its group is on "
-                "torch's `fake` backend instead (its collectives would silently compute nothing)."
+                f"torch's `fake` backend with {mesh.size(axis)} ranks instead (its collectives would silently compute "
+                "nothing; only size-1 dimensions may be `fake`)."
             )
     return roles
 
 
 def _role_spans(mesh: DeviceMesh, roles: list[str]) -> dict[str, tuple[str, ...]]:
-    """Which axes, by role, make up each gang; the data parallel rules are `gang.topology.role_spans`'."""
+    """Which axes, by role, make up each gang; the dense rules are `gang.topology.role_spans`'."""
+    expert = [role for role in roles if role in EXPERT_ROLES]
     try:
-        return role_spans(roles)
+        if expert:
+            clash = [role for role in roles if role in ("dp", "sdp", "cp")]
+            if clash:
+                raise ValueError(
+                    f"the expert roles re-factor the data and context parallel ranks, so {expert[0]!r} cannot come "
+                    f"with {clash[0]!r}"
+                )
+            return _expert_spans(roles)
+        spans = role_spans(roles)
     except ValueError as ex:
         raise ValueError(
             f"`mesh` must have dimensions whose roles fit together, but its dimensions {mesh.mesh_dim_names} "
             f"play {tuple(roles)} instead: {ex}"
         ) from None
+    spans["ep"] = ()
+    spans["edp"] = tuple(role for role in roles if role in spans["dp"] or role in spans["cp"])
+    return spans
+
+
+def _expert_spans(roles: list[str]) -> dict[str, tuple[str, ...]]:
+    """The spans of every role on a mesh with expert dimensions (and no ``dp``, ``sdp`` or ``cp``)."""
+
+    def span(*names: str) -> tuple[str, ...]:
+        return tuple(role for role in roles if role in names)
+
+    return {
+        "root": tuple(roles),
+        "dp": span("rdp", "edp", "ep"),
+        "rdp": span("rdp"),
+        "sdp": span("edp", "ep"),
+        "cp": (),
+        "tp": span("tp"),
+        "pp": span("pp"),
+        "ep": span("ep"),
+        "edp": span("rdp", "edp"),
+    }
 
 
 def _mesh_device(mesh: DeviceMesh) -> torch.device:

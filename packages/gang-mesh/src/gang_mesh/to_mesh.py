@@ -3,52 +3,130 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import prod
 from typing import cast
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from gang import Gang, Gangs, all_gather_objects
-from gang.roles import ROLES
-from gang.topology import infer_grid
+from gang import Gang, Gangs, ReduceOperation
+from gang.extend import check_values_exchangeable
+from gang.roles import EXPERT_AXES, ROLES
+from gang.topology import flattened_axes
+
+Dim = str | tuple[str, ...]
+"""An entry of ``dims``: a role, or a tuple of dense roles spanned at once (a flattened dimension)."""
 
 
-def to_device_mesh(gangs: Gangs, dims: Sequence[str]) -> DeviceMesh:
+def to_device_mesh(gangs: Gangs, dims: Sequence[Dim]) -> DeviceMesh:
     """Return a ``DeviceMesh`` whose dimension *i* is the gang ``gangs.<dims[i]>``.
 
-    The mesh reuses the gangs' own process groups (``mesh.get_group(dims[i])`` *is*
-    ``getattr(gangs, dims[i]).as_process_group()``); no communicator is created. It holds global
-    ranks, laid out so that the slice along dimension *i* through this process lists the members
-    of ``gangs.<dims[i]>`` in gang rank order. Processes outside this process's grid (another
-    pipeline stage, say) get the mesh of their own grid, as a sliced ``init_device_mesh`` would.
+    An entry of ``dims`` may also be a tuple of dense roles, a flattened dimension: its gang is
+    ``gangs.flatten(*roles)`` and its name joins the roles with ``_`` (``("rdp", ("sdp", "cp"))``
+    gives ``mesh_dim_names == ("rdp", "sdp_cp")``).
 
-    Every process of ``gangs.root`` must call it with the same ``dims``: the member lists are
-    exchanged over ``gangs.root`` (after the arguments were checked) so that every process checks
-    the whole layout (:func:`gang.topology.infer_grid`) and all raise the same error if the gangs
-    do not form a grid. ``gangs.root`` need not span every process: gangs from
-    :func:`~gang_mesh.from_device_mesh` on a sub-mesh give back that sub-mesh.
+    The mesh reuses the gangs' own process groups (``mesh.get_group(name)`` *is* the gang's
+    ``as_process_group()``); no communicator is created (a flattened dimension's gang is created by
+    :meth:`~gang.Gangs.flatten` once and cached there). It holds global ranks, laid out so that the
+    slice along dimension *i* through this process lists the members of that gang in gang rank
+    order. Processes outside this process's grid (another pipeline stage, say) get the mesh of
+    their own grid, as a sliced ``init_device_mesh`` would.
+
+    Cost: gangs made by the factories know their :attr:`~gang.Gangs.layout`, and the mesh is
+    computed from it with no communication (so it works in :func:`gang.testing.dry_run`). For
+    gangs of unknown layout (from :func:`~gang_mesh.from_device_mesh`, say) each process finds the
+    smallest rank of its grid (one one-integer all-reduce per dimension) and gathers over
+    ``gangs.root`` every process's grid and coordinates, ``len(dims) + 2`` integers per process;
+    each checks the lines through itself against its gangs, and one more all-reduce makes every
+    process raise the same error if the gangs do not form a grid.
+
+    Every process of ``gangs.root`` must call it with the same ``dims``. ``gangs.root`` need not
+    span every process: gangs from :func:`~gang_mesh.from_device_mesh` on a sub-mesh give back
+    that sub-mesh.
 
     :param gangs: The gangs of this process.
-    :param dims: Names of fields of :class:`~gang.Gangs` (``root``, ``dp``, ``rdp``, ``sdp``, ``tp``,
-        ``pp``), outermost first; for example ``("rdp", "sdp", "tp")``.
-    :returns: A :class:`GangDeviceMesh` with ``mesh_dim_names == tuple(dims)`` on
-        ``gangs.root.device``'s type: equal only to meshes over the same process groups, so DTensor's
-        caches never mix it up with another mesh of the same ranks and names (torchtitan's, say).
-    :raises TypeError: If ``gangs`` is not a :class:`~gang.Gangs` or ``dims`` not a sequence of ``str``.
-    :raises ValueError: If ``dims`` is empty, names an unknown field or a field twice, names a gang
-        without a process group (such as a size-1 :class:`~gang.FakeGang`), or names gangs that do
-        not form a grid (for example ``("dp", "rdp")``).
+    :param dims: Names of fields of :class:`~gang.Gangs` (``root``, ``dp``, ``rdp``, ``sdp``, ``cp``,
+        ``tp``, ``pp``, ``ep``, ``edp``) or tuples of dense roles, outermost first; for example
+        ``("rdp", "sdp", "tp")`` or ``("rdp", ("sdp", "cp"))``.
+    :returns: A :class:`GangDeviceMesh` with those ``mesh_dim_names`` on ``gangs.root.device``'s
+        type: equal only to meshes over the same process groups, so DTensor's caches never mix it up
+        with another mesh of the same ranks and names (torchtitan's, say).
+    :raises TypeError: If ``gangs`` is not a :class:`~gang.Gangs` or ``dims`` not a sequence of
+        names and tuples of names.
+    :raises ValueError: If ``dims`` is empty, names an unknown role or a name twice, flattens roles
+        that overlap or are not dense, names dimensions that share a grid axis (such as
+        ``("dp", "rdp")``), names a gang without a process group (such as a size-1
+        :class:`~gang.FakeGang`), or names gangs that do not form a grid.
+    :raises NotSupportedError: In a dry run, for gangs of unknown layout (finding it needs values
+        from the other processes).
     """
-    roles = _check_dims(gangs, dims)
-    groups = [getattr(gangs, role).as_process_group() for role in roles]
+    names, per_dim = _check_dims(gangs, dims)
+    dim_gangs = [gangs.flatten(*roles) if len(roles) > 1 else getattr(gangs, roles[0]) for roles in per_dim]
+    groups = [gang.as_process_group() for gang in dim_gangs]
+    layout = gangs.layout
+    if layout is not None:
+        root_ranks = layout.submesh(gangs.root.rank, per_dim)
+        if layout.global_ranks is None:
+            ranks = torch.from_numpy(root_ranks)
+        else:
+            ranks = torch.tensor([layout.global_ranks[r] for r in root_ranks.reshape(-1).tolist()]).reshape(
+                root_ranks.shape
+            )
+    else:
+        ranks = _gathered_mesh(gangs.root, dim_gangs, names)
+    mesh = DeviceMesh.from_group(groups, gangs.root.device.type, mesh=ranks.to(torch.int), mesh_dim_names=names)
+    return GangDeviceMesh.wrap(mesh)
+
+
+def _gathered_mesh(root: Gang, dim_gangs: Sequence[Gang], names: tuple[str, ...]) -> torch.Tensor:
+    """The global ranks of this process's grid, from every process's coordinates (gangs without a layout)."""
+    check_values_exchangeable(root, "to_device_mesh (of gangs without a layout)")
+    device = root.device
     me = dist.get_rank()
-    mine = tuple(tuple(dist.get_process_group_ranks(group)) for group in groups)
-    # Keyed by global rank: `gangs.root` need not be the whole world (a sub-mesh's gangs).
-    everyone = dict(all_gather_objects(gangs.root, (me, mine)))
-    grid, ranks = infer_grid(roles, everyone, me, argument="dims")
-    mesh = torch.tensor(ranks, dtype=torch.int).reshape(grid.shape)
-    return GangDeviceMesh.wrap(DeviceMesh.from_group(groups, gangs.root.device.type, mesh=mesh, mesh_dim_names=roles))
+    # The smallest global rank of this process's grid: the minimum along each dimension in turn.
+    smallest = torch.tensor([me], dtype=torch.int64, device=device)
+    for gang in dim_gangs:
+        gang.all_reduce(smallest, ReduceOperation.MIN)
+    row = torch.tensor([me, int(smallest.item()), *(gang.rank for gang in dim_gangs)], dtype=torch.int64)
+    table = torch.empty((root.size, row.numel()), dtype=torch.int64, device=device)
+    root.all_gather(table, row.to(device))
+    rows = table.cpu()
+    mine = rows[rows[:, 1] == int(smallest.item())]
+    shape = tuple(gang.size for gang in dim_gangs)
+    ranks = torch.full(shape, -1, dtype=torch.int64)
+    problem = ""
+    coords = mine[:, 2:]
+    if len(mine) != ranks.numel() or bool((coords >= torch.tensor(shape)).any()):
+        problem = f"the grid of rank {me} holds {len(mine)} processes, not the {ranks.numel()} of sizes {list(shape)}"
+    else:
+        ranks[tuple(coords.t())] = mine[:, 0]
+        if bool((ranks < 0).any()):
+            problem = f"two processes of the grid of rank {me} have the same coordinates along {names}"
+        else:
+            here = tuple(int(c) for c in coords[(mine[:, 0] == me).nonzero()[0, 0]])
+            for axis, (name, gang) in enumerate(zip(names, dim_gangs, strict=True)):
+                index: list[int | slice] = list(here)
+                index[axis] = slice(None)
+                line = ranks[tuple(index)].tolist()
+                members = dist.get_process_group_ranks(gang.as_process_group())
+                if line != members:
+                    problem = f"the line along {name!r} through rank {me} is {line}, but its gang is {members}"
+                    break
+    # Every process raises the same error: the first one (by global rank) that found a problem.
+    first = torch.tensor([me if problem else _NO_PROBLEM], dtype=torch.int64, device=device)
+    root.all_reduce(first, ReduceOperation.MIN)
+    culprit = int(first.item())
+    if culprit != _NO_PROBLEM:
+        detail = f": {problem}" if culprit == me else f" (see the error on rank {culprit})"
+        raise ValueError(
+            f"`dims` must name gangs that form a grid, but the gangs along {names} of rank {culprit} do not "
+            f"instead{detail}."
+        )
+    return ranks
+
+
+_NO_PROBLEM = 2**62
 
 
 class GangDeviceMesh(DeviceMesh):
@@ -102,51 +180,81 @@ def fsdp_mesh(gangs: Gangs) -> DeviceMesh:
     """Return the mesh that ``fully_shard`` wants for ``gangs``.
 
     A 1-D ``("sdp",)`` mesh (plain FSDP) when ``gangs.rdp.size == 1``, else the 2-D
-    ``("rdp", "sdp")`` mesh (HSDP: replicate over ``rdp``, shard over ``sdp``). Every process of
-    ``gangs.root`` must call it.
+    ``("rdp", "sdp")`` mesh (HSDP: replicate over ``rdp``, shard over ``sdp``). With context
+    parallel (``gangs.cp.size > 1``) the shard dimension is ``sdp`` and ``cp`` flattened, named
+    ``"sdp_cp"`` (FSDP shards over both, as torchtitan does). Every process of ``gangs.root``
+    must call it.
 
     :param gangs: Gangs from :func:`gang.create_fsdp_gangs` (or equivalent).
     :raises TypeError: If ``gangs`` is not a :class:`~gang.Gangs`.
-    :raises ValueError: If ``gangs.sdp`` has no process group (size 1), or as :func:`to_device_mesh`.
+    :raises ValueError: If nothing is sharded (``sdp`` has no process group and ``cp`` size 1), or as
+        :func:`to_device_mesh`.
     """
     if not isinstance(gangs, Gangs):
         raise TypeError(f"`gangs` must be a `Gangs`, but is of type `{type(gangs).__name__}` instead.")
-    if not gangs.sdp.supports_process_group:
+    shard: Dim = ("sdp", "cp") if gangs.cp.size > 1 else "sdp"
+    if gangs.cp.size == 1 and not gangs.sdp.supports_process_group:
         raise ValueError(
             f"`gangs.sdp` must have a process group for `fsdp_mesh`, but is {gangs.sdp!r} instead "
             "(with an sdp size of 1 nothing is sharded; use DDP over `gangs.rdp`)."
         )
     if gangs.rdp.size == 1:
-        return to_device_mesh(gangs, ("sdp",))
-    return to_device_mesh(gangs, ("rdp", "sdp"))
+        return to_device_mesh(gangs, (shard,))
+    return to_device_mesh(gangs, ("rdp", shard))
 
 
-def _check_dims(gangs: Gangs, dims: Sequence[str]) -> tuple[str, ...]:
+def _check_dims(gangs: Gangs, dims: Sequence[Dim]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The mesh dimension names and each dimension's roles; every check that needs no communication."""
     if not isinstance(gangs, Gangs):
         raise TypeError(f"`gangs` must be a `Gangs`, but is of type `{type(gangs).__name__}` instead.")
     if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence):
         raise TypeError(f"`dims` must be a sequence of gang names such as ('sdp',), but is {dims!r} instead.")
-    for name in dims:
-        if not isinstance(name, str):
-            raise TypeError(f"`dims` must contain only `str` names, but contains {name!r} instead.")
-    roles = tuple(dims)
-    if not roles:
-        raise ValueError("`dims` must name at least one gang, but is empty instead.")
-    for role in roles:
-        if role not in ROLES:
-            raise ValueError(
-                f"`dims` must contain only names of `Gangs` fields {ROLES}, but contains {role!r} instead."
+    per_dim: list[tuple[str, ...]] = []
+    for entry in dims:
+        roles = (entry,) if isinstance(entry, str) else entry
+        if not isinstance(roles, tuple) or not roles or not all(isinstance(name, str) for name in roles):
+            raise TypeError(
+                f"`dims` must contain only `str` names and non-empty tuples of them, but contains {entry!r} instead."
             )
-    repeated = sorted({role for role in roles if roles.count(role) > 1})
+        per_dim.append(roles)
+    if not per_dim:
+        raise ValueError("`dims` must name at least one gang, but is empty instead.")
+    for roles in per_dim:
+        for name in roles:
+            if name not in ROLES:
+                raise ValueError(
+                    f"`dims` must contain only names of `Gangs` fields {ROLES}, but contains {name!r} instead."
+                )
+    names = tuple("_".join(roles) for roles in per_dim)
+    repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
-        raise ValueError(f"`dims` must not repeat a name, but repeats {repeated} in {roles} instead.")
-    for axis, role in enumerate(roles):
-        gang: Gang = getattr(gangs, role)
-        if not gang.supports_process_group:
+        raise ValueError(f"`dims` must not repeat a name, but repeats {repeated} in {names} instead.")
+    axes: dict[str, str] = {}  # grid axis -> the dimension that spans it
+    for axis, roles in enumerate(per_dim):
+        spanned = flattened_axes(roles, argument=f"dims[{axis}]")
+        for grid_axis in spanned:
+            if grid_axis in axes:
+                raise ValueError(
+                    f"`dims` must name gangs that form a grid, but {axes[grid_axis]!r} and {names[axis]!r} of {names} "
+                    f"share the grid axis {grid_axis!r} instead."
+                )
+            axes[grid_axis] = names[axis]
+    expert = [axes[axis] for axis in EXPERT_AXES if axis in axes]
+    dense = [axes[axis] for axis in ("rdp", "sdp", "cp") if axis in axes]
+    if expert and dense:
+        raise ValueError(
+            f"`dims` must name gangs that form a grid, but {expert[0]!r} and {dense[0]!r} of {names} both split the "
+            "data and context parallel ranks instead (name the expert roles with `pp` and `tp` only)."
+        )
+    for axis, roles in enumerate(per_dim):
+        size = prod(getattr(gangs, name).size for name in roles)
+        gang: Gang = getattr(gangs, roles[0])
+        if size == 1 or (len(roles) == 1 and not gang.supports_process_group):
+            shown = roles[0] if len(roles) == 1 else roles
             raise ValueError(
-                f"`dims` must name gangs that have a process group, but `dims[{axis}]` is {role!r} and "
-                f"`gangs.{role}` is {gang!r} instead (a size-1 gang has no process group; leave it out of the mesh)."
+                f"`dims` must name gangs that have a process group, but `dims[{axis}]` is {shown!r} and "
+                f"its gang is {gang!r} instead (a size-1 gang has no process group; leave it out of the mesh)."
             )
     if gangs.root.device.type == "meta":
         raise ValueError("`gangs.root.device` must be a real device, but is `meta` instead.")
-    return roles
+    return names, per_dim
