@@ -16,7 +16,7 @@ import torch
 from gang.env import get_default_device, get_world_size
 from gang.extend import check_open, check_values_exchangeable
 from gang.fake import FakeGang
-from gang.gang import Gang, ReduceOperation
+from gang.gang import Gang
 from gang.gangs import Gangs
 from gang.process_group import ProcessGroupGang
 from gang.roles import GRID_AXES, ROLES
@@ -37,11 +37,15 @@ def split_along(gang: Gang, grid: Grid, *names: str) -> Gang:
         raise ValueError(f"`grid` must have {gang.size} ranks (the gang size), but has {grid.size} instead.")
     if not names:
         return FakeGang(gang.device, rank=0, size=1)
-    groups = grid.groups(*names)
-    group_size = len(groups[0])
-    if group_size == gang.size:
+    return _split_groups(gang, grid.groups(*names))
+
+
+def _split_groups(gang: Gang, groups: list[list[int]]) -> Gang:
+    """The sub-gang of ``gang`` holding this process when ``groups`` (of equal sizes) partition it:
+    ``gang`` itself for one group, a :class:`FakeGang` for groups of one rank."""
+    if len(groups[0]) == gang.size:
         return gang
-    if group_size == 1:
+    if len(groups[0]) == 1:
         return FakeGang(gang.device, rank=0, size=1)
     sub = gang.split(groups)
     if sub is None:  # Impossible: the groups partition the gang.
@@ -166,8 +170,7 @@ def flatten_gangs(gangs: Gangs, axes: tuple[str, ...]) -> Gang:
     """The gang of :meth:`Gangs.flatten` spanning the grid ``axes`` (at least two roles' worth).
 
     With a layout the members are computed here; otherwise every process gathers, over ``root``,
-    which gang it is in along each other axis (the smallest root rank of that gang, one all-reduce
-    per gang) and its rank along ``axes``: ``len(GRID_AXES)`` integers per process.
+    every process's rank along each grid axis: ``len(GRID_AXES)`` integers per process.
     """
     layout = gangs.layout
     if layout is not None:
@@ -179,14 +182,9 @@ def flatten_gangs(gangs: Gangs, axes: tuple[str, ...]) -> Gang:
     root = gangs.root
     check_values_exchangeable(root, "flatten (of gangs without a layout)")
     along = {"pp": gangs.pp, "rdp": gangs.rdp, "sdp": gangs.sdp, "cp": gangs.cp, "tp": gangs.tp}
-    row = []
-    for axis in GRID_AXES:
-        if axis in axes:
-            row.append(along[axis].rank)
-        else:
-            smallest = torch.tensor([root.rank], dtype=torch.int64, device=root.device)
-            along[axis].all_reduce(smallest, ReduceOperation.MIN)
-            row.append(int(smallest.item()))
+    # A process's coordinates are its ranks along the axes; the flattened gang of a process is
+    # every process with its coordinates along the other axes.
+    row = [along[axis].rank for axis in GRID_AXES]
     table = torch.empty((root.size, len(row)), dtype=torch.int64, device=root.device)
     root.all_gather(table, torch.tensor(row, dtype=torch.int64, device=root.device))
     rows = table.cpu().tolist()
@@ -197,19 +195,13 @@ def flatten_gangs(gangs: Gangs, axes: tuple[str, ...]) -> Gang:
         by_key.setdefault(tuple(values[i] for i in outer), []).append((tuple(values[i] for i in inner), rank))
     size = prod(along[axis].size for axis in axes)
     groups = sorted([rank for _, rank in sorted(entries)] for entries in by_key.values())
-    if any(len(group) != size for group in groups):
+    positions = [{position for position, _ in entries} for entries in by_key.values()]
+    if any(len(group) != size for group in groups) or any(len(p) != size for p in positions):
         raise ValueError(
             f"`roles` must span gangs of {size} ranks, but the gangs of {axes} do not form a grid "
             f"(groups of sizes {sorted({len(g) for g in groups})}) instead."
         )
-    if size == root.size:
-        return root
-    if size == 1:
-        return FakeGang(root.device, rank=0, size=1)
-    sub = root.split(groups)
-    if sub is None:  # Impossible: the groups partition the gang.
-        raise AssertionError(f"rank {root.rank} is in no group of {groups}")
-    return sub
+    return _split_groups(root, groups)
 
 
 def create_fake_gangs(device: torch.device) -> Gangs:

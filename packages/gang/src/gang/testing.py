@@ -400,6 +400,8 @@ def dry_run(world_size: int, *, rank: int = 0, device: torch.device | str = "cpu
     """
     world_size = check_int("world_size", world_size, minimum=1)
     rank = check_rank("rank", rank, world_size)
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"`device` must be a `torch.device` or a `str`, but is {device!r} instead.")
     if isinstance(device, str):
         device = torch.device(device)
     device = check_device("device", device)
@@ -408,7 +410,7 @@ def dry_run(world_size: int, *, rank: int = 0, device: torch.device | str = "cpu
     pg = init_fake_process_group(rank, world_size)
     name = rendezvous.root_name(rendezvous.next_generation())
     try:
-        root = ProcessGroupGang(pg, device, timeout=None, owns_group=True, is_default=True, name=name, debug=False)
+        root = ProcessGroupGang(pg, device, timeout=None, owns_group=True, is_default=True, name=name)
     except BaseException:
         dist.destroy_process_group()
         raise
