@@ -107,7 +107,7 @@ def test_1d_pp_mesh(world8: World) -> None:
     ("dims", "kind", "fragments"),
     [
         (("cp",), "ValueError", ["`dims[0]`", "'cp'", "process group"]),
-        ((("sdp", "cp"),), "ValueError", ["`dims[0]`", "('sdp', 'cp')", "process group"]),
+        ((("cp", "tp"),), "ValueError", ["`dims[0]`", "('cp', 'tp')", "process group"]),
         ((("dp", "sdp"),), "ValueError", ["`dims[0]`", "overlap"]),
         ((("dp", "ep"),), "ValueError", ["`dims[0]`", "`ep` alone"]),
         (("ep", "dp"), "ValueError", ["grid", "'ep'", "'dp'"]),
