@@ -9,19 +9,21 @@ from gang_mesh import fsdp_mesh, to_device_mesh
 from gang_mesh.testing import equivalent_init_mesh, train
 
 # Each layout's gangs are created once per worker and kept for the life of the world.
-_GANGS: dict[tuple[int, int, int | None], Gangs] = {}
+_GANGS: dict[tuple[int, int, int | None, int], Gangs] = {}
 
 
-def _gangs(root: Gang, tp: int, intra: int | None) -> Gangs:
-    key = (id(root), tp, intra)
+def _gangs(root: Gang, tp: int, intra: int | None, cp: int) -> Gangs:
+    key = (id(root), tp, intra, cp)
     if key not in _GANGS:
-        _GANGS[key] = create_fsdp_gangs(create_parallel_gangs(root, tp_size=tp), intra)
+        _GANGS[key] = create_fsdp_gangs(create_parallel_gangs(root, tp_size=tp, cp_size=cp), intra)
     return _GANGS[key]
 
 
-def parity(root: Gang, dims: tuple[str, ...] | None, tp: int, intra: int | None, steps: int) -> dict[str, Any]:
+def parity(
+    root: Gang, dims: tuple[str, ...] | None, tp: int, intra: int | None, steps: int, cp: int = 1
+) -> dict[str, Any]:
     """Losses on the mesh of ``dims`` (``None``: :func:`fsdp_mesh`) and on the equivalent init mesh."""
-    gangs = _gangs(root, tp, intra)
+    gangs = _gangs(root, tp, intra, cp)
     ours = fsdp_mesh(gangs) if dims is None else to_device_mesh(gangs, dims)
     names = ours.mesh_dim_names
     assert names is not None

@@ -30,6 +30,13 @@ def test_hsdp_2d(world4: World) -> None:
     check(world4.run(pw.parity, None, 1, 2, STEPS), ("rdp", "sdp"))
 
 
+def test_fsdp_and_hsdp_with_context_parallel(world4: World) -> None:
+    # cp=2: fsdp_mesh shards over sdp x cp, as torchtitan's dp_shard_cp; fully sharded, then HSDP
+    # (rdp=2 x sdp_cp=2).
+    check(world4.run(pw.parity, None, 1, None, STEPS, 2), ("sdp_cp",))
+    check(world4.run(pw.parity, None, 1, 1, STEPS, 2), ("rdp", "sdp_cp"))
+
+
 def test_fsdp_tp_dp_tp(world4: World) -> None:
     check(world4.run(pw.parity, ("dp", "tp"), 2, None, STEPS), ("dp", "tp"))
 
