@@ -1,0 +1,61 @@
+"""Draw where the ranks of each role's gangs go, for the "Parallel layouts" guide (``docs/layouts.rst``).
+
+Run ``python -m benchmarks.layout_pictures`` to write ``docs/_static/layouts.png``. The groups come
+from :class:`gang.topology.Layout`, the arithmetic :func:`gang.create_parallel_gangs` and
+:func:`gang.create_fsdp_gangs` use, so the picture is what the factories build: 32 ranks with
+``pp=2``, ``rdp=2``, ``sdp=2``, ``cp=2``, ``tp=2`` and ``ep=4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from gang.roles import ROLE_TABLE
+from gang.topology import Layout
+
+SHAPE = (2, 2, 2, 2, 2)
+"""Sizes of ``pp, rdp, sdp, cp, tp`` (:data:`gang.roles.GRID_AXES`)."""
+EP = 4
+COLUMNS = 8
+OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "_static" / "layouts.png"
+
+
+def draw(output: Path) -> None:
+    """Draw one panel per role: the ranks in rows of 8, each gang in its own colour."""
+    plt.switch_backend("Agg")
+    layout = Layout(SHAPE, EP)
+    rows = layout.size // COLUMNS
+    fig, axes = plt.subplots(3, 3, figsize=(12, 6.2))
+    colours = plt.get_cmap("tab20")
+    for ax, row in zip(axes.flat, ROLE_TABLE, strict=True):
+        groups = layout.groups(row.name)
+        owner = np.empty(layout.size, dtype=int)
+        for index, group in enumerate(groups):
+            owner[group] = index
+        ax.imshow(owner.reshape(rows, COLUMNS) % 20, cmap=colours, vmin=0, vmax=19)
+        for rank in range(layout.size):
+            ax.text(rank % COLUMNS, rank // COLUMNS, str(rank), ha="center", va="center", fontsize=9)
+        ax.set_title(f"{row.name} ({row.title}): {len(groups)} x {groups.shape[1]}", fontsize=10)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    sizes = ", ".join(f"{name}={size}" for name, size in layout.sizes.items())
+    fig.suptitle(f"32 ranks, {sizes}: one colour per gang", fontsize=12)
+    fig.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=80)
+    plt.close(fig)
+
+
+def main() -> None:
+    """Parse ``--output`` and draw."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=OUTPUT, help="where to write the PNG")
+    draw(parser.parse_args().output)
+
+
+if __name__ == "__main__":
+    main()
