@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -335,9 +336,12 @@ def titan_meshes(dp_replicate: int, dp_shard: int, cp: int, tp: int, pp: int, ep
     always = {"fsdp", "dp_shard"} | ({"efsdp"} if ep > 1 else set())
 
     def unflatten(names: tuple[str, ...], sizes: tuple[int, ...]) -> DeviceMesh:
-        fake: dict[str, Any] = {
-            name: "fake" for name, size in zip(names, sizes, strict=True) if size == 1 and name not in always
-        }
+        disabled = [
+            name
+            for name, size in zip(names, sizes, strict=True)
+            if (size == 1 and name not in always) or (name == "efsdp" and ep == 1)
+        ]
+        fake: dict[str, Any] = dict.fromkeys(disabled, "fake")
         return world._unflatten(0, sizes, names, backend_override=fake)
 
     batch = dp_replicate * dp_shard
@@ -399,3 +403,55 @@ def titan_layouts(root: Gang, config: tuple[int, int, int, int, int, int], spans
     """Every mesh of :func:`titan_meshes` for ``config``, checked by :func:`check_titan_mesh`."""
     meshes = titan_meshes(*config)
     return {name: check_titan_mesh(mesh, spans[name]) for name, mesh in meshes.items()}
+
+
+def torchtitan_layouts(root: Gang, config: tuple[int, int, int, int, int, int], spans: Mapping[str, Any]) -> Any:
+    """torchtitan's own ``ParallelDims`` meshes (where torchtitan is installed), each checked.
+
+    Every global mesh is checked by :func:`check_titan_mesh` with the spans of the mirror mesh of
+    the same dimension names (:func:`titan_meshes`); every 1-D mesh converts without ``names=``, its
+    role's gang is the mesh's group and it round-trips.
+    """
+    import importlib
+
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+
+    # Not a static import: torchtitan is optional (and untyped).
+    parallel_dims: Any = importlib.import_module("torchtitan.distributed.parallel_dims")
+    parallel_dims.device_type = "cpu"  # torchtitan assumes CUDA when it finds no accelerator
+    dp_replicate, dp_shard, cp, tp, pp, ep = config
+    dims = parallel_dims.ParallelDims(
+        dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp, ep=ep, world_size=dist.get_world_size()
+    )
+    dims.build_mesh()
+    by_names = {mesh.mesh_dim_names: name for name, mesh in titan_meshes(*config).items()}
+    report: dict[str, Any] = {}
+    for name, mesh in dims._global_meshes.items():
+        if ep == 1 and "efsdp" in (mesh.mesh_dim_names or ()):
+            # Without expert parallel torchtitan builds `efsdp` (size dp_shard * cp * tp) on the
+            # `fake` backend and never uses it: refused, as every `fake` dimension of size > 1.
+            report[name] = _error_of(partial(from_device_mesh, mesh))
+            continue
+        mirror = next(m for names, m in by_names.items() if set(mesh.mesh_dim_names or ()) <= set(names or ()))
+        report[name] = check_titan_mesh(mesh, spans[mirror])
+    for name, mesh in dims._single_axis_meshes.items():
+        if ep == 1 and name == "efsdp":
+            continue
+        gangs = from_device_mesh(mesh)
+        dim_name = (mesh.mesh_dim_names or ("",))[0]
+        role = _role_of(dim_name)
+        ok = True
+        if mesh.size() > 1:
+            ok = getattr(gangs, role).as_process_group() is mesh.get_group(0)
+            ok = ok and to_device_mesh(gangs, (role,)).mesh.tolist() == mesh.mesh.tolist()
+        report[f"1-D {name}"] = ok
+    return report
+
+
+def _error_of(call: Callable[[], object]) -> str:
+    """The message of the ``ValueError`` that ``call`` raises (``""`` when it raises none)."""
+    try:
+        call()
+    except ValueError as ex:
+        return str(ex)
+    return ""

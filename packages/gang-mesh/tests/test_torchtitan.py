@@ -1,0 +1,32 @@
+"""torchtitan's own ``ParallelDims`` meshes convert without ``names=`` and round-trip.
+
+torchtitan is not in the CI test environment (its install pulls in ``datasets``, ``wandb``,
+``tensorboard`` and more); ``test_mesh.py`` builds the same meshes with torch's own calls. This
+file runs where torchtitan is installed: ``pip install -c constraints.txt torchtitan==0.3.0``.
+"""
+
+from __future__ import annotations
+
+import mesh_workers as w
+import pytest
+from test_mesh import TITAN_SPANS
+
+from gang.testing import World
+
+pytest.importorskip("torchtitan.distributed.parallel_dims")
+
+
+@pytest.mark.parametrize("config", [(1, 2, 2, 2, 1, 2), (2, 2, 2, 1, 1, 2), (1, 2, 1, 2, 2, 1)])
+def test_parallel_dims_meshes(world8: World, config: tuple[int, ...]) -> None:
+    for rank, report in enumerate(world8.run(w.torchtitan_layouts, config, TITAN_SPANS)):
+        for name, result in report.items():
+            if isinstance(result, str):  # the unused sparse mesh without expert parallel
+                assert "'efsdp'" in result and "`fake` backend" in result, (rank, name)
+                continue
+            if name.startswith("1-D"):
+                assert result, (rank, name)
+                continue
+            assert result["got"] == result["expected"], (rank, name)
+            assert result["sums_ok"], (rank, name)
+            folded = ["rdp", "sdp"] if "sparse" in name and config[0] > 1 else []
+            assert result["round_trip"] in ({}, {"same_mesh": True, "differ": folded}), (rank, name)
