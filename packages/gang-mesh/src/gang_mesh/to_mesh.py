@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from math import prod
 from typing import cast
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -67,12 +68,9 @@ def to_device_mesh(gangs: Gangs, dims: Sequence[Dim]) -> DeviceMesh:
     layout = gangs.layout
     if layout is not None:
         root_ranks = layout.submesh(gangs.root.rank, per_dim)
-        if layout.global_ranks is None:
-            ranks = torch.from_numpy(root_ranks)
-        else:
-            ranks = torch.tensor([layout.global_ranks[r] for r in root_ranks.reshape(-1).tolist()]).reshape(
-                root_ranks.shape
-            )
+        if layout.global_ranks is not None:  # one vectorised lookup, not a Python loop over the mesh
+            root_ranks = np.asarray(layout.global_ranks, dtype=np.int64)[root_ranks]
+        ranks = torch.from_numpy(root_ranks)
     else:
         ranks = _gathered_mesh(gangs.root, dim_gangs, names)
     mesh = DeviceMesh.from_group(groups, gangs.root.device.type, mesh=ranks.to(torch.int), mesh_dim_names=names)
