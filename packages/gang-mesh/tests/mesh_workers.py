@@ -305,13 +305,16 @@ def cp_ep_meshes(root: Gang) -> dict[str, Any]:
 
 
 def no_layout_not_a_grid(root: Gang) -> tuple[str, str]:
-    """``to_device_mesh`` of gangs without a layout whose ``tp`` gangs do not form a grid with ``dp``."""
+    """``to_device_mesh`` of gangs without a layout whose ``dp`` gangs do not form a grid with ``tp``.
+
+    With ``tp`` ``[0, 1] [2, 3]`` and ``dp`` ``[0, 3] [1, 2]`` the coordinates place every rank
+    once in a full 2 x 2 array, but the line along ``dp`` through rank 0 is ``[0, 2]``, not its gang.
+    """
     base = from_device_mesh(init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")))
-    # tp: the gang of the other row's ranks {0, 3} and {1, 2}: with dp {0, 2} and {1, 3} no grid.
     odd = root.split([[0, 3], [1, 2]])
     assert odd is not None
     gangs = Gangs(
-        root=base.root, dp=base.dp, rdp=base.rdp, sdp=base.sdp, tp=odd, pp=base.pp, cp=base.cp, ep=base.ep, edp=base.edp
+        root=base.root, dp=odd, rdp=odd, sdp=base.sdp, tp=base.tp, pp=base.pp, cp=base.cp, ep=base.ep, edp=odd
     )
     try:
         to_device_mesh(gangs, ("dp", "tp"))

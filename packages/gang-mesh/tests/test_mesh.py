@@ -364,6 +364,7 @@ def test_no_layout_gangs_that_are_not_a_grid_fail_on_every_rank(world4: World) -
     culprits = {message.split(" do not")[0] for _, message in results}
     assert len(culprits) == 1  # every rank names the same culprit
     assert "`dims` must name gangs that form a grid" in results[0][1]
+    assert any("the line along 'dp'" in message for _, message in results)  # on the rank that found it
 
 
 # Which mesh dimensions each role spans on torchtitan 0.3's meshes (ParallelDims.build_mesh).
