@@ -96,3 +96,31 @@ def layout_report(root: Gang, configs: list[dict[str, Any]]) -> list[dict[str, A
             if sub is not root:
                 sub.close()
     return reports
+
+
+def check_reports(reports: list[list[dict[str, Any]]], configs: list[dict[str, Any]]) -> None:
+    """Assert that every rank's :func:`layout_report` (``reports[rank][config]``) matches :func:`expected_members`.
+
+    Size-1 gangs must be :class:`~gang.FakeGang` and a gang of every rank must be the root itself.
+    """
+    world = len(reports)
+    for index, config in enumerate(configs):
+        dp = world // (config["tp"] * config["pp"] * config["cp"])
+        sdp = 1 if "intra" not in config else config["intra"] or dp
+        sizes = {k: config[k] for k in ("tp", "pp", "cp", "ep")}
+        for rank in range(world):
+            got = reports[rank][index]
+            want = expected_members(rank, world, sdp=sdp, **sizes)
+            assert not got["layout_none"]
+            for role, members in [*want.items(), ("root", list(range(world)))]:
+                name = role if isinstance(role, str) else "_".join(role)
+                for key in [name] + ([] if isinstance(role, str) else ["nolayout_" + name]):
+                    info = got[key]
+                    assert info["members"] == members, (config, rank, key, info["members"], members)
+                    assert info["rank"] == members.index(rank) and info["size"] == len(members)
+                    assert info["sum"] == sum(m + 1 for m in members), (config, rank, key)
+                    assert info["is_root"] == (len(members) == world), (config, rank, key)
+                    if len(members) == 1:
+                        assert info["kind"] == "FakeGang", (config, rank, key)  # no needless group
+                if not isinstance(role, str):
+                    assert got[name]["cached"], (config, rank, name)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from roles_workers import FLATTENED, expected_members, layout_report
+from roles_workers import FLATTENED, check_reports, expected_members, layout_report
 
 import gang
 from gang import FakeGang, Gangs, NotSupportedError, create_fake_gangs, create_fsdp_gangs, create_parallel_gangs
@@ -177,27 +177,7 @@ GLOO_CONFIGS: list[dict[str, Any]] = [
 
 def test_every_layout_on_eight_gloo_ranks(world8: World) -> None:
     reports = world8.run(layout_report, GLOO_CONFIGS)
-    for config_index, config in enumerate(GLOO_CONFIGS):
-        world = 8
-        dp = world // (config["tp"] * config["pp"] * config["cp"])
-        sdp = 1 if "intra" not in config else config["intra"] or dp
-        sizes = {k: config[k] for k in ("tp", "pp", "cp", "ep")}
-        for rank in range(world):
-            got = reports[rank][config_index]
-            want = expected_members(rank, world, sdp=sdp, **sizes)
-            assert not got["layout_none"]
-            for role, members in [*want.items(), ("root", list(range(world)))]:
-                name = role if isinstance(role, str) else "_".join(role)
-                for key in [name] + (["nolayout_" + name] if not isinstance(role, str) else []):
-                    info = got[key]
-                    assert info["members"] == members, (config, rank, key, info["members"], members)
-                    assert info["rank"] == members.index(rank) and info["size"] == len(members)
-                    assert info["sum"] == sum(m + 1 for m in members), (config, rank, key)
-                    assert info["is_root"] == (len(members) == world), (config, rank, key)
-                    if len(members) == 1:
-                        assert info["kind"] == "FakeGang", (config, rank, key)  # no needless group
-                if not isinstance(role, str):
-                    assert got[name]["cached"]
+    check_reports(reports, GLOO_CONFIGS)
     # The SPEC's example with cp_size=2, tp_size=2, ep_size=2, as every rank's ep and edp gangs.
     ep = {tuple(reports[r][3]["ep"]["members"]) for r in range(8)}
     edp = {tuple(reports[r][3]["edp"]["members"]) for r in range(8)}
