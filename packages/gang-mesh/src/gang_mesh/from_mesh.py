@@ -15,7 +15,7 @@ from gang.rendezvous import new_named_group, next_call
 from gang.roles import DENSE_ROLES
 from gang.topology import Grid, role_spans
 
-MESH_ROLES = DENSE_ROLES
+MESH_ROLES = tuple(role for role in DENSE_ROLES if role != "cp")  # cp, ep, edp: the mesh half of issue 19
 """The gang roles a mesh dimension can play."""
 
 ALIASES: dict[str, str] = {"dp_replicate": "rdp", "dp_shard": "sdp"}
