@@ -299,7 +299,11 @@ def isolated_properties() -> dict[str, Any]:
 
 
 def factory_layouts(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The factories' gangs (cp, ep, flattened) on this process's JaxGang root (see ``roles_workers``)."""
+    """The factories' gangs (cp, ep, flattened) on this process's JaxGang root (see ``roles_workers``).
+
+    Flattening gangs without a layout (a gather over the root) is left to the gloo test: every
+    new JaxGang compiles its collectives, the main cost here.
+    """
     from roles_workers import layout_report
 
-    return layout_report(gang(), configs)
+    return layout_report(gang(), configs, without_layout=False)
