@@ -247,3 +247,19 @@ def test_dry_run_argument_errors() -> None:
         with pytest.raises(error) as info, call():
             pass
         assert text in str(info.value)
+
+
+def test_split_own_group_checks_its_arguments() -> None:
+    fake = FakeGang(CPU, rank=1, size=4)
+
+    def every() -> list[list[int]]:
+        return [[0, 1], [2, 3]]
+
+    with pytest.raises(ValueError, match=r"`members` must hold this process's rank 1, but is \[0, 2\] instead."):
+        fake.split_own_group([2, 0], every)
+    with pytest.raises(ValueError, match="`members` must be ranks of this gang in the range"):
+        fake.split_own_group([1, 4], every)
+    with pytest.raises(TypeError, match="`members` must be a sequence of `int`"):
+        fake.split_own_group("01", every)  # type: ignore[arg-type]
+    sub = fake.split_own_group([0, 1], every)
+    assert sub is not None and (sub.rank, sub.size) == (1, 2)
