@@ -69,10 +69,10 @@ def _report(sub: Gang, root: Gang) -> dict[str, Any]:
     }
 
 
-def layout_report(root: Gang, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def layout_report(root: Gang, configs: list[dict[str, Any]], without_layout: bool = True) -> list[dict[str, Any]]:
     """For each config (``tp``, ``pp``, ``cp``, ``ep``, ``intra`` or no ``intra``), the report of every
-    gang of the factories and of :data:`FLATTENED`, both from the layout and (``nolayout``) from
-    gangs without one (which gather to find the members)."""
+    gang of the factories and of :data:`FLATTENED`, both from the layout and (``nolayout``, when
+    ``without_layout``) from gangs without one (which gather to find the members)."""
     reports = []
     for config in configs:
         gangs = gang.create_parallel_gangs(
@@ -87,12 +87,44 @@ def layout_report(root: Gang, configs: list[dict[str, Any]]) -> list[dict[str, A
             flat = gangs.flatten(*roles)
             again = gangs.flatten(*reversed(roles))
             report["_".join(roles)] = {**_report(flat, root), "cached": again is flat}
-            found = bare.flatten(*roles)
-            report["nolayout_" + "_".join(roles)] = _report(found, root)
-            made += [flat, found]
+            made.append(flat)
+            if without_layout:
+                found = bare.flatten(*roles)
+                report["nolayout_" + "_".join(roles)] = _report(found, root)
+                made.append(found)
         report["layout_none"] = gangs.layout is None
         reports.append(report)
         for sub in {id(sub): sub for sub in made}.values():
             if sub is not root:
                 sub.close()
     return reports
+
+
+def check_reports(reports: list[list[dict[str, Any]]], configs: list[dict[str, Any]]) -> None:
+    """Assert that every rank's :func:`layout_report` (``reports[rank][config]``) matches :func:`expected_members`.
+
+    Size-1 gangs must be :class:`~gang.FakeGang` and a gang of every rank must be the root itself.
+    """
+    world = len(reports)
+    for index, config in enumerate(configs):
+        dp = world // (config["tp"] * config["pp"] * config["cp"])
+        sdp = 1 if "intra" not in config else config["intra"] or dp
+        sizes = {k: config[k] for k in ("tp", "pp", "cp", "ep")}
+        for rank in range(world):
+            got = reports[rank][index]
+            want = expected_members(rank, world, sdp=sdp, **sizes)
+            assert not got["layout_none"]
+            for role, members in [*want.items(), ("root", list(range(world)))]:
+                name = role if isinstance(role, str) else "_".join(role)
+                for key in [name] + ([] if isinstance(role, str) else ["nolayout_" + name]):
+                    if key not in got:  # a report made without `without_layout`
+                        continue
+                    info = got[key]
+                    assert info["members"] == members, (config, rank, key, info["members"], members)
+                    assert info["rank"] == members.index(rank) and info["size"] == len(members)
+                    assert info["sum"] == sum(m + 1 for m in members), (config, rank, key)
+                    assert info["is_root"] == (len(members) == world), (config, rank, key)
+                    if len(members) == 1:
+                        assert info["kind"] == "FakeGang", (config, rank, key)  # no needless group
+                if not isinstance(role, str):
+                    assert got[name]["cached"], (config, rank, name)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from roles_workers import FLATTENED, expected_members, layout_report
+from roles_workers import FLATTENED, check_reports, expected_members, layout_report
 
 import gang
 from gang import FakeGang, Gangs, NotSupportedError, create_fake_gangs, create_fsdp_gangs, create_parallel_gangs
@@ -110,6 +110,7 @@ def test_submesh_is_the_gangs_through_a_rank() -> None:
     assert mesh[:, 1].tolist() == layout.members(13, "dp")  # 13 is position 1 along ("cp", "tp")
     assert mesh[3].tolist() == layout.members(13, "cp", "tp")  # and position 3 along dp
     assert layout.global_members(13, "cp") == [113, 115]
+    assert (layout.global_submesh(13, ["dp", ("cp", "tp")]) == mesh + 100).all()
 
 
 @pytest.mark.parametrize(
@@ -177,27 +178,7 @@ GLOO_CONFIGS: list[dict[str, Any]] = [
 
 def test_every_layout_on_eight_gloo_ranks(world8: World) -> None:
     reports = world8.run(layout_report, GLOO_CONFIGS)
-    for config_index, config in enumerate(GLOO_CONFIGS):
-        world = 8
-        dp = world // (config["tp"] * config["pp"] * config["cp"])
-        sdp = 1 if "intra" not in config else config["intra"] or dp
-        sizes = {k: config[k] for k in ("tp", "pp", "cp", "ep")}
-        for rank in range(world):
-            got = reports[rank][config_index]
-            want = expected_members(rank, world, sdp=sdp, **sizes)
-            assert not got["layout_none"]
-            for role, members in [*want.items(), ("root", list(range(world)))]:
-                name = role if isinstance(role, str) else "_".join(role)
-                for key in [name] + (["nolayout_" + name] if not isinstance(role, str) else []):
-                    info = got[key]
-                    assert info["members"] == members, (config, rank, key, info["members"], members)
-                    assert info["rank"] == members.index(rank) and info["size"] == len(members)
-                    assert info["sum"] == sum(m + 1 for m in members), (config, rank, key)
-                    assert info["is_root"] == (len(members) == world), (config, rank, key)
-                    if len(members) == 1:
-                        assert info["kind"] == "FakeGang", (config, rank, key)  # no needless group
-                if not isinstance(role, str):
-                    assert got[name]["cached"]
+    check_reports(reports, GLOO_CONFIGS)
     # The SPEC's example with cp_size=2, tp_size=2, ep_size=2, as every rank's ep and edp gangs.
     ep = {tuple(reports[r][3]["ep"]["members"]) for r in range(8)}
     edp = {tuple(reports[r][3]["edp"]["members"]) for r in range(8)}
@@ -266,3 +247,19 @@ def test_dry_run_argument_errors() -> None:
         with pytest.raises(error) as info, call():
             pass
         assert text in str(info.value)
+
+
+def test_split_own_group_checks_its_arguments() -> None:
+    fake = FakeGang(CPU, rank=1, size=4)
+
+    def every() -> list[list[int]]:
+        return [[0, 1], [2, 3]]
+
+    with pytest.raises(ValueError, match=r"`members` must hold this process's rank 1, but is \[0, 2\] instead."):
+        fake.split_own_group([2, 0], every)
+    with pytest.raises(ValueError, match="`members` must be ranks of this gang in the range"):
+        fake.split_own_group([1, 4], every)
+    with pytest.raises(TypeError, match="`members` must be a sequence of `int`"):
+        fake.split_own_group("01", every)  # type: ignore[arg-type]
+    sub = fake.split_own_group([0, 1], every)
+    assert sub is not None and (sub.rank, sub.size) == (1, 2)

@@ -68,8 +68,9 @@ def create_parallel_gangs(
     of size 1, ready for DDP, and knows its :attr:`~gang.Gangs.layout`.
 
     Size-1 gangs are :class:`FakeGang` and a gang spanning all of ``root`` is ``root`` itself.
-    Each process computes only its own gangs' members (O(gang size), never O(world)), except
-    where the backend's ``split_group`` wants every group.
+    On a :class:`ProcessGroupGang` each process computes only its own gangs' members (O(gang
+    size), never O(world)) and creates only its own groups, except where the backend's
+    ``split_group`` wants every group (NCCL); other gangs get every group of each split.
 
     :param root: The gang to split; every member calls this with the same sizes.
     :param tp_size: The tensor parallel size.

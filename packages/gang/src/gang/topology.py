@@ -396,8 +396,9 @@ class Layout:
     The rank of root-gang rank *r* along each axis follows from the row-major grid of ``shape``
     (pipeline slowest, tensor parallel fastest). The expert roles re-factor the ``rdp x sdp x cp``
     ranks of one (pp, tp) position into ``edp x ep`` (``ep`` fastest), which is again a row-major
-    grid, ``(pp, edp, ep, tp)``. Every query costs time in the size of its answer, never in the
-    size of the world: no method enumerates the ranks.
+    grid, ``(pp, edp, ep, tp)``. Every query but :meth:`groups` (which lists every gang, for a
+    backend that wants them all) costs time in the size of its answer, never in the size of the
+    world.
 
     :param shape: The size of each axis of :data:`gang.roles.GRID_AXES` (``pp, rdp, sdp, cp, tp``).
     :param ep: The expert parallel size; it divides ``rdp * sdp * cp``.
@@ -502,6 +503,16 @@ class Layout:
                 offsets = (offsets[:, None] + np.arange(sizes[axis], dtype=np.int64) * strides[axis]).reshape(-1)
             result = result[..., None] + offsets
         return result
+
+    def global_submesh(self, rank: int, dims: Sequence[str | Sequence[str]]) -> np.ndarray:
+        """:meth:`submesh` as global ranks (through ``global_ranks``): the mesh a ``DeviceMesh`` of
+        ``dims`` through ``rank`` holds. O(size of the result)."""
+        mesh = self.submesh(rank, dims)
+        if self.global_ranks is None:
+            return mesh
+        ranks = self.global_ranks
+        found: np.ndarray = np.array([ranks[r] for r in mesh.reshape(-1).tolist()], dtype=np.int64).reshape(mesh.shape)
+        return found
 
     def members(self, rank: int, *roles: str) -> list[int]:
         """The root ranks of the gang spanning ``roles`` at once that holds root rank ``rank``, in
