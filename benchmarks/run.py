@@ -3,9 +3,10 @@
 ``python -m benchmarks.run [--quick] [--out results.json] [--worlds 2 4]`` runs the collective
 benchmark that ships in the package (``python -m gang.bench --nproc N``) for each world size,
 then the repository-only benchmarks: the 8-rank set-up benchmark (gangs against
-``init_device_mesh``, ``to_device_mesh``, one FSDP2 step) and the FakeGang collectives in this
-process. It prints the tables as it goes and a summary at the end, and writes ``--out`` (a list
-of rows) with ``gang.bench``'s plots next to it.
+``init_device_mesh``, ``to_device_mesh``, one FSDP2 step), the FakeGang collectives in this
+process, and one rank's set-up at 1,024 to 131,072 ranks in a dry run (``benchmarks.dry_run``).
+It prints the tables as it goes and a summary at the end, and writes ``--out`` (a list of rows)
+with ``gang.bench``'s plots next to it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import fake
+from benchmarks import dry_run, fake
 from gang.bench import plots
 from gang.bench.metrics import Row, format_size, median, ratio_table, summary
 
@@ -52,6 +53,14 @@ def report(rows: list[Row]) -> str:
             lines.append(f"{op:>14}: {ours} {a / 1e3:.2f} ms, {base} {b / 1e3:.2f} ms, ratio {ratio:.3f}")
     if ("to_device_mesh", "gang") in extra:
         lines.append(f"{'to_device_mesh':>14}: {extra[('to_device_mesh', 'gang')] / 1e3:.2f} ms")
+    dry: dict[tuple[str, int], Row] = {(r["impl"], r["world_size"]): r for r in rows if r["op"] == "dry_run_setup"}
+    for (impl, world), mine in sorted(dry.items(), key=lambda kv: kv[0]):
+        if impl == "gang" and ("torch", world) in dry:
+            theirs = dry[("torch", world)]
+            lines.append(
+                f"{'dry run':>14}: {world} ranks, gangs {mine['time_us'] / 1e6:.3f} s {mine['peak_mib']:.1f} MiB, "
+                f"init_device_mesh {theirs['time_us'] / 1e6:.3f} s {theirs['peak_mib']:.1f} MiB {mine['note']}"
+            )
     fake_rows = [r for r in rows if r["impl"] in ("fake", "plain")]
     if fake_rows:
         table = ratio_table(fake_rows, "fake", "plain")
@@ -71,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="sizes up to 4 MiB, fewer iterations (about 2 minutes)")
     parser.add_argument("--out", default="results.json", help="the JSON file of rows; the PNGs go next to it")
     parser.add_argument("--worlds", nargs="*", type=int, default=[2, 4], help="ranks of the collective benchmark")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["collectives", "fake", "meshes"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["collectives", "fake", "meshes", "dry_run"])
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -92,6 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     if "fake" not in args.skip:
         print("\n# FakeGang (size 4) against the plain tensor op it simulates", flush=True)
         rows += fake.run((4 << 20) if args.quick else (64 << 20), args.quick, lambda s: print(s, flush=True))
+    if "dry_run" not in args.skip:
+        print("\n# one rank's set-up in a dry run (torch's fake backend) against init_device_mesh", flush=True)
+        rows += dry_run.run(args.quick, lambda s: print(s, flush=True))
     out.write_text(json.dumps(rows, indent=1) + "\n")
     written = plots.plot(rows, out)
     print(report(rows))

@@ -296,3 +296,10 @@ def isolated_properties() -> dict[str, Any]:
         out["sub"] = (sub.rank, sub.size, sub.members, t.item())
         sub.close()
     return out
+
+
+def factory_layouts(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The factories' gangs (cp, ep, flattened) on this process's JaxGang root (see ``roles_workers``)."""
+    from roles_workers import layout_report
+
+    return layout_report(gang(), configs)

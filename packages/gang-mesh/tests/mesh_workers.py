@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from gang import Gang, Gangs, ProcessGroupGang, ReduceOperation, create_fsdp_gangs, create_parallel_gangs
-from gang.extend import ROLES
+from gang.roles import ROLES
 from gang_mesh import ALIASES, from_device_mesh, fsdp_mesh, to_device_mesh
 
 # Gangs of each layout are created once per worker and kept: closing sub-gangs and creating the

@@ -26,7 +26,9 @@ def _gangs(rank: int = 0) -> Gangs:
 
 def test_valid_gangs_and_keyword_only() -> None:
     gangs = _gangs()
-    assert [name for name, _ in gangs.items()] == ["root", "dp", "rdp", "sdp", "tp", "pp"]
+    assert [name for name, _ in gangs.items()] == ["root", "dp", "rdp", "sdp", "cp", "tp", "pp", "ep", "edp"]
+    # Omitted, cp and ep are size-1 gangs and edp is dp.
+    assert (gangs.cp.size, gangs.ep.size, gangs.edp) == (1, 1, gangs.dp)
     with pytest.raises(TypeError):
         Gangs(gangs.root, gangs.dp, gangs.rdp, gangs.sdp, gangs.tp, gangs.pp)  # type: ignore[call-arg]
 
@@ -34,7 +36,9 @@ def test_valid_gangs_and_keyword_only() -> None:
 @pytest.mark.parametrize(
     ("field", "replacement", "text"),
     [
-        ("dp", FakeGang(CPU, size=3), "`dp.size * tp.size * pp.size` must equal `root.size` (8)"),
+        ("dp", FakeGang(CPU, size=3), "`dp.size * cp.size * tp.size * pp.size` must equal `root.size` (8)"),
+        ("cp", FakeGang(CPU, size=2), "`dp.size * cp.size * tp.size * pp.size` must equal `root.size` (8)"),
+        ("ep", FakeGang(CPU, size=3), "`ep.size * edp.size` must equal `dp.size * cp.size` (4)"),
         ("rdp", FakeGang(CPU, size=4), "`rdp.size * sdp.size` must equal `dp.size` (4)"),
         ("tp", FakeGang(torch.device("cuda", 0), size=2), "`tp` must be on the root gang's device"),
     ],
@@ -43,7 +47,7 @@ def test_validation(field: str, replacement: FakeGang, text: str) -> None:
     import dataclasses
 
     with pytest.raises(ValueError) as info:
-        dataclasses.replace(_gangs(), **{field: replacement})
+        dataclasses.replace(_gangs(), **{field: replacement})  # type: ignore[arg-type]
     assert text in str(info.value)
 
 

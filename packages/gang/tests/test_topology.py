@@ -10,12 +10,12 @@ from gang.topology import Grid, infer_grid, parallel_grid, role_spans, sharded_g
 
 
 def test_row_major_rank_formula() -> None:
-    grid = parallel_grid(24, tp_size=2, pp_size=3)
-    assert grid.names == ("pp", "dp", "tp") and grid.shape == (3, 4, 2)
-    for pp, dp, tp in itertools.product(range(3), range(4), range(2)):
-        rank = pp * (4 * 2) + dp * 2 + tp
-        assert grid.rank({"pp": pp, "dp": dp, "tp": tp}) == rank
-        assert grid.coords(rank) == {"pp": pp, "dp": dp, "tp": tp}
+    grid = parallel_grid(48, tp_size=2, pp_size=3, cp_size=2)
+    assert grid.names == ("pp", "dp", "cp", "tp") and grid.shape == (3, 4, 2, 2)
+    for pp, dp, cp, tp in itertools.product(range(3), range(4), range(2), range(2)):
+        rank = ((pp * 4 + dp) * 2 + cp) * 2 + tp  # the SPEC's layout formula
+        assert grid.rank({"pp": pp, "dp": dp, "cp": cp, "tp": tp}) == rank
+        assert grid.coords(rank) == {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
 
 
 def test_groups_partition_the_ranks() -> None:
@@ -48,7 +48,8 @@ def test_sharded_grid() -> None:
         (lambda: Grid((("a", 2),)).rank({"b": 0}), ValueError, "`coords`"),
         (lambda: parallel_grid(8, tp_size=3), ValueError, "`tp_size` must be a factor"),
         (lambda: parallel_grid(8, pp_size=0), ValueError, "`pp_size`"),
-        (lambda: parallel_grid(8, tp_size=4, pp_size=4), ValueError, "`tp_size * pp_size`"),
+        (lambda: parallel_grid(8, tp_size=4, pp_size=4), ValueError, "`tp_size * cp_size * pp_size`"),
+        (lambda: parallel_grid(8, cp_size=3), ValueError, "`cp_size` must be a factor"),
         (lambda: parallel_grid(8, tp_size=True), TypeError, "`tp_size`"),
         (lambda: sharded_grid(8, 3), ValueError, "`intra_node_size`"),
     ],
@@ -76,7 +77,7 @@ def test_errors(call: object, error: type[Exception], text: str) -> None:
 )
 def test_role_spans(names: tuple[str, ...], expected: dict[str, tuple[str, ...]]) -> None:
     spans = role_spans(names)
-    assert list(spans) == ["root", "dp", "rdp", "sdp", "tp", "pp"]
+    assert list(spans) == ["root", "dp", "rdp", "sdp", "cp", "tp", "pp"]
     for role, span in expected.items():
         assert spans[role] == span, role
 
@@ -86,7 +87,7 @@ def test_role_spans(names: tuple[str, ...], expected: dict[str, tuple[str, ...]]
     [
         (("dp", "sdp"), "`dp` together with `rdp` or `sdp`"),
         (("rdp", "dp"), "`dp` together with `rdp` or `sdp`"),
-        (("dp", "cp"), "['cp']"),
+        (("dp", "ep"), "['ep']"),
         (("root",), "['root']"),
         (("tp", "tp"), "repeat"),
     ],
@@ -106,6 +107,7 @@ def test_role_spans_on_a_grid_give_the_factory_layout() -> None:
         "dp": [9, 11, 13, 15],
         "rdp": [9, 13],
         "sdp": [13, 15],
+        "cp": [13],
         "tp": [12, 13],
         "pp": [5, 13],
     }

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from gang.extend import ROLES  # The `Gangs` fields `to_device_mesh` accepts in `dims`.
+from gang.roles import ROLES  # The `Gangs` fields `to_device_mesh` accepts in `dims`.
 from gang_mesh.from_mesh import ALIASES, MESH_ROLES, from_device_mesh
 from gang_mesh.to_mesh import fsdp_mesh, to_device_mesh
 

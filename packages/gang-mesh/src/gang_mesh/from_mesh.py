@@ -12,9 +12,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from gang import FakeGang, Gang, Gangs, ProcessGroupGang
 from gang.rendezvous import new_named_group, next_call
-from gang.topology import DIMENSION_ROLES, Grid, role_spans
+from gang.roles import DENSE_ROLES
+from gang.topology import Grid, role_spans
 
-MESH_ROLES = DIMENSION_ROLES
+MESH_ROLES = DENSE_ROLES
 """The gang roles a mesh dimension can play."""
 
 ALIASES: dict[str, str] = {"dp_replicate": "rdp", "dp_shard": "sdp"}
@@ -108,7 +109,7 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
             return wrap(mesh.get_group(roles.index(span[0])))
         return group_of([ranks[p] for p in grid.group_of(here, *span)])
 
-    return Gangs(**{role: gang_of(span) for role, span in spans.items()})
+    return Gangs(**{role: gang_of(span) for role, span in spans.items()}, layout=None)
 
 
 def _check_mesh(mesh: DeviceMesh, names: Mapping[str, str] | None) -> list[str]:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from gang import Gang, Gangs, all_gather_objects
-from gang.extend import ROLES
+from gang.roles import ROLES
 from gang.topology import infer_grid
 
 

@@ -53,6 +53,8 @@ __all__ = [
     "TCPStore",
     "can_split",
     "group_timeout",
+    "init_fake_process_group",
+    "is_fake_backend",
     "is_non_member",
     "new_named_group",
     "new_standalone_group",
@@ -146,6 +148,29 @@ def group_timeout(pg: ProcessGroup, device: torch.device) -> timedelta | None:
     except (AttributeError, RuntimeError, TypeError, ValueError):  # a renamed or changed private API
         return None
     return timeout if isinstance(timeout, timedelta) else None
+
+
+def init_fake_process_group(rank: int, world_size: int) -> ProcessGroup:
+    """Initialise torch's default process group on its ``fake`` backend (one process, no peers).
+
+    The ``fake`` backend and its ``FakeStore`` live in torch's private testing module
+    (``torch.testing._internal.distributed.fake_pg``); collectives on it complete without moving
+    or computing data. This is what :func:`gang.testing.dry_run` runs on.
+    """
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the `fake` backend
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    pg = dist.group.WORLD
+    assert pg is not None
+    return pg
+
+
+def is_fake_backend(pg: ProcessGroup) -> bool:
+    """Whether ``pg`` runs on torch's ``fake`` backend (collectives that compute nothing)."""
+    try:
+        return str(dist.get_backend(pg)) == "fake"
+    except (RuntimeError, ValueError):  # a group torch does not know (e.g. already destroyed)
+        return False
 
 
 def is_non_member(pg: object) -> bool:

@@ -34,11 +34,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError
+from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
 from gang.ops import ReduceOperation
 
 __all__ = [
-    "ROLES",
     "SUPPORTED_DTYPES",
     "GangView",
     "all_gather_bytes",
@@ -49,14 +48,11 @@ __all__ = [
     "check_open",
     "check_rank",
     "check_timeout",
+    "check_values_exchangeable",
     "guard",
     "operation_error",
     "pickle_or_error",
 ]
-
-ROLES = ("root", "dp", "rdp", "sdp", "tp", "pp")
-"""The fields of :class:`gang.Gangs`, in order: every gang of a process, one per parallelism role."""
-
 
 SUPPORTED_DTYPES = frozenset(
     {
@@ -113,6 +109,22 @@ def check_open(gang: GangView, operation: str) -> None:
     """
     if gang.closed:
         raise InvalidOperationError(f"`{operation}` cannot be called on a closed gang ({gang!r}).")
+
+
+def check_values_exchangeable(gang: GangView, operation: str) -> None:
+    """Refuse ``operation``, which needs values from peers, on a gang whose collectives compute nothing.
+
+    A dry run (:func:`gang.testing.dry_run`, torch's ``fake`` backend) completes every collective
+    without moving data, so what reads peers' values back (objects, flags, dicts, debug mode's
+    checks) would silently see garbage.
+
+    :raises NotSupportedError: If ``gang`` is part of a dry run.
+    """
+    if getattr(gang, "dry_run", False):
+        raise NotSupportedError(
+            f"`{operation}` needs values from the other ranks, which a dry run (torch's `fake` backend, "
+            f"rank {gang.rank} of a gang of size {gang.size}) does not have."
+        )
 
 
 def check_int(name: str, value: object, *, minimum: int | None = None) -> int:

@@ -1,21 +1,26 @@
-"""Factories that split a root gang for data, tensor, pipeline and sharded data parallelism.
+"""Factories that split a root gang for data, context, tensor, pipeline, expert and sharded data parallelism.
 
-Every layout comes from :mod:`gang.topology`; this module only turns its groups into gangs.
+Every layout comes from :mod:`gang.topology` (:class:`~gang.topology.Layout`) and every role from
+:mod:`gang.roles`; this module only turns their groups into gangs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import timedelta
+from math import prod
 
 import torch
 
 from gang.env import get_default_device, get_world_size
+from gang.extend import check_open, check_values_exchangeable
 from gang.fake import FakeGang
 from gang.gang import Gang
 from gang.gangs import Gangs
 from gang.process_group import ProcessGroupGang
-from gang.topology import Grid, parallel_grid, role_spans, sharded_grid
+from gang.roles import GRID_AXES, ROLES
+from gang.topology import Grid, Layout, parallel_layout, sharded_grid
 
 
 def split_along(gang: Gang, grid: Grid, *names: str) -> Gang:
@@ -32,11 +37,15 @@ def split_along(gang: Gang, grid: Grid, *names: str) -> Gang:
         raise ValueError(f"`grid` must have {gang.size} ranks (the gang size), but has {grid.size} instead.")
     if not names:
         return FakeGang(gang.device, rank=0, size=1)
-    groups = grid.groups(*names)
-    group_size = len(groups[0])
-    if group_size == gang.size:
+    return _split_groups(gang, grid.groups(*names))
+
+
+def _split_groups(gang: Gang, groups: list[list[int]]) -> Gang:
+    """The sub-gang of ``gang`` holding this process when ``groups`` (of equal sizes) partition it:
+    ``gang`` itself for one group, a :class:`FakeGang` for groups of one rank."""
+    if len(groups[0]) == gang.size:
         return gang
-    if group_size == 1:
+    if len(groups[0]) == 1:
         return FakeGang(gang.device, rank=0, size=1)
     sub = gang.split(groups)
     if sub is None:  # Impossible: the groups partition the gang.
@@ -44,23 +53,42 @@ def split_along(gang: Gang, grid: Grid, *names: str) -> Gang:
     return sub
 
 
-def create_parallel_gangs(root: Gang, *, tp_size: int = 1, pp_size: int = 1) -> Gangs:
-    """Split ``root`` into data, tensor and pipeline parallel gangs.
+def create_parallel_gangs(
+    root: Gang, *, tp_size: int = 1, pp_size: int = 1, cp_size: int = 1, ep_size: int = 1
+) -> Gangs:
+    """Split ``root`` into data, context, tensor, pipeline and expert parallel gangs.
 
-    Tensor parallel varies fastest, then data parallel, then pipeline parallel:
-    ``rank = pp_index * (dp_size * tp_size) + dp_index * tp_size + tp_index``. With 8 ranks and
-    ``tp_size=2`` the tp gangs are ``[0,1] [2,3] [4,5] [6,7]`` and the dp gangs ``[0,2,4,6]
-    [1,3,5,7]``. The result has ``rdp = dp`` and an ``sdp`` of size 1, ready for DDP.
+    Tensor parallel varies fastest, then context parallel, then data parallel, then pipeline
+    parallel (torchtitan's and Megatron's order):
+    ``rank = ((pp_index * dp_size + dp_index) * cp_size + cp_index) * tp_size + tp_index``. With 8
+    ranks and ``tp_size=2`` the tp gangs are ``[0,1] [2,3] [4,5] [6,7]`` and the dp gangs
+    ``[0,2,4,6] [1,3,5,7]``. Expert parallel gangs are carved from the ``dp x cp`` ranks of one
+    (pp, tp) position: contiguous blocks of ``ep_size`` in (dp, cp) order, cp fastest; ``edp``
+    holds the ranks of equal position in those blocks. The result has ``rdp = dp`` and an ``sdp``
+    of size 1, ready for DDP, and knows its :attr:`~gang.Gangs.layout`.
+
+    Size-1 gangs are :class:`FakeGang` and a gang spanning all of ``root`` is ``root`` itself.
+    Each process computes only its own gangs' members (O(gang size), never O(world)), except
+    where the backend's ``split_group`` wants every group.
 
     :param root: The gang to split; every member calls this with the same sizes.
     :param tp_size: The tensor parallel size.
     :param pp_size: The pipeline parallel size.
-    :raises ValueError: If a size is not positive or does not divide ``root.size``.
-    :raises TypeError: If a size is not an ``int``.
+    :param cp_size: The context parallel size.
+    :param ep_size: The expert parallel size; it divides ``dp_size * cp_size``.
+    :raises ValueError: If a size is not positive or does not divide ``root.size``, or ``ep_size``
+        does not divide ``dp_size * cp_size``.
+    :raises TypeError: If ``root`` is not a :class:`Gang` or a size is not an ``int``.
     :raises GangError: If creating a sub-gang fails.
     """
-    grid = parallel_grid(root.size, tp_size=tp_size, pp_size=pp_size)
-    return Gangs(**_split_by_role(root, grid))
+    if not isinstance(root, Gang):
+        raise TypeError(f"`root` must be a `Gang`, but is of type `{type(root).__name__}` instead.")
+    check_open(root, "create_parallel_gangs")
+    global_ranks = root.global_ranks if isinstance(root, ProcessGroupGang) else None
+    layout = parallel_layout(
+        root.size, tp_size=tp_size, pp_size=pp_size, cp_size=cp_size, ep_size=ep_size, global_ranks=global_ranks
+    )
+    return Gangs(**_split_by_role(root, layout), layout=layout)
 
 
 def create_fsdp_gangs(gangs: Gangs, intra_node_size: int | None = None) -> Gangs:
@@ -69,7 +97,9 @@ def create_fsdp_gangs(gangs: Gangs, intra_node_size: int | None = None) -> Gangs
     With ``None``, ``sdp = dp`` and ``rdp`` has size 1 (fully sharded, FSDP). With an integer,
     ``dp`` is split into contiguous ``sdp`` gangs of that size and strided ``rdp`` gangs (hybrid
     sharding, HSDP): with a dp gang of 8 and ``intra_node_size=4``, sdp ``[0,1,2,3] [4,5,6,7]`` and
-    rdp ``[0,4] [1,5] [2,6] [3,7]`` (ranks of the dp gang). Works whatever ``tp`` and ``pp`` are.
+    rdp ``[0,4] [1,5] [2,6] [3,7]`` (ranks of the dp gang). Works whatever ``tp``, ``pp``, ``cp``
+    and ``ep`` are; ``cp``, ``ep`` and ``edp`` are kept, and so is the layout (with the new
+    ``rdp x sdp`` split) when ``gangs`` has one.
 
     :raises ValueError: If ``intra_node_size`` is not positive or does not divide ``dp.size``.
     :raises TypeError: If ``gangs`` is not a :class:`Gangs`.
@@ -78,27 +108,106 @@ def create_fsdp_gangs(gangs: Gangs, intra_node_size: int | None = None) -> Gangs
     if not isinstance(gangs, Gangs):
         raise TypeError(f"`gangs` must be a `Gangs`, but is of type `{type(gangs).__name__}` instead.")
     grid = sharded_grid(gangs.dp.size, intra_node_size)
-    split = _split_by_role(gangs.dp, grid)
-    return dataclasses.replace(gangs, rdp=split["rdp"], sdp=split["sdp"])
+    rdp_size, sdp_size = grid.shape
+    # The dp gang on its own: a layout of one (rdp, sdp) plane.
+    plane = Layout((1, rdp_size, sdp_size, 1, 1))
+    split = _split_by_role(gangs.dp, plane, roles=("rdp", "sdp"))
+    layout = None
+    if gangs.layout is not None:
+        pp, _, _, cp, tp = gangs.layout.shape
+        layout = Layout((pp, rdp_size, sdp_size, cp, tp), gangs.layout.ep, gangs.layout.global_ranks)
+    return dataclasses.replace(gangs, rdp=split["rdp"], sdp=split["sdp"], layout=layout)
 
 
-def _split_by_role(gang: Gang, grid: Grid) -> dict[str, Gang]:
-    """Split ``gang`` into the gang of every role (:func:`gang.topology.role_spans` of ``grid``).
+def _split_by_role(gang: Gang, layout: Layout, roles: Sequence[str] = ROLES) -> dict[str, Gang]:
+    """Split ``gang`` (whose ranks ``layout`` describes) into the gang of every role of ``roles``.
 
-    Roles that span the same dimensions share one gang.
+    Roles whose gangs are the same (equal :meth:`Layout.key`) share one gang, and every member
+    splits in the same order (the table's), so the members agree on every group's name.
     """
-    spans = role_spans(grid.names)
     made: dict[tuple[str, ...], Gang] = {}
-    for span in spans.values():
-        if span not in made:
-            made[span] = split_along(gang, grid, *span)
-    return {role: made[span] for role, span in spans.items()}
+    result = {}
+    for name in roles:
+        key = layout.key(name)
+        if key not in made:
+            made[key] = split_layout(gang, layout, (name,))
+        result[name] = made[key]
+    return result
+
+
+def split_layout(gang: Gang, layout: Layout, roles: Sequence[str]) -> Gang:
+    """Return the sub-gang of ``gang`` spanning ``roles`` of ``layout`` (which describes ``gang``'s ranks).
+
+    A group of one rank gives a :class:`FakeGang` and a group spanning all of ``gang`` is ``gang``
+    itself, so no needless process group is created. This process's group is computed in
+    O(group size); every group is listed only for a backend that splits with all of them.
+    Every member of ``gang`` must call it with the same arguments.
+
+    :raises ValueError: If ``layout.size != gang.size`` or ``roles`` are not roles that can be
+        spanned at once.
+    """
+    if layout.size != gang.size:
+        raise ValueError(f"`layout` must have {gang.size} ranks (the gang size), but has {layout.size} instead.")
+    roles = tuple(roles)
+    size = layout.size_of(*roles)
+    if size == gang.size:
+        return gang
+    if size == 1:
+        return FakeGang(gang.device, rank=0, size=1)
+    members = layout.members(gang.rank, *roles)
+
+    def every_group() -> list[list[int]]:
+        groups: list[list[int]] = layout.groups(*roles).tolist()
+        return groups
+
+    sub = gang.split_own_group(members, every_group)
+    if sub is None:  # Impossible: the groups partition the gang.
+        raise AssertionError(f"rank {gang.rank} is in no group of {roles}")
+    return sub
+
+
+def flatten_gangs(gangs: Gangs, axes: tuple[str, ...]) -> Gang:
+    """The gang of :meth:`Gangs.flatten` spanning the grid ``axes`` (at least two roles' worth).
+
+    With a layout the members are computed here; otherwise every process gathers, over ``root``,
+    every process's rank along each grid axis: ``len(GRID_AXES)`` integers per process.
+    """
+    layout = gangs.layout
+    if layout is not None:
+        key = layout.key(*axes)
+        for name, gang in gangs.items():
+            if layout.key(name) == key:
+                return gang
+        return split_layout(gangs.root, layout, axes)
+    root = gangs.root
+    check_values_exchangeable(root, "flatten (of gangs without a layout)")
+    along = {"pp": gangs.pp, "rdp": gangs.rdp, "sdp": gangs.sdp, "cp": gangs.cp, "tp": gangs.tp}
+    # A process's coordinates are its ranks along the axes; the flattened gang of a process is
+    # every process with its coordinates along the other axes.
+    row = [along[axis].rank for axis in GRID_AXES]
+    table = torch.empty((root.size, len(row)), dtype=torch.int64, device=root.device)
+    root.all_gather(table, torch.tensor(row, dtype=torch.int64, device=root.device))
+    rows = table.cpu().tolist()
+    inner = [i for i, axis in enumerate(GRID_AXES) if axis in axes]
+    outer = [i for i, axis in enumerate(GRID_AXES) if axis not in axes]
+    by_key: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
+    for rank, values in enumerate(rows):
+        by_key.setdefault(tuple(values[i] for i in outer), []).append((tuple(values[i] for i in inner), rank))
+    size = prod(along[axis].size for axis in axes)
+    groups = sorted([rank for _, rank in sorted(entries)] for entries in by_key.values())
+    positions = [{position for position, _ in entries} for entries in by_key.values()]
+    if any(len(group) != size for group in groups) or any(len(p) != size for p in positions):
+        raise ValueError(
+            f"`roles` must span gangs of {size} ranks, but the gangs of {axes} do not form a grid "
+            f"(groups of sizes {sorted({len(g) for g in groups})}) instead."
+        )
+    return _split_groups(root, groups)
 
 
 def create_fake_gangs(device: torch.device) -> Gangs:
-    """Return gangs that are all :class:`FakeGang` of size 1 on ``device`` (single-process code)."""
+    """Return gangs that are all :class:`FakeGang` of size 1 on ``device`` (single-process code), all nine roles."""
     gang = FakeGang(device)
-    return Gangs(root=gang, dp=gang, rdp=gang, sdp=gang, tp=gang, pp=gang)
+    return Gangs(**dict.fromkeys(ROLES, gang), layout=Layout((1, 1, 1, 1, 1)))
 
 
 def create_default_gang(device: torch.device | None = None, *, timeout: timedelta | None = None) -> Gang:

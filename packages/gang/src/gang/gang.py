@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import pickle
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, final
 
@@ -30,6 +30,7 @@ from gang.extend import (
     check_op,
     check_open,
     check_rank,
+    check_values_exchangeable,
     pickle_or_error,
 )
 from gang.ops import ReduceOperation
@@ -153,6 +154,31 @@ class Gang(ABC):
         if self._debug:
             self._verify_same_call(f"split(groups={checked})")
         return self._register(self._split(checked))
+
+    @final
+    def split_own_group(self, members: Sequence[int], every_group: Callable[[], list[list[int]]]) -> Gang | None:
+        """Split this gang into disjoint sub-gangs known in closed form, naming only this process's group.
+
+        The scalable form of :meth:`split` that the factories use: each member passes its own
+        group, ``members`` (ranks of this gang, holding this process), and ``every_group``, which
+        returns the whole split, the same on every member. A gang calls ``every_group`` only where
+        its backend needs every group (torch's ``split_group``, or debug mode's check that all
+        ranks make the same call), so on a big world a process does work in the size of its own
+        group. Every member calls it in the same order as its other splits.
+
+        :returns: The sub-gang of ``members``.
+        :raises ValueError: If ``members`` is empty, has duplicates, a rank outside ``[0, size)``,
+            or does not hold this process.
+        :raises TypeError: If ``members`` is not a sequence of ``int``.
+        :raises GangError: If the backend fails to create the gang.
+        """
+        check_open(self, "split_own_group")
+        group = self._check_ranks("members", members)
+        if self.rank not in group:
+            raise ValueError(f"`members` must hold this process's rank {self.rank}, but is {group} instead.")
+        if self._debug:
+            self._verify_same_call(f"split(groups={sorted(every_group())})")
+        return self._register(self._split_own_group(group, every_group))
 
     @final
     def as_process_group(self) -> ProcessGroup:
@@ -326,6 +352,7 @@ class Gang(ABC):
         if not isinstance(objects, list):
             raise TypeError(f"`objects` must be a `list`, but is of type `{type(objects).__name__}` instead.")
         source_rank = check_rank("source_rank", source_rank, self._size)
+        check_values_exchangeable(self, "broadcast_objects")
         if self._debug:
             self._verify_same_call(f"broadcast_objects(source_rank={source_rank})")
         self._broadcast_objects(objects, source_rank)
@@ -360,6 +387,10 @@ class Gang(ABC):
     @abstractmethod
     def _split(self, groups: list[list[int]]) -> Gang | None:
         """Create the sub-gangs ``groups`` (validated, sorted, disjoint); return this process's."""
+
+    def _split_own_group(self, members: list[int], every_group: Callable[[], list[list[int]]]) -> Gang | None:
+        """Create the sub-gang ``members`` (validated, sorted) of a split; by default through :meth:`_split`."""
+        return self._split(every_group())
 
     @abstractmethod
     def _as_process_group(self) -> ProcessGroup: ...
@@ -422,6 +453,7 @@ class Gang(ABC):
         The exchange is the same two all-gathers on every rank whatever each rank called, so
         mismatched ranks meet here instead of deadlocking in different collectives.
         """
+        check_values_exchangeable(self, "debug mode")
         rows = all_gather_bytes(self, call.encode(), gather=self._all_gather)
         calls = [(row or b"").decode(errors="replace") for row in rows]
         if len(set(calls)) > 1:

@@ -3,26 +3,42 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from types import TracebackType
+from typing import cast, final
 
-from gang.extend import ROLES
+from gang.extend import check_open
+from gang.fake import FakeGang
 from gang.gang import Gang
+from gang.roles import ROLES
+from gang.topology import Layout, flattened_axes
+
+
+def _omitted() -> Gang:
+    """The default of an optional role: filled in by :meth:`Gangs.__post_init__`."""
+    return cast(Gang, None)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Gangs:
-    """The gangs of one process, one per parallelism role.
+    """The gangs of one process, one per parallelism role (the roles of :data:`gang.roles.ROLE_TABLE`).
 
     :param root: Every process.
     :param dp: Data parallel.
     :param rdp: Replicated data parallel (inter-node for HSDP; what DDP uses).
     :param sdp: Sharded data parallel (intra-node for HSDP; what FSDP uses).
+    :param cp: Context parallel (the sequence split across ranks); a size-1 gang when omitted.
     :param tp: Tensor parallel.
     :param pp: Pipeline parallel.
-    :raises TypeError: If a field is not a :class:`~gang.Gang`.
+    :param ep: Expert parallel (ranks that hold different experts); a size-1 gang when omitted.
+    :param edp: Expert data parallel (ranks that hold the same experts); ``dp`` when omitted.
+    :param layout: Where every rank of ``root`` sits (the factories set it); ``None`` when not
+        known. :meth:`flatten` and the mesh bridge use it instead of communicating.
+    :raises TypeError: If a role is not a :class:`~gang.Gang`, or ``layout`` not a
+        :class:`~gang.topology.Layout`.
     :raises ValueError: If the gangs do not share one device, or
-        ``dp.size * tp.size * pp.size != root.size`` or ``rdp.size * sdp.size != dp.size``.
+        ``dp.size * cp.size * tp.size * pp.size != root.size``, ``rdp.size * sdp.size != dp.size``
+        or ``ep.size * edp.size != dp.size * cp.size``, or ``layout`` disagrees with the sizes.
 
     ``with gangs:`` makes them the calling thread's current gangs (see
     :func:`maybe_get_current_gangs`); the statement nests and returns the gangs.
@@ -32,41 +48,98 @@ class Gangs:
     dp: Gang
     rdp: Gang
     sdp: Gang
+    cp: Gang = field(default_factory=_omitted)
     tp: Gang
     pp: Gang
+    ep: Gang = field(default_factory=_omitted)
+    edp: Gang = field(default_factory=_omitted)
+    layout: Layout | None = field(default=None, repr=False, compare=False)
+    _flattened: dict[tuple[str, ...], Gang] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for role in ROLES:
-            value = getattr(self, role)
+        if not isinstance(self.root, Gang):
+            raise TypeError(f"`root` must be a `Gang`, but is of type `{type(self.root).__name__}` instead.")
+        for name in ("cp", "ep"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, FakeGang(self.root.device))
+        if getattr(self, "edp") is None:  # noqa: B009 (mypy: the field is a Gang once set)
+            object.__setattr__(self, "edp", self.dp)
+        for name in ROLES:
+            value = getattr(self, name)
             if not isinstance(value, Gang):
-                raise TypeError(f"`{role}` must be a `Gang`, but is of type `{type(value).__name__}` instead.")
-        for role in ROLES[1:]:
-            gang = getattr(self, role)
+                raise TypeError(f"`{name}` must be a `Gang`, but is of type `{type(value).__name__}` instead.")
+        for name in ROLES[1:]:
+            gang = getattr(self, name)
             if gang.device != self.root.device:
                 raise ValueError(
-                    f"`{role}` must be on the root gang's device {self.root.device}, but is on {gang.device} instead."
+                    f"`{name}` must be on the root gang's device {self.root.device}, but is on {gang.device} instead."
                 )
-        if self.dp.size * self.tp.size * self.pp.size != self.root.size:
+        if self.dp.size * self.cp.size * self.tp.size * self.pp.size != self.root.size:
             raise ValueError(
-                f"`dp.size * tp.size * pp.size` must equal `root.size` ({self.root.size}), but is "
-                f"{self.dp.size} * {self.tp.size} * {self.pp.size} = "
-                f"{self.dp.size * self.tp.size * self.pp.size} instead."
+                f"`dp.size * cp.size * tp.size * pp.size` must equal `root.size` ({self.root.size}), but is "
+                f"{self.dp.size} * {self.cp.size} * {self.tp.size} * {self.pp.size} = "
+                f"{self.dp.size * self.cp.size * self.tp.size * self.pp.size} instead."
             )
         if self.rdp.size * self.sdp.size != self.dp.size:
             raise ValueError(
                 f"`rdp.size * sdp.size` must equal `dp.size` ({self.dp.size}), but is "
                 f"{self.rdp.size} * {self.sdp.size} = {self.rdp.size * self.sdp.size} instead."
             )
+        if self.ep.size * self.edp.size != self.dp.size * self.cp.size:
+            raise ValueError(
+                f"`ep.size * edp.size` must equal `dp.size * cp.size` ({self.dp.size * self.cp.size}), but is "
+                f"{self.ep.size} * {self.edp.size} = {self.ep.size * self.edp.size} instead."
+            )
+        if self.layout is not None:
+            if not isinstance(self.layout, Layout):
+                raise TypeError(f"`layout` must be a `Layout` or `None`, but is {self.layout!r} instead.")
+            sizes = {name: self.layout.size_of(name) for name in ROLES}
+            actual = {name: getattr(self, name).size for name in ROLES}
+            if sizes != actual:
+                raise ValueError(f"`layout` must give the gangs' sizes {actual}, but gives {sizes} instead.")
 
     def items(self) -> list[tuple[str, Gang]]:
-        """Return ``(role, gang)`` pairs in the order root, dp, rdp, sdp, tp, pp."""
-        return [(f.name, getattr(self, f.name)) for f in fields(self)]
+        """Return ``(role, gang)`` pairs in the order of :data:`gang.roles.ROLES`."""
+        return [(name, getattr(self, name)) for name in ROLES]
+
+    @final
+    def flatten(self, *roles: str) -> Gang:
+        """Return the gang that spans several dense roles at once, such as ``flatten("sdp", "cp")``.
+
+        Every member of the root gang calls it with the same roles, in any order (it may create a
+        group). The gang's rank order is the grid's: outer roles vary slowest, so ranks ascend as
+        in torch's own groups. One role gives that role's gang. The result is cached and closed
+        with these gangs. Gangs that know their :attr:`layout` find the members without
+        communicating; others gather ``len(GRID_AXES)`` integers per process over ``root``.
+
+        :raises ValueError: If ``roles`` is empty, or names an unknown or repeated role, or
+            overlapping roles (``dp`` with ``rdp`` or ``sdp``; ``root``, ``ep`` or ``edp`` with any
+            other role).
+        :raises TypeError: If a role is not a ``str``.
+        :raises NotSupportedError: If the gangs have no layout and ``root`` cannot exchange values
+            (a dry run).
+        :raises GangError: If creating the gang fails.
+        """
+        check_open(self.root, "flatten")
+        axes = flattened_axes(roles)
+        if len(roles) == 1:
+            gang: Gang = getattr(self, roles[0])
+            return gang
+        cached = self._flattened.get(axes)
+        if cached is None:
+            cached = self._flatten(axes)
+            self._flattened[axes] = cached
+        return cached
+
+    def _flatten(self, axes: tuple[str, ...]) -> Gang:
+        from gang.factories import flatten_gangs  # the factories build on `Gangs`
+
+        return flatten_gangs(self, axes)
 
     def close(self) -> None:
-        """Close every distinct gang, sub-gangs before the root. Idempotent."""
+        """Close every distinct gang (flattened ones included), sub-gangs before the root. Idempotent."""
         seen: list[Gang] = []
-        for role in reversed(ROLES):
-            gang = getattr(self, role)
+        for gang in [*self._flattened.values(), *(getattr(self, name) for name in reversed(ROLES))]:
             if not any(gang is other for other in seen):
                 seen.append(gang)
         for gang in seen:

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from gang.extend import all_gather_bytes, pickle_or_error
+from gang.extend import all_gather_bytes, check_values_exchangeable, pickle_or_error
 from gang.gang import Gang, ReduceOperation
 
 T = TypeVar("T")
@@ -23,6 +23,7 @@ def broadcast_flag(gang: Gang, flag: bool, source_rank: int = 0) -> bool:
     """
     if not isinstance(flag, bool):
         raise TypeError(f"`flag` must be a `bool`, but is {flag!r} instead.")
+    check_values_exchangeable(gang, "broadcast_flag")
     tensor = torch.tensor([int(flag)], dtype=torch.int32, device=gang.device)
     gang.broadcast(tensor, source_rank)
     return bool(tensor.item())
@@ -55,6 +56,7 @@ def all_sum(gang: Gang, value: float | int | Tensor) -> Tensor:
         if dtype is None:
             raise TypeError(f"`value` must be a number or a `torch.Tensor`, but is {value!r} instead.")
         tensor = torch.tensor(value, dtype=dtype, device=gang.device)
+    check_values_exchangeable(gang, "all_sum")
     gang.all_reduce(tensor, ReduceOperation.SUM)
     return tensor
 
@@ -68,6 +70,7 @@ def all_gather_objects(gang: Gang, obj: T) -> list[T]:
 
     :raises ValueError: If the object of any rank cannot be pickled.
     """
+    check_values_exchangeable(gang, "all_gather_objects")
     payload, error = pickle_or_error(obj)
     rows = all_gather_bytes(gang, payload)
     bad = [rank for rank, row in enumerate(rows) if row is None]
@@ -94,6 +97,7 @@ def all_reduce_dict(gang: Gang, data: Mapping[str, Any], op: ReduceOperation = R
     """
     if not isinstance(data, Mapping):
         raise TypeError(f"`data` must be a mapping, but is of type `{type(data).__name__}` instead.")
+    check_values_exchangeable(gang, "all_reduce_dict")
     kinds = {key: _value_kind(value) for key, value in data.items()}
     dtypes = _agree_on_dtypes(all_gather_objects(gang, kinds))
     tensors: dict[str, Tensor] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import NamedTuple, Protocol, TypeVar, final
 
@@ -25,6 +25,7 @@ from gang._torch_groups import (
     ReduceScatterOptions,
     can_split,
     group_timeout,
+    is_fake_backend,
     is_non_member,
 )
 from gang.env import get_master_address, get_rank, get_world_size
@@ -145,6 +146,7 @@ class ProcessGroupGang(Gang):
         self._owns_group = owns_group
         self._is_default = is_default
         self._global_ranks = tuple(dist.get_process_group_ranks(pg))
+        self._dry_run = is_fake_backend(pg)
         # Members create (or wrap) a group in the same order, so the name is the same on all of them.
         self._name = rendezvous.wrapped_name(pg.group_name, self._size) if name is None else name
         self._splits = 0
@@ -270,6 +272,12 @@ class ProcessGroupGang(Gang):
         return True
 
     @property
+    def dry_run(self) -> bool:
+        """Whether this gang is part of a dry run (torch's ``fake`` backend, see :func:`gang.testing.dry_run`):
+        its collectives complete without computing anything."""
+        return self._dry_run
+
+    @property
     def timeout(self) -> timedelta | None:
         """The collective timeout of this gang (inherited by its sub-gangs)."""
         return self._timeout
@@ -294,6 +302,20 @@ class ProcessGroupGang(Gang):
             else:
                 pg = rendezvous.new_named_group(plan.members, name, self._timeout)
         if pg is None or plan.group_index is None:
+            return None
+        return ProcessGroupGang(pg, self._device, timeout=self._timeout, owns_group=True, is_default=False, name=name)
+
+    @override
+    def _split_own_group(self, members: list[int], every_group: Callable[[], list[list[int]]]) -> Gang | None:
+        if can_split(self._pg, self._device):  # torch's split_group takes every group
+            return self._split(every_group())
+        split_index = self._splits
+        self._splits += 1
+        # The smallest member names the group: every member computes the same, no list of groups needed.
+        name = rendezvous.sub_name(self._name, split_index, members[0])
+        with guard("create_gang", self):
+            pg = rendezvous.new_named_group([self._global_ranks[r] for r in members], name, self._timeout)
+        if pg is None:
             return None
         return ProcessGroupGang(pg, self._device, timeout=self._timeout, owns_group=True, is_default=False, name=name)
 

@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from types import TracebackType
@@ -32,9 +32,22 @@ import torch
 import torch.distributed as dist
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, but not in torch's stubs
 
-from gang.extend import check_int
+from gang import rendezvous
+from gang._torch_groups import init_fake_process_group
+from gang.errors import InvalidOperationError
+from gang.extend import check_device, check_int, check_rank
+from gang.process_group import ProcessGroupGang
 
-__all__ = ["RemoteTraceback", "World", "WorkerDiedError", "close_shared_worlds", "launch", "shared_world", "spawn"]
+__all__ = [
+    "RemoteTraceback",
+    "World",
+    "WorkerDiedError",
+    "close_shared_worlds",
+    "dry_run",
+    "launch",
+    "shared_world",
+    "spawn",
+]
 
 DEFAULT_TIMEOUT = 120.0
 """Seconds a single :meth:`World.run` (or :func:`spawn`) may take before every rank is stopped."""
@@ -358,3 +371,48 @@ def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float =
     """
     with World(world_size, init_gang=False) as world:
         return world.run(fn, *args, timeout=timeout)
+
+
+@contextlib.contextmanager
+def dry_run(world_size: int, *, rank: int = 0, device: torch.device | str = "cpu") -> Iterator[ProcessGroupGang]:
+    """Pretend, in this one process, to be rank ``rank`` of ``world_size`` processes.
+
+    Yields a root :class:`~gang.ProcessGroupGang` on torch's ``fake`` backend: the factories,
+    :meth:`Gangs.flatten <gang.Gangs.flatten>` and the mesh bridge give rank ``rank`` exactly the
+    gangs and members it would get on a real cluster of that size, so a layout for 100,000 GPUs is
+    checked on a laptop. Collectives complete without computing anything; what needs values from
+    peers (:meth:`~gang.Gang.broadcast_objects`, :func:`~gang.all_gather_objects` and the other
+    helpers, debug mode) raises :class:`~gang.NotSupportedError` naming the dry run. On exit
+    every group is destroyed.
+
+    .. code-block:: python
+
+        with dry_run(131_072, rank=70_000) as root:
+            gangs = create_fsdp_gangs(create_parallel_gangs(root, tp_size=8, cp_size=2), 64)
+            print(gangs.sdp.size, gangs.flatten("sdp", "cp").size)
+
+    :param world_size: The number of processes to pretend.
+    :param rank: This process's rank among them.
+    :param device: The gangs' device (nothing runs on it).
+    :raises ValueError: If ``world_size`` is not positive or ``rank`` is outside ``[0, world_size)``.
+    :raises TypeError: If an argument has the wrong type.
+    :raises InvalidOperationError: If torch's default process group already exists.
+    """
+    world_size = check_int("world_size", world_size, minimum=1)
+    rank = check_rank("rank", rank, world_size)
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"`device` must be a `torch.device` or a `str`, but is {device!r} instead.")
+    if isinstance(device, str):
+        device = torch.device(device)
+    device = check_device("device", device)
+    if dist.is_initialized():
+        raise InvalidOperationError("`dry_run` needs torch's default process group to be absent, but it exists.")
+    pg = init_fake_process_group(rank, world_size)
+    name = rendezvous.root_name(rendezvous.next_generation())
+    try:
+        root = ProcessGroupGang(pg, device, timeout=None, owns_group=True, is_default=True, name=name)
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    with root:
+        yield root

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import product
 from math import prod
 
-from gang.extend import ROLES, check_int
+import numpy as np
+
+from gang.extend import check_int
+from gang.roles import DENSE_ROLES, EXPERT_AXES, GRID_AXES, ROLE_TABLE, role
 
 
 @dataclass(frozen=True)
@@ -102,70 +104,79 @@ class Grid:
         Each group holds the ranks that share their coordinates along every *other* dimension.
         Within a group, ranks are ordered row-major over ``names`` in the order given, so with
         ``names == ("rdp", "sdp")`` the ``sdp`` index varies fastest. Groups are ordered by their
-        smallest rank.
+        smallest rank. Vectorised: no Python loop over the ranks.
 
         :raises ValueError: If a name is unknown or repeated.
         """
         self._check_names(names)
-        fixed = [name for name in self.names if name not in names]
-        sizes = dict(self.dims)
-        groups = []
-        for fixed_coords in product(*(range(sizes[name]) for name in fixed)):
-            base = dict(zip(fixed, fixed_coords, strict=True))
-            group = [
-                self.rank({**base, **dict(zip(names, free, strict=True))})
-                for free in product(*(range(sizes[name]) for name in names))
-            ]
-            groups.append(group)
-        return sorted(groups, key=lambda g: min(g))
+        grid = np.arange(self.size, dtype=np.int64).reshape(self.shape)
+        fixed = [i for i, name in enumerate(self.names) if name not in names]
+        free = [self.names.index(name) for name in names]
+        group_size = prod(self.shape[i] for i in free)
+        table = grid.transpose(fixed + free).reshape(-1, group_size)
+        # Fixed coordinates ascend row-major, and so do the groups' smallest ranks (offset 0).
+        result: list[list[int]] = table.tolist()
+        return result
 
     def group_of(self, rank: int, *names: str) -> list[int]:
-        """Return the group of :meth:`groups` that holds ``rank``."""
-        for group in self.groups(*names):
-            if rank in group:
-                return group
-        raise ValueError(f"`rank` must be in the range [0, {self.size}), but is {rank} instead.")
+        """Return the group of :meth:`groups` that holds ``rank``, in O(group size).
 
-
-DIMENSION_ROLES = ROLES[1:]
-"""The roles of :class:`~gang.Gangs` that can name a grid dimension (``root`` spans the grid)."""
+        :raises ValueError: If ``rank`` is outside ``[0, size)`` or a name is unknown or repeated.
+        """
+        self._check_names(names)
+        coords = self.coords(rank)
+        strides = dict(zip(self.names, self._strides(), strict=True))
+        sizes = dict(self.dims)
+        base = rank - sum(coords[name] * strides[name] for name in names)
+        offsets: np.ndarray = np.zeros((), dtype=np.int64)
+        for name in names:
+            offsets = (offsets[..., None] + np.arange(sizes[name], dtype=np.int64) * strides[name]).reshape(-1)
+        members: list[int] = (base + offsets.reshape(-1)).tolist()
+        return members
 
 
 def role_spans(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    """Return, for every role of :class:`~gang.Gangs`, the dimensions of a grid whose groups are its gangs.
+    """Return, for ``root`` and every dense role, the dimensions of a grid whose groups are its gangs.
 
-    ``names`` are the dimension names of a grid, each a role of :data:`DIMENSION_ROLES`. The
-    result maps ``root``, ``dp``, ``rdp``, ``sdp``, ``tp`` and ``pp`` (in that order) to names
-    from ``names``, in grid order; ``()`` means a gang of size 1. The data parallel rules:
+    ``names`` are the dimension names of a grid, each a dense role of :data:`gang.roles.DENSE_ROLES`.
+    The result maps ``root`` and the dense roles (``dp``, ``rdp``, ``sdp``, ``cp``, ``tp``, ``pp``,
+    in that order) to names from ``names``, in grid order; ``()`` means a gang of size 1. The data
+    parallel rules:
 
-    * ``root`` spans every dimension, ``tp`` and ``pp`` their own or none;
+    * ``root`` spans every dimension, ``cp``, ``tp`` and ``pp`` their own or none;
     * with a ``dp`` dimension, ``rdp`` is ``dp`` and ``sdp`` has size 1 (ready for DDP, as
       :func:`gang.create_parallel_gangs` builds);
     * otherwise ``dp`` spans whichever of ``rdp`` and ``sdp`` the grid has: ``rdp`` times ``sdp``
       when it has both (hybrid sharding), the one it has, or nothing.
 
-    :raises ValueError: If a name is not a role of :data:`DIMENSION_ROLES`, a name repeats, or
-        ``dp`` comes with ``rdp`` or ``sdp`` (``dp`` is their product).
+    :raises ValueError: If a name is not a dense role, a name repeats, or ``dp`` comes with
+        ``rdp`` or ``sdp`` (``dp`` is their product).
     """
-    unknown = [name for name in names if name not in DIMENSION_ROLES]
+    unknown = [name for name in names if name not in DENSE_ROLES]
     if unknown:
-        raise ValueError(f"`names` must be roles {DIMENSION_ROLES}, but has {unknown} instead.")
+        raise ValueError(f"`names` must be roles {DENSE_ROLES}, but has {unknown} instead.")
     if len(set(names)) != len(names):
         raise ValueError(f"`names` must not repeat a role, but is {tuple(names)} instead.")
 
     def span(*roles: str) -> tuple[str, ...]:
         return tuple(name for name in names if name in roles)
 
-    if "dp" in names:
-        if "rdp" in names or "sdp" in names:
-            raise ValueError(
-                f"`names` must not hold `dp` together with `rdp` or `sdp` (dp is their product), "
-                f"but is {tuple(names)} instead."
-            )
-        dp, rdp, sdp = span("dp"), span("dp"), span()
-    else:
-        dp, rdp, sdp = span("rdp", "sdp"), span("rdp"), span("sdp")
-    return {"root": tuple(names), "dp": dp, "rdp": rdp, "sdp": sdp, "tp": span("tp"), "pp": span("pp")}
+    if "dp" in names and ("rdp" in names or "sdp" in names):
+        raise ValueError(
+            f"`names` must not hold `dp` together with `rdp` or `sdp` (dp is their product), "
+            f"but is {tuple(names)} instead."
+        )
+    spans = {"root": tuple(names)}
+    for row in ROLE_TABLE:
+        if row.kind != "dense":
+            continue
+        if "dp" in names and row.name in ("dp", "rdp"):
+            spans[row.name] = span("dp")
+        elif "dp" in names and row.name == "sdp":
+            spans[row.name] = ()
+        else:
+            spans[row.name] = span(*row.axes, row.name)
+    return spans
 
 
 def infer_grid(
@@ -280,29 +291,29 @@ def _place(
     return grid, placed
 
 
-def parallel_grid(world_size: int, *, tp_size: int = 1, pp_size: int = 1) -> Grid:
-    """Return the ``(pp, dp, tp)`` grid of :func:`gang.create_parallel_gangs`.
+def parallel_grid(world_size: int, *, tp_size: int = 1, pp_size: int = 1, cp_size: int = 1) -> Grid:
+    """Return the ``(pp, dp, cp, tp)`` grid of :func:`gang.create_parallel_gangs`.
 
-    Tensor parallel varies fastest, then data parallel, then pipeline parallel:
-    ``rank = pp_index * (dp_size * tp_size) + dp_index * tp_size + tp_index``.
+    Tensor parallel varies fastest, then context parallel, then data parallel, then pipeline
+    parallel: ``rank = ((pp_index * dp_size + dp_index) * cp_size + cp_index) * tp_size + tp_index``.
 
-    :raises ValueError: If a size is not positive or ``tp_size * pp_size`` does not divide
-        ``world_size``.
+    :raises ValueError: If a size is not positive or ``tp_size * cp_size * pp_size`` does not
+        divide ``world_size``.
     """
     world_size = check_int("world_size", world_size, minimum=1)
-    tp_size = check_int("tp_size", tp_size, minimum=1)
-    pp_size = check_int("pp_size", pp_size, minimum=1)
-    if world_size % tp_size != 0:
-        raise ValueError(f"`tp_size` must be a factor of the root gang size ({world_size}), but is {tp_size} instead.")
-    if world_size % pp_size != 0:
-        raise ValueError(f"`pp_size` must be a factor of the root gang size ({world_size}), but is {pp_size} instead.")
-    if world_size % (tp_size * pp_size) != 0:
+    sizes = {"tp_size": tp_size, "pp_size": pp_size, "cp_size": cp_size}
+    for name, value in sizes.items():
+        sizes[name] = check_int(name, value, minimum=1)
+        if world_size % sizes[name] != 0:
+            raise ValueError(f"`{name}` must be a factor of the root gang size ({world_size}), but is {value} instead.")
+    tp_size, pp_size, cp_size = sizes["tp_size"], sizes["pp_size"], sizes["cp_size"]
+    if world_size % (tp_size * cp_size * pp_size) != 0:
         raise ValueError(
-            f"`tp_size * pp_size` must be a factor of the root gang size ({world_size}), "
-            f"but is {tp_size * pp_size} instead."
+            f"`tp_size * cp_size * pp_size` must be a factor of the root gang size ({world_size}), "
+            f"but is {tp_size} * {cp_size} * {pp_size} = {tp_size * cp_size * pp_size} instead."
         )
-    dp_size = world_size // (tp_size * pp_size)
-    return Grid((("pp", pp_size), ("dp", dp_size), ("tp", tp_size)))
+    dp_size = world_size // (tp_size * cp_size * pp_size)
+    return Grid((("pp", pp_size), ("dp", dp_size), ("cp", cp_size), ("tp", tp_size)))
 
 
 def sharded_grid(dp_size: int, intra_node_size: int | None) -> Grid:
@@ -323,3 +334,256 @@ def sharded_grid(dp_size: int, intra_node_size: int | None) -> Grid:
             f"but is {intra_node_size} instead."
         )
     return Grid((("rdp", dp_size // intra_node_size), ("sdp", intra_node_size)))
+
+
+# -- layouts: the grid of the factories, in closed form -----------------------------------------
+
+
+def flattened_axes(roles: Sequence[str], *, argument: str = "roles") -> tuple[str, ...]:
+    """Return the grid axes (of :data:`gang.roles.GRID_AXES` or :data:`gang.roles.EXPERT_AXES`)
+    that the gang spanning ``roles`` at once is the product of, slowest first.
+
+    ``roles`` may name ``root`` alone, one expert role alone, or dense roles that share no grid
+    axis; the order in which they are named does not matter.
+
+    :param argument: The caller's name for ``roles``, used in error messages.
+    :raises ValueError: If ``roles`` is empty, names an unknown role, repeats one, or names
+        overlapping roles (``dp`` with ``rdp`` or ``sdp``; ``root``, ``ep`` or ``edp`` with any
+        other role).
+    :raises TypeError: If a role is not a ``str``.
+    """
+    roles = tuple(roles)
+    if not roles:
+        raise ValueError(f"`{argument}` must name at least one role, but is empty instead.")
+    for name in roles:
+        if not isinstance(name, str):
+            raise TypeError(
+                f"`{argument}` must be role names, but holds {name!r} of type `{type(name).__name__}` instead."
+            )
+    unknown = [name for name in roles if name not in [row.name for row in ROLE_TABLE]]
+    if unknown:
+        raise ValueError(
+            f"`{argument}` must name roles of {tuple(row.name for row in ROLE_TABLE)}, but has {unknown} instead."
+        )
+    if len(set(roles)) != len(roles):
+        raise ValueError(f"`{argument}` must not repeat a role, but is {roles} instead.")
+    if len(roles) > 1:
+        alone = [name for name in roles if role(name).kind != "dense"]
+        if alone:
+            raise ValueError(
+                f"`{argument}` must name `{alone[0]}` alone (it overlaps every dense role), but is {roles} instead."
+            )
+    axes: list[str] = []
+    for name in roles:
+        overlap = [axis for axis in role(name).axes if axis in axes]
+        if overlap:
+            raise ValueError(
+                f"`{argument}` must name roles that do not overlap, but {roles} share the grid axes {overlap} instead."
+            )
+        axes.extend(role(name).axes)
+    order = EXPERT_AXES if set(axes) <= set(EXPERT_AXES) else GRID_AXES
+    return tuple(axis for axis in order if axis in axes)
+
+
+_EXPERT_GRID = ("pp", "edp", "ep", "tp")
+"""The axes of the expert factorisation of the grid, slowest first (``edp x ep`` replaces ``rdp x sdp x cp``)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """Where every rank of a root gang sits: the grid of :data:`gang.roles.GRID_AXES` in closed form.
+
+    The rank of root-gang rank *r* along each axis follows from the row-major grid of ``shape``
+    (pipeline slowest, tensor parallel fastest). The expert roles re-factor the ``rdp x sdp x cp``
+    ranks of one (pp, tp) position into ``edp x ep`` (``ep`` fastest), which is again a row-major
+    grid, ``(pp, edp, ep, tp)``. Every query but :meth:`groups` (which lists every gang, for a
+    backend that wants them all) costs time in the size of its answer, never in the size of the
+    world.
+
+    :param shape: The size of each axis of :data:`gang.roles.GRID_AXES` (``pp, rdp, sdp, cp, tp``).
+    :param ep: The expert parallel size; it divides ``rdp * sdp * cp``.
+    :param global_ranks: The global rank of each root-gang rank (``None``: root rank *r* is global
+        rank *r*). Held as given, not copied.
+    :raises ValueError: If ``shape`` does not have one positive size per axis, or ``ep`` does not
+        divide ``rdp * sdp * cp``, or ``global_ranks`` has the wrong length.
+    """
+
+    shape: tuple[int, ...]
+    ep: int = 1
+    global_ranks: Sequence[int] | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != len(GRID_AXES):
+            raise ValueError(f"`shape` must have one size per axis of {GRID_AXES}, but is {self.shape} instead.")
+        for axis, size in zip(GRID_AXES, self.shape, strict=True):
+            check_int(f"shape[{axis!r}]", size, minimum=1)
+        check_int("ep", self.ep, minimum=1)
+        expert_ranks = self.size_of("rdp", "sdp", "cp")
+        if expert_ranks % self.ep != 0:
+            raise ValueError(
+                f"`ep_size` must be a factor of `dp_size * cp_size` ({expert_ranks}), but is {self.ep} instead."
+            )
+        if self.global_ranks is not None and len(self.global_ranks) != self.size:
+            raise ValueError(
+                f"`global_ranks` must have {self.size} ranks (the grid size), but has {len(self.global_ranks)} instead."
+            )
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The size of every axis, dense and expert: ``pp, rdp, sdp, cp, tp, edp, ep``."""
+        sizes = dict(zip(GRID_AXES, self.shape, strict=True))
+        sizes["ep"] = self.ep
+        sizes["edp"] = sizes["rdp"] * sizes["sdp"] * sizes["cp"] // self.ep
+        return sizes
+
+    @property
+    def size(self) -> int:
+        """The number of ranks of the root gang."""
+        return prod(self.shape)
+
+    def size_of(self, *roles: str) -> int:
+        """The size of the gang that spans ``roles`` at once (see :func:`flattened_axes`)."""
+        sizes = self.sizes
+        return prod(sizes[axis] for axis in flattened_axes(roles))
+
+    def _grid(self, axes: Sequence[str]) -> tuple[tuple[str, ...], dict[str, int], dict[str, int]]:
+        """The factorisation that holds ``axes``: its axes, their sizes and their strides."""
+        names = _EXPERT_GRID if set(axes) & set(EXPERT_AXES) else GRID_AXES
+        sizes = self.sizes
+        strides: dict[str, int] = {}
+        step = 1
+        for axis in reversed(names):
+            strides[axis] = step
+            step *= sizes[axis]
+        return names, {axis: sizes[axis] for axis in names}, strides
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """The index of root rank ``rank`` along every axis, dense and expert.
+
+        :raises ValueError: If ``rank`` is outside ``[0, size)``.
+        """
+        rank = check_int("rank", rank)
+        if not 0 <= rank < self.size:
+            raise ValueError(f"`rank` must be in the range [0, {self.size}), but is {rank} instead.")
+        coords: dict[str, int] = {}
+        for axes in (GRID_AXES, _EXPERT_GRID):
+            _, sizes, strides = self._grid(axes)
+            for axis in axes:
+                coords[axis] = rank // strides[axis] % sizes[axis]
+        return coords
+
+    def submesh(self, rank: int, dims: Sequence[str | Sequence[str]]) -> np.ndarray:
+        """The root ranks of the sub-grid through ``rank`` spanned by ``dims``, as an array of shape
+        ``[size of dims[0], size of dims[1], ...]``.
+
+        Each entry of ``dims`` names a role or a tuple of roles spanned at once (a flattened
+        dimension, see :func:`flattened_axes`); entry *i* indexes axis *i* of the result, and each
+        1-D slice through ``rank`` along axis *i* is the gang of ``dims[i]`` that holds ``rank``,
+        in its rank order. Costs O(size of the result).
+
+        :raises ValueError: If a role is unknown, or two dimensions share a grid axis, or expert
+            roles are mixed with ``rdp``, ``sdp``, ``cp`` or ``dp``.
+        """
+        coords = self.coords(rank)
+        per_dim = [flattened_axes((dim,) if isinstance(dim, str) else tuple(dim), argument="dims") for dim in dims]
+        every = [axis for axes in per_dim for axis in axes]
+        if len(set(every)) != len(every):
+            raise ValueError(f"`dims` must name dimensions that share no grid axis, but is {list(dims)} instead.")
+        names, sizes, strides = self._grid(every)
+        outside = [axis for axis in every if axis not in names]
+        if outside:
+            raise ValueError(
+                f"`dims` must not mix the expert roles with `rdp`, `sdp`, `cp` or `dp`, but is {list(dims)} instead."
+            )
+        base = rank - sum(coords[axis] * strides[axis] for axis in every)
+        result = np.full((), base, dtype=np.int64)
+        for axes in per_dim:
+            offsets = np.zeros(1, dtype=np.int64)
+            for axis in axes:
+                offsets = (offsets[:, None] + np.arange(sizes[axis], dtype=np.int64) * strides[axis]).reshape(-1)
+            result = result[..., None] + offsets
+        return result
+
+    def global_submesh(self, rank: int, dims: Sequence[str | Sequence[str]]) -> np.ndarray:
+        """:meth:`submesh` as global ranks (through ``global_ranks``): the mesh a ``DeviceMesh`` of
+        ``dims`` through ``rank`` holds. O(size of the result)."""
+        mesh = self.submesh(rank, dims)
+        if self.global_ranks is None:
+            return mesh
+        ranks = self.global_ranks
+        found: np.ndarray = np.array([ranks[r] for r in mesh.reshape(-1).tolist()], dtype=np.int64).reshape(mesh.shape)
+        return found
+
+    def members(self, rank: int, *roles: str) -> list[int]:
+        """The root ranks of the gang spanning ``roles`` at once that holds root rank ``rank``, in
+        its rank order (the grid's: outer axes vary slowest). O(group size).
+
+        :raises ValueError: As :func:`flattened_axes` and :meth:`coords`.
+        """
+        flattened_axes(roles)
+        members: list[int] = self.submesh(rank, [roles]).tolist()
+        return members
+
+    def global_members(self, rank: int, *roles: str) -> list[int]:
+        """:meth:`members` as global ranks (through ``global_ranks``)."""
+        members = self.members(rank, *roles)
+        if self.global_ranks is None:
+            return members
+        return [self.global_ranks[r] for r in members]
+
+    def groups(self, *roles: str) -> np.ndarray:
+        """Every gang spanning ``roles`` at once, one row per gang in rank order, rows ordered by
+        their smallest rank: a ``[size / group size, group size]`` array of root ranks.
+
+        Enumerates the world (vectorised); only what needs every group (torch's ``split_group``)
+        calls it.
+        """
+        axes = flattened_axes(roles)
+        names, sizes, _ = self._grid(axes)
+        grid = np.arange(self.size, dtype=np.int64).reshape([sizes[axis] for axis in names])
+        fixed = [i for i, axis in enumerate(names) if axis not in axes]
+        free = [names.index(axis) for axis in axes]
+        table: np.ndarray = grid.transpose(fixed + free).reshape(-1, prod(sizes[axis] for axis in axes))
+        return table
+
+    def key(self, *roles: str) -> tuple[str, ...]:
+        """A name for the partition of the ranks into the gangs spanning ``roles``: equal keys, equal gangs.
+
+        Axes of size 1 are left out, and an expert partition that equals a dense one (``ep`` of
+        size 1, or an ``ep`` block that is exactly the trailing ``cp``, ``sdp x cp`` or
+        ``rdp x sdp x cp`` ranks) gets the dense key.
+        """
+        axes = flattened_axes(roles)
+        sizes = self.sizes
+        if set(axes) & set(EXPERT_AXES):
+            suffix = 1
+            inner = ("rdp", "sdp", "cp")
+            for i in range(len(inner), -1, -1):
+                if i < len(inner):
+                    suffix *= sizes[inner[i]]
+                if suffix == self.ep:  # ep spans inner[i:], edp spans inner[:i]
+                    dense = inner[i:] if "ep" in axes else inner[:i]
+                    rest = [axis for axis in axes if axis not in EXPERT_AXES]
+                    axes = tuple(axis for axis in GRID_AXES if axis in dense or axis in rest)
+                    break
+        return tuple(axis for axis in axes if sizes[axis] > 1)
+
+
+def parallel_layout(
+    world_size: int,
+    *,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    cp_size: int = 1,
+    ep_size: int = 1,
+    global_ranks: Sequence[int] | None = None,
+) -> Layout:
+    """Return the layout of :func:`gang.create_parallel_gangs` (``rdp = dp``, ``sdp`` of size 1).
+
+    :raises ValueError: As :func:`parallel_grid`, or if ``ep_size`` does not divide ``dp_size * cp_size``.
+    """
+    grid = parallel_grid(world_size, tp_size=tp_size, pp_size=pp_size, cp_size=cp_size)
+    sizes = dict(grid.dims)
+    ep_size = check_int("ep_size", ep_size, minimum=1)
+    shape = (sizes["pp"], sizes["dp"], 1, sizes["cp"], sizes["tp"])
+    return Layout(shape, ep_size, global_ranks)

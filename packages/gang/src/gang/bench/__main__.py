@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.metadata
 import importlib.util
-import inspect
 import json
 import os
 import subprocess
@@ -23,9 +21,7 @@ import torch.distributed as dist
 import gang
 from gang.bench import collectives, metrics
 from gang.bench.metrics import OPS, Row
-
-ROLES = tuple(field.name for field in dataclasses.fields(gang.Gangs))
-"""The gangs of a layout that ``--gang`` can time."""
+from gang.roles import ROLES
 
 
 def _size(text: str) -> int:
@@ -69,12 +65,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--gang",
         default="root",
         choices=ROLES,
-        help="the gang to time: root (every process), or one gang of the layout --tp/--pp/--cp, "
+        help="the gang to time: root (every process), or one gang of the layout --tp/--pp/--cp/--ep, "
         "each gang of that role at once (torch and gang only)",
     )
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of the layout (default: 1)")
     parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size of the layout (default: 1)")
-    parser.add_argument("--cp", type=int, default=None, help="context parallel size, where the layout has one")
+    parser.add_argument("--cp", type=int, default=1, help="context parallel size of the layout (default: 1)")
+    parser.add_argument("--ep", type=int, default=1, help="expert parallel size of the layout (default: 1)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda:LOCAL_RANK when available)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here, and PNG plots next to it")
     parser.add_argument("--no-plots", action="store_true", help="write the JSON only")
@@ -83,12 +80,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"`--nproc` must be at least 1, but is {args.nproc} instead.")
     if args.iters is not None and args.iters < 1:
         parser.error(f"`--iters` must be at least 1, but is {args.iters} instead.")
-    for name in ("tp", "pp", "cp"):
+    for name in ("tp", "pp", "cp", "ep"):
         value = getattr(args, name)
-        if value is not None and value < 1:
+        if value < 1:
             parser.error(f"`--{name}` must be at least 1, but is {value} instead.")
-    if args.cp is not None and "cp_size" not in inspect.signature(gang.create_parallel_gangs).parameters:
-        parser.error("`--cp` needs a `gang.create_parallel_gangs` that takes `cp_size`, but this one does not.")
     if args.impls is not None:
         known = [*collectives.TorchImpls.names]
         if not set(args.impls) <= set(known):
@@ -176,10 +171,7 @@ def layout_gang(root: gang.ProcessGroupGang, args: argparse.Namespace) -> gang.G
     """Return the gang that ``--gang`` names: ``root``, or this rank's gang of that role in the layout."""
     if args.gang == "root":
         return root
-    sizes = {"tp_size": args.tp, "pp_size": args.pp}
-    if args.cp is not None:
-        sizes["cp_size"] = args.cp
-    gangs = gang.create_parallel_gangs(root, **sizes)
+    gangs = gang.create_parallel_gangs(root, tp_size=args.tp, pp_size=args.pp, cp_size=args.cp, ep_size=args.ep)
     chosen: gang.Gang = getattr(gangs, args.gang)
     return chosen
 
@@ -223,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
     info = environment(root, impls)
     info.update(dtype=args.dtype, gang=args.gang, gang_size=timed.size)
     if lead:
-        layout = "" if args.gang == "root" else f"; {args.gang} gangs of {timed.size} (tp={args.tp}, pp={args.pp})"
+        grid = f"tp={args.tp}, pp={args.pp}, cp={args.cp}, ep={args.ep}"
+        layout = "" if args.gang == "root" else f"; {args.gang} gangs of {timed.size} ({grid})"
         print(
             f"# gang.bench: {root.size} ranks, {info['backend']} on {info['device']}, torch {info['torch']}"
             + (f", jax {info['jax']}" if "jax" in info else "")

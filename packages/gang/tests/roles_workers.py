@@ -1,0 +1,126 @@
+"""The layouts of the factories on any kind of root gang, proven through the gangs' own collectives.
+
+Imported by name by the core tests (gloo workers) and the JAX tests (JaxGang workers); the oracle
+the tests check against is :func:`expected_members`, the SPEC's layout formula written out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+import gang
+from gang import Gang, ReduceOperation
+
+FLATTENED = (("sdp", "cp"), ("dp", "cp"), ("cp", "tp"))
+"""The flattened roles every layout report holds (named in an order other than the grid's)."""
+
+
+def expected_members(
+    rank: int, world: int, *, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, sdp: int = 1
+) -> dict[str | tuple[str, ...], list[int]]:
+    """The members of each gang of ``rank``, from the SPEC's formula, independent of :mod:`gang.topology`.
+
+    ``rank = ((pp_index * dp_size + dp_index) * cp_size + cp_index) * tp_size + tp_index``; the dp
+    index is ``rdp_index * sdp + sdp_index`` (``sdp=1`` for :func:`gang.create_parallel_gangs`
+    alone); ep gangs are contiguous blocks of ``ep`` of ``j = dp_index * cp + cp_index``.
+    """
+    dp = world // (tp * pp * cp)
+    t, c, d, p = rank % tp, rank // tp % cp, rank // (tp * cp) % dp, rank // (tp * cp * dp)
+    r, s = divmod(d, sdp)
+    block, k = divmod(d * cp + c, ep)
+
+    def at(p_: int, d_: int, c_: int, t_: int) -> int:
+        return ((p_ * dp + d_) * cp + c_) * tp + t_
+
+    def at_j(j: int) -> int:
+        return at(p, j // cp, j % cp, t)
+
+    return {
+        "tp": [at(p, d, c, x) for x in range(tp)],
+        "cp": [at(p, d, x, t) for x in range(cp)],
+        "dp": [at(p, x, c, t) for x in range(dp)],
+        "rdp": [at(p, x * sdp + s, c, t) for x in range(dp // sdp)],
+        "sdp": [at(p, r * sdp + x, c, t) for x in range(sdp)],
+        "pp": [at(x, d, c, t) for x in range(pp)],
+        "ep": [at_j(block * ep + x) for x in range(ep)],
+        "edp": [at_j(x * ep + k) for x in range(dp * cp // ep)],
+        ("sdp", "cp"): [at(p, r * sdp + x, y, t) for x in range(sdp) for y in range(cp)],
+        ("dp", "cp"): [at(p, x, y, t) for x in range(dp) for y in range(cp)],
+        ("cp", "tp"): [at(p, d, x, y) for x in range(cp) for y in range(tp)],
+    }
+
+
+def _report(sub: Gang, root: Gang) -> dict[str, Any]:
+    """Members (root ranks gathered through ``sub``), rank, size, kind and a sum through ``sub``."""
+    out = torch.empty((sub.size, 1), dtype=torch.int64)
+    sub.all_gather(out, torch.tensor([root.rank], dtype=torch.int64))
+    total = torch.tensor([root.rank + 1], dtype=torch.int64)
+    sub.all_reduce(total, ReduceOperation.SUM)
+    return {
+        "members": [int(x) for x in out.view(-1).tolist()],
+        "rank": sub.rank,
+        "size": sub.size,
+        "kind": type(sub).__name__,
+        "is_root": sub is root,
+        "sum": int(total.item()),
+    }
+
+
+def layout_report(root: Gang, configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each config (``tp``, ``pp``, ``cp``, ``ep``, ``intra`` or no ``intra``), the report of every
+    gang of the factories and of :data:`FLATTENED`, both from the layout and (``nolayout``) from
+    gangs without one (which gather to find the members)."""
+    reports = []
+    for config in configs:
+        gangs = gang.create_parallel_gangs(
+            root, tp_size=config["tp"], pp_size=config["pp"], cp_size=config["cp"], ep_size=config["ep"]
+        )
+        if "intra" in config:
+            gangs = gang.create_fsdp_gangs(gangs, config["intra"])
+        made = [sub for _, sub in gangs.items()]
+        report: dict[str, Any] = {name: _report(sub, root) for name, sub in gangs.items()}
+        bare = dataclasses.replace(gangs, layout=None)
+        for roles in FLATTENED:
+            flat = gangs.flatten(*roles)
+            again = gangs.flatten(*reversed(roles))
+            report["_".join(roles)] = {**_report(flat, root), "cached": again is flat}
+            found = bare.flatten(*roles)
+            report["nolayout_" + "_".join(roles)] = _report(found, root)
+            made += [flat, found]
+        report["layout_none"] = gangs.layout is None
+        reports.append(report)
+        for sub in {id(sub): sub for sub in made}.values():
+            if sub is not root:
+                sub.close()
+    return reports
+
+
+def check_reports(reports: list[list[dict[str, Any]]], configs: list[dict[str, Any]]) -> None:
+    """Assert that every rank's :func:`layout_report` (``reports[rank][config]``) matches :func:`expected_members`.
+
+    Size-1 gangs must be :class:`~gang.FakeGang` and a gang of every rank must be the root itself.
+    """
+    world = len(reports)
+    for index, config in enumerate(configs):
+        dp = world // (config["tp"] * config["pp"] * config["cp"])
+        sdp = 1 if "intra" not in config else config["intra"] or dp
+        sizes = {k: config[k] for k in ("tp", "pp", "cp", "ep")}
+        for rank in range(world):
+            got = reports[rank][index]
+            want = expected_members(rank, world, sdp=sdp, **sizes)
+            assert not got["layout_none"]
+            for role, members in [*want.items(), ("root", list(range(world)))]:
+                name = role if isinstance(role, str) else "_".join(role)
+                for key in [name] + ([] if isinstance(role, str) else ["nolayout_" + name]):
+                    info = got[key]
+                    assert info["members"] == members, (config, rank, key, info["members"], members)
+                    assert info["rank"] == members.index(rank) and info["size"] == len(members)
+                    assert info["sum"] == sum(m + 1 for m in members), (config, rank, key)
+                    assert info["is_root"] == (len(members) == world), (config, rank, key)
+                    if len(members) == 1:
+                        assert info["kind"] == "FakeGang", (config, rank, key)  # no needless group
+                if not isinstance(role, str):
+                    assert got[name]["cached"], (config, rank, name)

@@ -1,0 +1,249 @@
+"""The one table of roles, the layouts of cp and ep, Gangs.flatten, and dry runs at 131,072 ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import pytest
+import torch
+from roles_workers import FLATTENED, check_reports, expected_members, layout_report
+
+import gang
+from gang import FakeGang, Gangs, NotSupportedError, create_fake_gangs, create_fsdp_gangs, create_parallel_gangs
+from gang.roles import ALIASES, DENSE_ROLES, EXPERT_ROLES, GRID_AXES, ROLE_TABLE, ROLES
+from gang.testing import World, dry_run
+from gang.topology import Layout, flattened_axes, parallel_layout
+
+CPU = torch.device("cpu")
+
+# -- the table ------------------------------------------------------------------------------------
+
+
+def test_the_table_is_the_one_source() -> None:
+    assert ROLES == ("root", "dp", "rdp", "sdp", "cp", "tp", "pp", "ep", "edp")
+    assert [f.name for f in dataclasses.fields(Gangs) if f.init and f.name != "layout"] == list(ROLES)
+    assert [name for name, _ in create_fake_gangs(CPU).items()] == list(ROLES)
+    assert set(DENSE_ROLES) | set(EXPERT_ROLES) | {"root"} == set(ROLES)
+    assert GRID_AXES == ("pp", "rdp", "sdp", "cp", "tp")  # the SPEC's layout order, slowest first
+    assert {row.name: row.axes for row in ROLE_TABLE}["dp"] == ("rdp", "sdp")
+    aliases = {a.name: (a.role, a.folds_cp) for a in ALIASES}
+    assert aliases["dp_replicate"] == ("rdp", False) and aliases["dp_shard"] == ("sdp", False)
+    assert aliases["efsdp"] == ("edp", False) and aliases["batch"] == ("dp", False)
+    for folded in ("fsdp", "dp_shard_cp"):
+        assert aliases[folded] == ("sdp", True)
+    for folded in ("loss", "loss_mesh", "dp_cp"):
+        assert aliases[folded] == ("dp", True)
+    assert not hasattr(gang.extend, "ROLES")  # the kit for writing gangs no longer carries the roles
+
+
+def test_the_docs_glossary_lists_the_table() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).parents[3] / "docs" / "what-is-a-gang.rst").read_text()
+    start = text.index(".. glossary-of-roles-start")
+    block = text[start : text.index(".. glossary-of-roles-end")]
+    rows = [line.strip() for line in block.splitlines() if line.strip().startswith("* - ``")]
+    assert rows == [f"* - ``{row.name}``" for row in ROLE_TABLE]
+    for row in ROLE_TABLE:
+        assert row.title in block and row.spans in block, row.name
+    for alias in ALIASES:
+        assert f"``{alias.name}``" in block, alias.name
+
+
+# -- the layout in closed form, against the SPEC's formula ----------------------------------------
+
+SMALL_LAYOUTS = [
+    dict(tp=2),
+    dict(tp=2, pp=2),
+    dict(cp=2, tp=2),
+    dict(cp=2, tp=2, ep=2),
+    dict(cp=2, ep=4),
+    dict(cp=2, ep=8),
+    dict(tp=2, cp=2, pp=2, ep=2, sdp=2),
+    dict(cp=4, ep=2, sdp=2),
+    dict(pp=2, cp=2, ep=4, sdp=2),
+]
+
+
+@pytest.mark.parametrize("config", SMALL_LAYOUTS)
+def test_layout_members_follow_the_formula(config: dict[str, int]) -> None:
+    world = 16
+    sizes = {k: v for k, v in config.items() if k != "sdp"}
+    layout = parallel_layout(world, **{f"{k}_size": v for k, v in sizes.items()})  # type: ignore[arg-type]
+    if "sdp" in config:
+        pp, dp, _, cp, tp = layout.shape
+        layout = Layout((pp, dp // config["sdp"], config["sdp"], cp, tp), layout.ep)
+    for rank in range(world):
+        want = expected_members(rank, world, **config)
+        for role, members in want.items():
+            roles = (role,) if isinstance(role, str) else role
+            assert layout.members(rank, *roles) == members, (rank, role)
+            assert layout.members(rank, *reversed(roles)) == members  # order-free
+            row = [list(g) for g in layout.groups(*roles).tolist() if rank in g]
+            assert row == [members]
+
+
+def test_spec_examples_literally() -> None:
+    def groups(layout: Layout, role: str) -> list[list[int]]:
+        return [list(g) for g in layout.groups(role).tolist()]
+
+    layout = parallel_layout(8, tp_size=2, cp_size=2)
+    assert groups(layout, "tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert groups(layout, "cp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert groups(layout, "dp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    layout = parallel_layout(8, tp_size=2, cp_size=2, ep_size=2)
+    assert sorted(groups(layout, "ep")) == sorted([[0, 2], [4, 6], [1, 3], [5, 7]])
+    assert sorted(groups(layout, "edp")) == sorted([[0, 4], [2, 6], [1, 5], [3, 7]])
+    assert groups(parallel_layout(8, tp_size=2), "dp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    layout = parallel_layout(8, tp_size=2, pp_size=2)
+    assert groups(layout, "dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert groups(layout, "pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def test_submesh_is_the_gangs_through_a_rank() -> None:
+    layout = parallel_layout(16, tp_size=2, cp_size=2, global_ranks=range(100, 116))
+    mesh = layout.submesh(13, ["dp", ("cp", "tp")])
+    assert mesh.shape == (4, 4)
+    assert mesh[:, 1].tolist() == layout.members(13, "dp")  # 13 is position 1 along ("cp", "tp")
+    assert mesh[3].tolist() == layout.members(13, "cp", "tp")  # and position 3 along dp
+    assert layout.global_members(13, "cp") == [113, 115]
+    assert (layout.global_submesh(13, ["dp", ("cp", "tp")]) == mesh + 100).all()
+
+
+@pytest.mark.parametrize(
+    ("roles", "text"),
+    [
+        ((), "`roles` must name at least one role"),
+        (("xp",), "`roles` must name roles of"),
+        (("tp", "tp"), "must not repeat a role"),
+        (("dp", "sdp"), "must name roles that do not overlap"),
+        (("ep", "tp"), "must name `ep` alone"),
+        (("root", "tp"), "must name `root` alone"),
+        (("cp", "edp"), "must name `edp` alone"),
+    ],
+)
+def test_flatten_errors(roles: tuple[str, ...], text: str) -> None:
+    gangs = create_parallel_gangs(FakeGang(CPU, rank=5, size=8), cp_size=2, tp_size=2)
+    with pytest.raises(ValueError, match="`roles`") as info:
+        gangs.flatten(*roles)
+    assert text in str(info.value)
+    with pytest.raises(ValueError) as again:
+        flattened_axes(roles)
+    assert str(again.value) == str(info.value)
+
+
+def test_factory_errors() -> None:
+    root = FakeGang(CPU, size=8)
+    with pytest.raises(ValueError, match=r"`ep_size` must be a factor of `dp_size \* cp_size` \(8\), but is 3"):
+        create_parallel_gangs(root, cp_size=2, ep_size=3)
+    with pytest.raises(ValueError, match="`cp_size` must be a factor of the root gang size"):
+        create_parallel_gangs(root, cp_size=3)
+    with pytest.raises(ValueError, match=r"`tp_size \* cp_size \* pp_size` must be a factor"):
+        create_parallel_gangs(root, cp_size=4, tp_size=4)
+    with pytest.raises(TypeError, match="`ep_size` must be an `int`"):
+        create_parallel_gangs(root, ep_size=2.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`root` must be a `Gang`"):
+        create_parallel_gangs("root")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("rank", [0, 5, 14])
+def test_factories_on_a_fake_gang_root(rank: int) -> None:
+    config = dict(tp=2, cp=2, ep=2, pp=2)
+    gangs = create_parallel_gangs(FakeGang(CPU, rank=rank, size=16), **{f"{k}_size": v for k, v in config.items()})
+    gangs = create_fsdp_gangs(gangs, 2)
+    want = expected_members(rank, 16, sdp=2, **config)
+    for name, sub in gangs.items():
+        if name != "root":
+            assert (sub.rank, sub.size) == (want[name].index(rank), len(want[name])), name
+    for roles in FLATTENED:
+        flat = gangs.flatten(*roles)
+        assert (flat.rank, flat.size) == (want[roles].index(rank), len(want[roles])), roles
+    assert gangs.layout is not None and gangs.layout.shape == (2, 1, 2, 2, 2)
+
+
+# -- eight real gloo processes --------------------------------------------------------------------
+
+GLOO_CONFIGS: list[dict[str, Any]] = [
+    dict(tp=2, pp=1, cp=1, ep=1),
+    dict(tp=2, pp=2, cp=1, ep=1),
+    dict(tp=2, pp=1, cp=2, ep=1),
+    dict(tp=2, pp=1, cp=2, ep=2),
+    dict(tp=1, pp=1, cp=2, ep=4, intra=2),
+    dict(tp=2, pp=1, cp=2, ep=2, intra=None),
+]
+
+
+def test_every_layout_on_eight_gloo_ranks(world8: World) -> None:
+    reports = world8.run(layout_report, GLOO_CONFIGS)
+    check_reports(reports, GLOO_CONFIGS)
+    # The SPEC's example with cp_size=2, tp_size=2, ep_size=2, as every rank's ep and edp gangs.
+    ep = {tuple(reports[r][3]["ep"]["members"]) for r in range(8)}
+    edp = {tuple(reports[r][3]["edp"]["members"]) for r in range(8)}
+    assert ep == {(0, 2), (4, 6), (1, 3), (5, 7)} and edp == {(0, 4), (2, 6), (1, 5), (3, 7)}
+
+
+# -- dry runs at cluster scale --------------------------------------------------------------------
+
+BIG = 131_072
+DRY_LAYOUTS = [
+    dict(tp=8, pp=8, cp=2, ep=8, sdp=64),
+    dict(tp=4, pp=4, cp=4, ep=32, sdp=8),
+    dict(tp=8, pp=1, cp=1, ep=1, sdp=1),
+]
+
+
+@pytest.mark.parametrize("config", DRY_LAYOUTS)
+def test_dry_run_at_131072_ranks_gives_each_rank_its_members(config: dict[str, int]) -> None:
+    sizes = {f"{k}_size": v for k, v in config.items() if k != "sdp"}
+    for rank in (0, 12_345, 70_001, BIG - 1):
+        with dry_run(BIG, rank=rank) as root:
+            assert (root.rank, root.size, root.dry_run) == (rank, BIG, True)
+            gangs = create_parallel_gangs(root, **sizes)
+            if config["sdp"] > 1:
+                gangs = create_fsdp_gangs(gangs, config["sdp"])
+            want = expected_members(rank, BIG, **config)
+            found: dict[str | tuple[str, ...], gang.Gang] = {name: sub for name, sub in gangs.items()}
+            found.update({roles: gangs.flatten(*roles) for roles in FLATTENED})
+            for role, members in want.items():
+                sub = found[role]
+                got = getattr(sub, "global_ranks", [rank])
+                assert list(got) == members, (config, rank, role)
+                assert (sub.rank, sub.size) == (members.index(rank), len(members)), (config, rank, role)
+            assert gangs.root is root
+
+
+def test_dry_run_refuses_what_needs_peers_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    with dry_run(1024, rank=3) as root:
+        gangs = create_parallel_gangs(root, tp_size=8)
+        tensor = torch.ones(2)
+        gangs.tp.all_reduce(tensor, gang.ReduceOperation.SUM)  # completes, computes nothing
+        calls: dict[str, Callable[[], object]] = {
+            "all_gather_objects": lambda: gang.all_gather_objects(gangs.dp, 1),
+            "broadcast_objects": lambda: gangs.tp.broadcast_objects([1]),
+            "broadcast_flag": lambda: gang.broadcast_flag(root, True),
+            "all_sum": lambda: gang.all_sum(gangs.tp, 1.0),
+            "all_reduce_dict": lambda: gang.all_reduce_dict(root, {"a": 1}),
+            "flatten (of gangs without a layout)": lambda: dataclasses.replace(gangs, layout=None).flatten("dp", "tp"),
+        }
+        for name, call in calls.items():
+            with pytest.raises(NotSupportedError, match="dry run") as info:
+                call()
+            assert f"`{name}`" in str(info.value)
+    monkeypatch.setenv("GANG_DEBUG", "1")
+    with dry_run(64, rank=3) as root, pytest.raises(NotSupportedError, match=r"`debug mode`.*dry run"):
+        root.barrier()
+
+
+def test_dry_run_argument_errors() -> None:
+    cases: list[tuple[Callable[[], AbstractContextManager[object]], type[Exception], str]] = [
+        (lambda: dry_run(0), ValueError, "`world_size` must be at least 1, but is 0 instead."),
+        (lambda: dry_run(8, rank=8), ValueError, "`rank` must be in the range [0, 8), but is 8 instead."),
+        (lambda: dry_run(8, device=3), TypeError, "`device` must be a `torch.device` or a `str`, but is 3 instead."),  # type: ignore[arg-type]
+    ]
+    for call, error, text in cases:
+        with pytest.raises(error) as info, call():
+            pass
+        assert text in str(info.value)
