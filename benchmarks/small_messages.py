@@ -57,7 +57,7 @@ def collective_cases(gang: ProcessGroupGang, op: str) -> dict[str, Call]:
     ``all_gather_to_list`` and ``barrier`` are added here.
     """
     if op in BENCH_OPS:
-        return TorchImpls(gang).cases(op, numel_for(4, gang.size, op))
+        return dict(TorchImpls(gang).cases(op, numel_for(4, gang.size, op)))
     if op == "all_gather_to_list":
         t_raw, t_gang = torch.zeros(1, device=gang.device), torch.zeros(1, device=gang.device)
         raw = [torch.zeros(1, device=gang.device) for _ in range(gang.size)]

@@ -1,11 +1,14 @@
-"""The pure arithmetic of gang.bench: bandwidths, medians, slowest rank, the JSON row format, the tables."""
+"""The pure arithmetic of gang.bench: bandwidths, medians, percentiles, slowest rank, the JSON row format, the
+tables, and the expected values that `#wrong` checks results against."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
+from gang.bench import collectives as bc
 from gang.bench import metrics as bm
 
 
@@ -39,6 +42,20 @@ def test_bandwidths() -> None:
     assert bm.busbw_gbps("broadcast", 10**9, 0.5, 4) == pytest.approx(2.0)
     with pytest.raises(ValueError, match="seconds"):
         bm.algbw_gbps(1, 0.0)
+
+
+def test_mean_and_percentiles() -> None:
+    assert bm.mean([1.0, 2.0, 6.0]) == 3.0
+    data = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert bm.percentile(data, 50) == bm.median(data) == 3.0
+    assert (bm.percentile(data, 0), bm.percentile(data, 100)) == (1.0, 5.0)
+    # NumPy's linear method: position 0.95 * 4 = 3.8 lies between 4.0 and 5.0.
+    assert bm.percentile(data, 95) == pytest.approx(4.8)
+    assert bm.percentile([7.0], 95) == 7.0
+    with pytest.raises(ValueError, match="empty"):
+        bm.mean([])
+    with pytest.raises(ValueError, match="`q` must be in"):
+        bm.percentile(data, 101)
 
 
 def test_median_and_slowest_rank() -> None:
@@ -76,10 +93,15 @@ def test_ratio_table_and_sizes() -> None:
     assert bm.format_size(4) == "4 B"
     assert bm.format_size(64 << 10) == "64 KiB"
     assert bm.format_size(3 << 19) == "1.5 MiB"
+    rows[0].update(mean_us=2.5, p95_us=4.0, wrong=0)
+    rows[1].update(wrong=3)  # no mean or p95 (an older row): the median stands in
     line = bm.table_line(64, {r["impl"]: r for r in rows[:2]}, ["torch", "gang"])
-    assert line.split() == ["64", "16", "float", "2.0", "0.0320", "0.0320", "3.0", "0.0213", "0.0213", "1.500"]
+    torch_cols = ["2.5", "2.0", "4.0", "0.0320", "0.0320", "0"]
+    assert line.split() == ["64", "16", "float", *torch_cols, "3.0", "3.0", "3.0", "0.0213", "0.0213", "3", "1.500"]
+    assert bm.total_wrong(rows) == 3
     header = bm.table_header("all_reduce", 2, ["torch", "gang"], "gloo").splitlines()
-    assert header[-1].split() == ["#", "size", "count", "type", *["time(us)", "algbw", "busbw"] * 2, "gang/torch"]
+    assert header[-1].split() == ["#", "size", "count", "type", *bm.TIME_COLUMNS * 2, "gang/torch"]
+    assert "all_reduce on tp gangs of 2 ranks" in bm.table_header("all_reduce", 2, ["gang"], "gloo", "tp")
 
 
 def test_paired_ratio_is_preferred() -> None:
@@ -114,3 +136,58 @@ def test_summary_reports_the_smallest_message_per_collective() -> None:
     lines = bm.summary(rows)
     assert lines[0] == "gang/torch on 2 ranks: median < 64 KiB 1.020, >= 64 KiB 0.990, worst 1.030 (all_gather 8 B)"
     assert lines[1].split(": ", 1)[1] == "all_reduce 1.010 (4 B), all_gather 1.030 (8 B)"
+
+
+def _collective(op: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """What every rank must get: the collective computed from every rank's input (SUM, source 0)."""
+    n = len(inputs)
+    if op == "all_reduce":
+        return [torch.stack(inputs).sum(0).to(inputs[0].dtype)] * n
+    if op == "reduce_scatter":
+        total = torch.stack(inputs).sum(0).to(inputs[0].dtype)
+        return [total[r] for r in range(n)]
+    if op == "all_gather":
+        return [torch.stack(inputs)] * n
+    if op == "all_to_all":
+        return [torch.stack([inputs[i][r] for i in range(n)]) for r in range(n)]
+    return [inputs[0]] * n
+
+
+@pytest.mark.parametrize("dtype", list(bc.DTYPES.values()), ids=list(bc.DTYPES))
+@pytest.mark.parametrize("size", [1, 3, 8])
+def test_reference_inputs_give_the_expected_results(dtype: torch.dtype, size: int) -> None:
+    for op in bm.OPS:
+        numel = bc.numel_for(300, size, op, dtype.itemsize)
+        pairs = [bc.reference(op, rank, size, numel, dtype) for rank in range(size)]
+        results = _collective(op, [inp for inp, _ in pairs])
+        for rank, (result, (inp, expected)) in enumerate(zip(results, pairs, strict=True)):
+            assert result.dtype == expected.dtype == dtype
+            assert bc.count_wrong(result, expected) == 0, (op, rank)
+            if size > 1 and op != "all_reduce":
+                # Data from the wrong rank (or a rank that kept its own input) is caught.
+                other = results[(rank + 1) % size] if op in ("reduce_scatter", "all_to_all") else None
+                stale = inp if op == "broadcast" and rank > 0 else other
+                if stale is not None:
+                    assert bc.count_wrong(stale, expected) > 0, (op, rank)
+
+
+def test_a_case_counts_its_wrong_elements() -> None:
+    # A one-rank "collective" that copies its input: right, then corrupted by the seam, then wrong.
+    source, expected = bc.reference("all_gather", 0, 1, 5)
+    inp, out = source.clone(), torch.zeros(1, 5)
+    runs: list[int] = []
+
+    def run() -> None:
+        runs.append(1)
+        out[0].copy_(inp)
+
+    def reset() -> None:
+        inp.copy_(source)
+
+    case = bc.Case(run, reset, lambda: out, expected)
+    inp.fill_(-1)  # what the timed iterations left behind: refilled before the checked call
+    assert case.check() == 0 and len(runs) == 1
+    assert case.check(corrupt=True) == 1 and bc.count_wrong(out, expected) == 0
+    assert bc.count_wrong(out[:, :4], expected) == 5  # a result of the wrong shape is all wrong
+    out_of_place = bc.Case(lambda: None, lambda: None, lambda: torch.zeros(1, 5), expected)
+    assert out_of_place.check() == int((expected != 0).sum()) > 0

@@ -1,30 +1,60 @@
 """What runs a :class:`~gang_jax.JaxGang`'s collectives on torch tensors: JAX in this process, or a child.
 
 :class:`Engine` is the interface; :class:`LocalEngine` runs the collectives on this process's JAX
-runtime (a :class:`~gang_jax._collectives.Communicator`). The isolated engine
-(:mod:`gang_jax._isolated`) forwards the same calls to a child process that holds a
-:class:`LocalEngine`. Arguments were checked by :class:`gang.Gang`; engines raise
-:class:`~gang.GangError` or the backend's own exception, which the gang turns into a ``GangError``.
+runtime (a :class:`~gang_jax._collectives.Communicator`), which :func:`start_runtime` and
+:func:`stop_runtime` bring up and down. The isolated engine (:mod:`gang_jax._isolated`) forwards
+the same calls to a child process (:mod:`gang_jax._server`) that holds a :class:`LocalEngine` per
+gang. Arguments were checked by :class:`gang.Gang`; engines raise the backend's own exception
+(one of :data:`gang.errors.BACKEND_ERRORS`), which the gang turns into a ``GangError``.
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from contextlib import nullcontext
+from datetime import timedelta
 from typing import Any
 
 import jax
 import numpy as np
 import torch
+from jax.extend.backend import clear_backends
 from torch import Tensor
 
 from gang import ReduceOperation
 from gang_jax._collectives import Communicator, HostCall
 from gang_jax._convert import as_raw_bits, to_numpy
+from gang_jax._rendezvous import Rendezvous
 
-FAILURES = (RuntimeError, ValueError, OSError)
-"""What a failing collective raises (JAX's ``JaxRuntimeError`` derives from ``RuntimeError``; an
-isolated engine raises :class:`RuntimeError` subclasses)."""
+
+def start_runtime(where: Rendezvous, timeout: timedelta) -> None:
+    """Initialise ``jax.distributed`` in this process; ``timeout`` bounds the join, the heartbeat and the shutdown."""
+    seconds = max(1, math.ceil(timeout.total_seconds()))
+    jax.distributed.initialize(
+        where.coordinator_address,
+        where.num_processes,
+        where.process_id,
+        initialization_timeout=seconds,
+        heartbeat_timeout_seconds=seconds,
+        shutdown_timeout_seconds=seconds,
+    )
+
+
+def stop_runtime() -> None:
+    """Shut ``jax.distributed`` down, so that :func:`start_runtime` works again afterwards."""
+    # Drop the XLA clients first: they hold the distributed runtime, and JAX refuses to initialise
+    # it again while a client exists.
+    clear_backends()  # type: ignore[no-untyped-call]
+    jax.distributed.shutdown()  # type: ignore[no-untyped-call]
+
+
+def _process_devices() -> dict[int, jax.Device]:
+    """Map each JAX process index to the first CPU device it owns (device ids are not dense)."""
+    owned: dict[int, jax.Device] = {}
+    for device in sorted(jax.devices("cpu"), key=lambda d: d.id):
+        owned.setdefault(device.process_index, device)
+    return owned
 
 
 class Engine(ABC):
@@ -95,6 +125,21 @@ class LocalEngine(Engine):
         self.members = members
         self._calls: dict[tuple[Any, ...], HostCall] = {}
         self._token = torch.zeros(1, dtype=torch.int32)
+
+    @classmethod
+    def of_processes(cls, members: list[int]) -> LocalEngine:
+        """The engine of a gang of ``members`` (JAX process indices, this one among them) on this process's runtime.
+
+        :raises ValueError: If this process is not a member, or a member owns no CPU device.
+        """
+        devices = _process_devices()
+        me = jax.process_index()
+        if me not in members:
+            raise ValueError(f"`members` must contain this process ({me}), but is {members} instead.")
+        missing = [m for m in members if m not in devices]
+        if missing:
+            raise ValueError(f"`members` must be JAX processes that own a CPU device, but {missing} own none.")
+        return cls(Communicator([devices[m] for m in members], members.index(me)), tuple(members))
 
     def _run(self, key: tuple[Any, ...], source: Tensor, target: Tensor, *, bits: bool, wide: bool = False) -> None:
         """Run the collective ``key`` (its first item names it) from ``source`` into ``target``."""

@@ -2,9 +2,10 @@
 
 JAX's coordination service ends every process of a job when one of them dies (``SIGABRT``), and
 a collective that talks to a dead peer may fail or wait. With ``JaxGang.create_default(...,
-isolated=True)`` this process starts one child (:func:`child_main`) that
-initialises ``jax.distributed`` and holds in-process JaxGangs; this
-process keeps only an :class:`IsolatedEngine` per gang.
+isolated=True)`` this process starts one child (:func:`gang_jax._server.child_main`) that
+initialises ``jax.distributed`` and holds a :class:`~gang_jax._engine.LocalEngine` per gang; this
+process keeps only an :class:`IsolatedEngine` per gang, the proxy of the child's engine. This
+module is the parent's side and the wire format (:func:`layout`, :func:`view`) both sides share.
 
 A collective copies the input tensor into a shared-memory segment, sends a short request over a
 socket, waits for the child's answer at most the gang's timeout, and copies the result back.
@@ -25,8 +26,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -42,7 +41,7 @@ from gang_jax._rendezvous import Rendezvous
 _ALIGN = 64
 _MIN_SEGMENT = 1 << 20
 _START_GRACE_S = 120.0  # on top of the timeout: starting Python, importing torch and JAX in the child
-_CHILD_COMMAND = "import sys; from gang_jax._isolated import child_main; child_main(int(sys.argv[1]), int(sys.argv[2]))"
+_CHILD_COMMAND = "import sys; from gang_jax._server import child_main; child_main(int(sys.argv[1]), int(sys.argv[2]))"
 
 
 class ChildGone(RuntimeError):
@@ -149,7 +148,7 @@ class _Child:
         return self._bytes
 
 
-def _layout(tensors: list[Tensor]) -> tuple[list[tuple[int, str, tuple[int, ...]]], int]:
+def layout(tensors: list[Tensor]) -> tuple[list[tuple[int, str, tuple[int, ...]]], int]:
     """Offsets (aligned) of ``tensors`` in the segment, with their dtype names and shapes, and the total size."""
     specs, offset = [], 0
     for t in tensors:
@@ -158,7 +157,8 @@ def _layout(tensors: list[Tensor]) -> tuple[list[tuple[int, str, tuple[int, ...]
     return specs, offset
 
 
-def _view(segment: Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
+def view(segment: Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
+    """The tensor of ``dtype`` and ``shape`` at ``offset`` in ``segment`` (a new empty tensor if it has no elements)."""
     numel = 1
     for s in shape:
         numel *= s
@@ -216,9 +216,9 @@ class IsolatedEngine(Engine):
         ``source`` is the index of the tensor the collective reads (copied in); the result is
         always ``tensors[0]`` (the in-place tensor or the output).
         """
-        specs, total = _layout(tensors)
+        specs, total = layout(tensors)
         segment = self._child.staging(total)
-        views = [_view(segment, off, t.dtype, tuple(t.shape)) for (off, _, _), t in zip(specs, tensors, strict=True)]
+        views = [view(segment, off, t.dtype, tuple(t.shape)) for (off, _, _), t in zip(specs, tensors, strict=True)]
         if source is not None:
             views[source].copy_(tensors[source])
         failed = True
@@ -284,92 +284,3 @@ class IsolatedEngine(Engine):
         elif self._child.gone is None:
             with contextlib.suppress(RuntimeError):
                 self._child.request(("close", self._id))
-
-
-# -- the child process ----------------------------------------------------------------------------
-
-
-def _die_with_parent(parent: int) -> None:
-    """End this process as soon as its parent is gone (SIGKILL from the kernel where possible)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
-    if os.getppid() != parent:
-        os._exit(1)
-
-
-def child_main(fd: int, parent: int) -> None:
-    """The child's loop: answer the parent's requests on the socket ``fd`` until told to stop."""
-    _die_with_parent(parent)
-    conn = Connection(fd)
-    from gang_jax.gang import JaxGang
-
-    gangs: dict[int, JaxGang] = {}
-    segments: list[Tensor] = []
-
-    def reply(status: str, payload: Any) -> None:
-        conn.send_bytes(pickle.dumps((status, payload), protocol=pickle.HIGHEST_PROTOCOL))
-
-    def info(g: JaxGang) -> tuple[int, int, tuple[int, ...]]:
-        return g.rank, g.size, g.members
-
-    while True:
-        try:
-            message = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):
-            os._exit(0)  # the parent is gone or closed the socket: nothing to shut down cleanly
-        kind = message[0]
-        try:
-            if kind == "call":
-                _, gang_id, name, specs, args = message
-                views = [_view(segments[-1], off, getattr(torch, dt), shape) for off, dt, shape in specs]
-                getattr(gangs[gang_id], name)(*views, *args)
-                reply("ok", None)
-            elif kind == "init":
-                address, num_processes, process_id, timeout_s = message[1:]
-                root = JaxGang.create_default(
-                    coordinator_address=address,
-                    num_processes=num_processes,
-                    process_id=process_id,
-                    timeout=timedelta(seconds=timeout_s),
-                    debug=False,
-                )
-                gangs[0] = root
-                reply("ok", info(root))
-            elif kind == "map":
-                _, path, size = message
-                with open(path, "r+b") as f:
-                    segments.append(torch.frombuffer(mmap.mmap(f.fileno(), size), dtype=torch.uint8))
-                del segments[:-1]
-                reply("ok", None)
-            elif kind == "split":
-                _, gang_id, ranks, new_id = message
-                sub = gangs[gang_id].create_gang(ranks)
-                assert sub is not None and isinstance(sub, JaxGang)
-                gangs[new_id] = sub
-                reply("ok", info(sub))
-            elif kind == "num_compiled":
-                reply("ok", gangs[message[1]].num_compiled)
-            elif kind == "close":
-                gangs.pop(message[1]).close()
-                reply("ok", None)
-            elif kind == "shutdown":
-                gangs[0].close()
-                reply("ok", None)
-                conn.close()
-                return
-            else:
-                reply("error", f"unknown request {kind!r}")
-        except Exception as ex:
-            cause = ex.__cause__ if ex.__cause__ is not None else ex
-            reply("error", f"{type(cause).__name__}: {cause}" if not str(cause).startswith("`") else str(cause))

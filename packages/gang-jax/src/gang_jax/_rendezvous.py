@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from gang.env import get_launcher, get_master_address
-from gang.extend import operation_error
+from gang.extend import guard
 from gang.launchers import Launcher
 from gang.rendezvous import jax_coordinator_key
 
@@ -55,7 +55,8 @@ def _publish_through_torch_store(process_id: int, num_processes: int, timeout: t
     """
     host, port = get_master_address()
     key = jax_coordinator_key()
-    try:
+    what = f"the JAX coordinator address could not be exchanged through torch's store at {host}:{port}"
+    with guard("create_default", (process_id, num_processes), what):
         store = dist.TCPStore(  # type: ignore[attr-defined]
             host, port, num_processes, is_master=False, timeout=timeout, wait_for_workers=False
         )
@@ -64,12 +65,6 @@ def _publish_through_torch_store(process_id: int, num_processes: int, timeout: t
             store.set(key, address)
         else:
             address = store.get(key).decode()
-    except (RuntimeError, OSError, ValueError) as ex:
-        raise operation_error(
-            "create_default",
-            (process_id, num_processes),
-            f"the JAX coordinator address could not be exchanged through torch's store at {host}:{port}: {ex}",
-        ) from ex
     return address
 
 

@@ -20,8 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gang import Gang, NotSupportedError, ReduceOperation
-from gang.extend import check_open, check_rank, operation_error
-from gang_jax._engine import FAILURES
+from gang.extend import check_open, check_rank, guard
 from gang_jax.gang import JaxGang
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
@@ -61,10 +60,8 @@ def _check_op(op: object, x: jax.Array) -> ReduceOperation:
 
 
 def _run(gang: JaxGang, operation: str, fn: Any, *args: Any) -> jax.Array:
-    try:
+    with guard(operation, gang):
         block: jax.Array = fn(*args)
-    except FAILURES as ex:
-        raise operation_error(operation, gang, ex) from ex
     return block[0]
 
 

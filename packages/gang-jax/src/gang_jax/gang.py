@@ -2,34 +2,29 @@
 
 from __future__ import annotations
 
-import math
 from datetime import timedelta
 from typing import final
 
 import jax
 import torch
-from jax.extend.backend import clear_backends
 from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import override
 
-from gang import Gang, GangError, InvalidOperationError, NotSupportedError, ReduceOperation
-from gang.extend import check_int, check_rank, check_timeout, operation_error
+from gang import Gang, InvalidOperationError, NotSupportedError, ReduceOperation
+from gang.extend import check_int, check_rank, check_timeout, guard
 from gang_jax._collectives import Communicator
-from gang_jax._engine import FAILURES, Engine, LocalEngine
+from gang_jax._engine import Engine, LocalEngine, start_runtime, stop_runtime
 from gang_jax._isolated import IsolatedEngine
-from gang_jax._rendezvous import resolve
+from gang_jax._rendezvous import Rendezvous, resolve
 
 DEFAULT_TIMEOUT = timedelta(minutes=5)
 """How long :meth:`JaxGang.create_default` waits for every process to join, when no timeout is given."""
 
 
-def _process_devices() -> dict[int, jax.Device]:
-    """Map each JAX process index to the first CPU device it owns (device ids are not dense)."""
-    owned: dict[int, jax.Device] = {}
-    for device in sorted(jax.devices("cpu"), key=lambda d: d.id):
-        owned.setdefault(device.process_index, device)
-    return owned
+def _rank_and_size(where: Rendezvous) -> tuple[int | None, int | None]:
+    """The ``(rank, size)`` that a failed ``create_default`` reports."""
+    return where.process_id, where.num_processes
 
 
 @final
@@ -55,17 +50,10 @@ class JaxGang(Gang):
         self._owns_runtime = owns_runtime
 
     @classmethod
-    def _in_process(cls, members: list[int], *, owns_runtime: bool, debug: bool | None) -> JaxGang:
-        """A gang of ``members`` (JAX process indices) on this process's JAX runtime."""
-        devices = _process_devices()
-        me = jax.process_index()
-        if me not in members:
-            raise ValueError(f"`members` must contain this process ({me}), but is {members} instead.")
-        missing = [m for m in members if m not in devices]
-        if missing:
-            raise ValueError(f"`members` must be JAX processes that own a CPU device, but {missing} own none.")
-        comm = Communicator([devices[m] for m in members], members.index(me))
-        return cls(LocalEngine(comm, tuple(members)), owns_runtime=owns_runtime, debug=debug)
+    def _in_process(cls, *, owns_runtime: bool, debug: bool | None) -> JaxGang:
+        """A gang of every JAX process on this process's JAX runtime."""
+        engine = LocalEngine.of_processes(list(range(jax.process_count())))
+        return cls(engine, owns_runtime=owns_runtime, debug=debug)
 
     @classmethod
     def create_default(
@@ -131,40 +119,20 @@ class JaxGang(Gang):
 
         if isolated:
             where = resolve(coordinator_address, num_processes, process_id, timeout)
-            try:
+            with guard("create_default", _rank_and_size(where), f"coordinator {where.coordinator_address}, isolated"):
                 engine = IsolatedEngine.start(where, timeout)
-            except FAILURES as ex:
-                raise operation_error(
-                    "create_default",
-                    (where.process_id, where.num_processes),
-                    f"coordinator {where.coordinator_address}, isolated: {ex}",
-                ) from ex
             return cls(engine, owns_runtime=True, debug=debug)
         if jax.distributed.is_initialized():
             if (coordinator_address, num_processes, process_id) != (None, None, None):
                 raise InvalidOperationError(
                     "`jax.distributed` is already initialised; call `create_default()` without arguments to wrap it."
                 )
-            return cls._in_process(list(range(jax.process_count())), owns_runtime=False, debug=debug)
+            return cls._in_process(owns_runtime=False, debug=debug)
 
         where = resolve(coordinator_address, num_processes, process_id, timeout)
-        seconds = max(1, math.ceil(timeout.total_seconds()))
-        try:
-            jax.distributed.initialize(
-                where.coordinator_address,
-                where.num_processes,
-                where.process_id,
-                initialization_timeout=seconds,
-                heartbeat_timeout_seconds=seconds,
-                shutdown_timeout_seconds=seconds,
-            )
-        except (RuntimeError, ValueError, OSError) as ex:
-            raise operation_error(
-                "create_default",
-                (where.process_id, where.num_processes),
-                f"coordinator {where.coordinator_address}: {ex}",
-            ) from ex
-        return cls._in_process(list(range(jax.process_count())), owns_runtime=True, debug=debug)
+        with guard("create_default", _rank_and_size(where), f"coordinator {where.coordinator_address}"):
+            start_runtime(where, timeout)
+        return cls._in_process(owns_runtime=True, debug=debug)
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -213,18 +181,13 @@ class JaxGang(Gang):
 
     # -- implementation ---------------------------------------------------------------------------
 
-    def _failure(self, operation: str, cause: BaseException) -> GangError:
-        return operation_error(operation, self, cause)
-
     @override
     def _split(self, groups: list[list[int]]) -> Gang | None:
         # No communication is needed: every member computes the same meshes from the same groups.
         for group in groups:
             if self.rank in group:
-                try:
+                with guard("split", self):
                     engine = self._engine.split(group)
-                except FAILURES as ex:
-                    raise self._failure("split", ex) from ex
                 return JaxGang(engine)
         return None
 
@@ -234,64 +197,45 @@ class JaxGang(Gang):
 
     @override
     def _barrier(self) -> None:
-        try:
+        with guard("barrier", self):
             self._engine.barrier()
-        except FAILURES as ex:
-            raise self._failure("barrier", ex) from ex
 
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
-        try:
+        with guard("all_reduce", self):
             self._engine.all_reduce(tensor, op)
-        except FAILURES as ex:
-            raise self._failure("all_reduce", ex) from ex
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        try:
+        with guard("all_gather", self):
             self._engine.all_gather(output_tensor, input_tensor)
-        except FAILURES as ex:
-            raise self._failure("all_gather", ex) from ex
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
         rows = torch.empty((self.size, *input_tensor.shape), dtype=input_tensor.dtype)
-        try:
+        with guard("all_gather_to_list", self):
             self._engine.all_gather(rows, input_tensor)
-        except FAILURES as ex:
-            raise self._failure("all_gather_to_list", ex) from ex
         for row, out in zip(rows, output_tensors, strict=True):
             out.copy_(row)
 
     @override
     def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
-        try:
+        with guard("reduce_scatter", self):
             self._engine.reduce_scatter(output_tensor, input_tensor, op)
-        except FAILURES as ex:
-            raise self._failure("reduce_scatter", ex) from ex
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        try:
+        with guard("all_to_all", self):
             self._engine.all_to_all(output_tensor, input_tensor)
-        except FAILURES as ex:
-            raise self._failure("all_to_all", ex) from ex
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        try:
+        with guard("broadcast", self):
             self._engine.broadcast(tensor, source_rank)
-        except FAILURES as ex:
-            raise self._failure("broadcast", ex) from ex
 
     @override
     def _close(self) -> None:
-        try:
+        with guard("close", self):
             self._engine.close()
             if self._owns_runtime and not self.isolated and jax.distributed.is_initialized():
-                # Drop the XLA clients first: they hold the distributed runtime, and JAX refuses to
-                # initialise it again while a client exists (so `create_default` works after this).
-                clear_backends()  # type: ignore[no-untyped-call]
-                jax.distributed.shutdown()  # type: ignore[no-untyped-call]
-        except FAILURES as ex:
-            raise self._failure("close", ex) from ex
+                stop_runtime()  # so that `create_default` works after this

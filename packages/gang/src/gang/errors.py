@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from typing import NoReturn
 
+BACKEND_ERRORS: tuple[type[Exception], ...] = (RuntimeError, ValueError, OSError)
+"""What a backend raises when a communication fails, and what every gang reports as :class:`GangError`.
+
+torch's ``DistError`` and its kin, JAX's ``JaxRuntimeError`` and the isolated JAX engine's errors
+derive from ``RuntimeError``; a store or socket that breaks raises ``OSError``; torch raises
+``ValueError`` for a group that is gone. :class:`gang.extend.guard` turns them into a ``GangError``.
+"""
+
 
 class GangError(Exception):
     """A collective or other communication of a gang failed.

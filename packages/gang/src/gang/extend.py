@@ -9,15 +9,16 @@ operation, with the same words:
 
 .. code-block:: python
 
-    from gang.extend import check_open, check_rank, operation_error
+    from gang.extend import check_open, check_rank, guard
 
     def broadcast_array(gang, x, source_rank=0):
         check_open(gang, "broadcast_array")
         source_rank = check_rank("source_rank", source_rank, gang.size)
-        try:
+        with guard("broadcast_array", gang):
             ...  # the backend's own broadcast
-        except RuntimeError as ex:
-            raise operation_error("broadcast_array", gang, ex) from ex
+
+This module reads a gang only through :class:`GangView` (what any :class:`gang.Gang` offers), so
+that :mod:`gang.gang` can use its checks without a cycle between the two modules.
 """
 
 from __future__ import annotations
@@ -26,20 +27,19 @@ import numbers
 import pickle
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from types import TracebackType
+from typing import Literal, Protocol, final
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from gang.errors import GangError, InvalidOperationError, NotSupportedError
+from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
 from gang.ops import ReduceOperation
-
-if TYPE_CHECKING:
-    from gang.gang import Gang
 
 __all__ = [
     "SUPPORTED_DTYPES",
+    "GangView",
     "all_gather_bytes",
     "check_device",
     "check_dtype",
@@ -49,6 +49,7 @@ __all__ = [
     "check_rank",
     "check_timeout",
     "check_values_exchangeable",
+    "guard",
     "operation_error",
     "pickle_or_error",
 ]
@@ -78,7 +79,30 @@ apply to which dtypes is checked by :func:`check_op`.
 _REDUCTIONS_OF_COMPLEX = frozenset({ReduceOperation.SUM, ReduceOperation.MEAN})
 
 
-def check_open(gang: Gang, operation: str) -> None:
+class GangView(Protocol):
+    """What the helpers of this module read of a gang; every :class:`gang.Gang` is one."""
+
+    @property
+    def rank(self) -> int:
+        """The rank of this process in the gang."""
+
+    @property
+    def size(self) -> int:
+        """The number of processes in the gang."""
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the gang's tensors."""
+
+    @property
+    def closed(self) -> bool:
+        """Whether the gang was closed."""
+
+    def all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+        """Gather every member's ``input_tensor`` into the rows of ``output_tensor``."""
+
+
+def check_open(gang: GangView, operation: str) -> None:
     """Refuse ``operation`` on a closed gang.
 
     :raises InvalidOperationError: If :attr:`gang.closed <gang.Gang.closed>` is true.
@@ -87,7 +111,7 @@ def check_open(gang: Gang, operation: str) -> None:
         raise InvalidOperationError(f"`{operation}` cannot be called on a closed gang ({gang!r}).")
 
 
-def check_values_exchangeable(gang: Gang, operation: str) -> None:
+def check_values_exchangeable(gang: GangView, operation: str) -> None:
     """Refuse ``operation``, which needs values from peers, on a gang whose collectives compute nothing.
 
     A dry run (:func:`gang.testing.dry_run`, torch's ``fake`` backend) completes every collective
@@ -200,7 +224,7 @@ def check_device(name: str, device: object) -> torch.device:
     return device
 
 
-def operation_error(operation: str, gang: Gang | tuple[int | None, int | None], cause: object) -> GangError:
+def operation_error(operation: str, gang: GangView | tuple[int | None, int | None], cause: object) -> GangError:
     """Return the :class:`~gang.GangError` that reports that ``operation`` failed on ``gang``.
 
     The message is "```operation``` failed on rank *r* of a gang of size *n*: *cause*". Raise it
@@ -213,6 +237,45 @@ def operation_error(operation: str, gang: Gang | tuple[int | None, int | None], 
     """
     rank, size = gang if isinstance(gang, tuple) else (gang.rank, gang.size)
     return GangError(f"`{operation}` failed on rank {rank} of a gang of size {size}: {cause}")
+
+
+@final
+class guard:  # noqa: N801 (used as a function: `with guard(...)`)
+    """A context that reports a backend failure inside it as the :class:`~gang.GangError` every gang raises.
+
+    An exception of :data:`gang.errors.BACKEND_ERRORS` raised in the ``with`` block becomes
+    :func:`operation_error(operation, gang, cause) <operation_error>`, chained to the original
+    (``raise ... from``); other exceptions pass unchanged. This is the one failure path of every
+    gang's communication::
+
+        with guard("all_reduce", self):
+            self._backend.all_reduce(tensor)
+
+    :param operation: The name of the operation (a method name such as ``"all_reduce"``).
+    :param gang: The gang, or the ``(rank, size)`` of a gang that is still being created.
+    :param context: Words put before the cause in the message (``"<context>: <cause>"``), such as
+        the address a rendezvous used; ``None``: the cause alone.
+    """
+
+    __slots__ = ("_context", "_gang", "_operation")
+
+    def __init__(
+        self, operation: str, gang: GangView | tuple[int | None, int | None], context: str | None = None
+    ) -> None:
+        self._operation = operation
+        self._gang = gang
+        self._context = context
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, ex: BaseException | None, traceback: TracebackType | None
+    ) -> Literal[False]:
+        if isinstance(ex, BACKEND_ERRORS):
+            cause = ex if self._context is None else f"{self._context}: {ex}"
+            raise operation_error(self._operation, self._gang, cause) from ex
+        return False
 
 
 def pickle_or_error(obj: object) -> tuple[bytes | None, str]:
@@ -228,7 +291,7 @@ def pickle_or_error(obj: object) -> tuple[bytes | None, str]:
 
 
 def all_gather_bytes(
-    gang: Gang, payload: bytes | None, *, gather: Callable[[Tensor, Tensor], None] | None = None
+    gang: GangView, payload: bytes | None, *, gather: Callable[[Tensor, Tensor], None] | None = None
 ) -> list[bytes | None]:
     """Return every rank's ``payload``, in rank order: lengths first, then the padded bytes.
 

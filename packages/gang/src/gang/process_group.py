@@ -30,16 +30,13 @@ from gang._torch_groups import (
 )
 from gang.env import get_master_address, get_rank, get_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
-from gang.extend import check_device, check_timeout, operation_error
+from gang.extend import check_device, check_timeout, guard
 from gang.gang import Gang, ReduceOperation
 
 __all__ = ["DEFAULT_TIMEOUT", "ProcessGroupGang"]
 
 DEFAULT_TIMEOUT = timedelta(minutes=15)
 """The collective timeout of :meth:`ProcessGroupGang.create_default_process_group` when none is given."""
-
-# What torch raises when a collective fails (DistError and its kin derive from RuntimeError).
-_BACKEND_ERRORS = (RuntimeError, ValueError, OSError)
 
 _REDUCE_OPS = {
     ReduceOperation.SUM: dist.ReduceOp.SUM,
@@ -299,13 +296,11 @@ class ProcessGroupGang(Gang):
         if plan.group_index is None and not splits:
             return None
         name = rendezvous.sub_name(self._name, split_index, -1 if plan.group_index is None else plan.group_index)
-        try:
+        with guard("create_gang", self):
             if splits:
                 pg = dist.split_group(self._pg, plan.parent_groups, timeout=self._timeout)
             else:
                 pg = rendezvous.new_named_group(plan.members, name, self._timeout)
-        except _BACKEND_ERRORS as ex:
-            raise operation_error("create_gang", self, ex) from ex
         if pg is None or plan.group_index is None:
             return None
         return ProcessGroupGang(pg, self._device, timeout=self._timeout, owns_group=True, is_default=False, name=name)
@@ -318,10 +313,8 @@ class ProcessGroupGang(Gang):
         self._splits += 1
         # The smallest member names the group: every member computes the same, no list of groups needed.
         name = rendezvous.sub_name(self._name, split_index, members[0])
-        try:
+        with guard("create_gang", self):
             pg = rendezvous.new_named_group([self._global_ranks[r] for r in members], name, self._timeout)
-        except _BACKEND_ERRORS as ex:
-            raise operation_error("create_gang", self, ex) from ex
         if pg is None:
             return None
         return ProcessGroupGang(pg, self._device, timeout=self._timeout, owns_group=True, is_default=False, name=name)
@@ -332,79 +325,65 @@ class ProcessGroupGang(Gang):
 
     @override
     def _barrier(self) -> None:
-        try:
+        with guard("barrier", self):
             if self._device.type == "cuda":
                 dist.barrier(group=self._pg, device_ids=[self._device.index])
             elif not torch.compiler.is_compiling():
                 self._pg.barrier(self._barrier_options).wait()
             else:
                 dist.barrier(group=self._pg)
-        except _BACKEND_ERRORS as ex:
-            raise operation_error("barrier", self, ex) from ex
 
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
-        try:
+        with guard("all_reduce", self):
             if _direct(tensor):
                 self._pg.allreduce([tensor], self._allreduce_options[op]).wait()
             else:
                 dist.all_reduce(tensor, _REDUCE_OPS[op], group=self._pg)
-        except _BACKEND_ERRORS as ex:
-            raise operation_error("all_reduce", self, ex) from ex
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        try:
+        with guard("all_gather", self):
             out, inp = _flat(output_tensor), _flat(input_tensor)
             if _direct(inp):
                 self._pg.all_gather_single(out, inp, self._allgather_options).wait()
             else:
                 dist.all_gather_single(out, inp, group=self._pg)
-        except _BACKEND_ERRORS as ex:
-            raise operation_error("all_gather", self, ex) from ex
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
-        try:
+        with guard("all_gather_to_list", self):
             if _direct(input_tensor):
                 self._pg.allgather([output_tensors], [input_tensor], self._allgather_options).wait()
             else:
                 dist.all_gather(output_tensors, input_tensor, group=self._pg)
-        except _BACKEND_ERRORS as ex:
-            raise operation_error("all_gather_to_list", self, ex) from ex
 
     @override
     def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
-        try:
+        with guard("reduce_scatter", self):
             out, inp = _flat(output_tensor), _flat(input_tensor)
             if _direct(inp):
                 self._pg.reduce_scatter_single(out, inp, self._reduce_scatter_options[op]).wait()
             else:
                 dist.reduce_scatter_single(out, inp, _REDUCE_OPS[op], group=self._pg)
-        except _BACKEND_ERRORS as ex:
-            raise operation_error("reduce_scatter", self, ex) from ex
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        try:
+        with guard("all_to_all", self):
             # Rows are split along the first dimension, whatever the shape (as torch's users pass them).
             if _direct(input_tensor):
                 self._pg.all_to_all_single(output_tensor, input_tensor, [], [], self._all_to_all_options).wait()
             else:
                 dist.all_to_all_single(output_tensor, input_tensor, group=self._pg)
-        except _BACKEND_ERRORS as ex:
-            raise operation_error("all_to_all", self, ex) from ex
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        try:
+        with guard("broadcast", self):
             if _direct(tensor):
                 opts = self._broadcast_options.get(source_rank) or self._new_broadcast_options(source_rank)
                 self._pg.broadcast([tensor], opts).wait()
             else:
                 dist.broadcast(tensor, group=self._pg, group_src=source_rank)
-        except _BACKEND_ERRORS as ex:
-            raise operation_error("broadcast", self, ex) from ex
 
     def _new_broadcast_options(self, source_rank: int) -> BroadcastOptions:
         opts = self._broadcast_options[source_rank] = _sync_options(BroadcastOptions)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -19,7 +20,8 @@ import torch.distributed as dist
 
 import gang
 from gang.bench import collectives, metrics
-from gang.bench.metrics import IMPLS, OPS, Row
+from gang.bench.metrics import OPS, Row
+from gang.roles import ROLES
 
 
 def _size(text: str) -> int:
@@ -48,8 +50,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--iters", type=int, default=None, help="timed iterations per size (default: by size)")
     parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS, help="the collectives to time")
-    parser.add_argument("--impls", nargs="+", default=None, choices=IMPLS, help="the implementations to time")
+    parser.add_argument(
+        "--impls",
+        nargs="+",
+        default=None,
+        metavar="IMPL",
+        help="the implementations to time: torch, gang, and those installed packages add (jax, gang-jax)",
+    )
     parser.add_argument("--no-jax", action="store_true", help="leave out raw JAX and JaxGang")
+    parser.add_argument(
+        "--dtype", default="float32", choices=list(collectives.DTYPES), help="the element type (default: float32)"
+    )
+    parser.add_argument(
+        "--gang",
+        default="root",
+        choices=ROLES,
+        help="the gang to time: root (every process), or one gang of the layout --tp/--pp/--cp/--ep, "
+        "each gang of that role at once (torch and gang only)",
+    )
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of the layout (default: 1)")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size of the layout (default: 1)")
+    parser.add_argument("--cp", type=int, default=1, help="context parallel size of the layout (default: 1)")
+    parser.add_argument("--ep", type=int, default=1, help="expert parallel size of the layout (default: 1)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda:LOCAL_RANK when available)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here, and PNG plots next to it")
     parser.add_argument("--no-plots", action="store_true", help="write the JSON only")
@@ -58,6 +80,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"`--nproc` must be at least 1, but is {args.nproc} instead.")
     if args.iters is not None and args.iters < 1:
         parser.error(f"`--iters` must be at least 1, but is {args.iters} instead.")
+    for name in ("tp", "pp", "cp", "ep"):
+        value = getattr(args, name)
+        if value < 1:
+            parser.error(f"`--{name}` must be at least 1, but is {value} instead.")
+    if args.impls is not None:
+        known = [*collectives.TorchImpls.names]
+        if not set(args.impls) <= set(known):
+            known += [name for make in collectives.providers().values() for name in make.names]
+        unknown = [impl for impl in args.impls if impl not in known]
+        if unknown:
+            parser.error(f"`--impls` must name some of {', '.join(known)}, but names {', '.join(unknown)} too.")
     return args
 
 
@@ -113,17 +146,34 @@ class Progress:
         self.stream.flush()
 
 
-def default_impls(args: argparse.Namespace, device: torch.device) -> list[str]:
-    """Return the implementations to time: torch and gang, plus JAX on the CPU when gang_jax is installed."""
-    if args.impls is not None:
-        impls = list(args.impls)
-    else:
-        impls = ["torch", "gang"]
-        if not args.no_jax and importlib.util.find_spec("gang_jax") is not None:
-            impls += ["jax", "gang-jax"]
-    if device.type != "cpu" or args.no_jax:  # JaxGang works on CPU tensors
-        impls = [impl for impl in impls if impl not in ("jax", "gang-jax")]
-    return impls
+def default_impls(args: argparse.Namespace, device: torch.device) -> tuple[list[str], list[collectives.Provider]]:
+    """Return the implementations to time and the makers of those that installed packages add.
+
+    torch and gang, plus those of every provider (:func:`gang.bench.collectives.providers`) that
+    runs on ``device`` (raw JAX and JaxGang on the CPU when gang_jax is installed), unless
+    ``--impls`` names some or ``--no-jax`` leaves out the ``jax`` provider. Only the root gang
+    (``--gang root``) is timed by providers.
+    """
+    wanted = None if args.impls is None else set(args.impls)
+    makers: list[collectives.Provider] = []
+    names: list[str] = [*collectives.TorchImpls.names]
+    if args.gang == "root" and (wanted is None or not wanted <= set(names)):
+        for key, make in collectives.providers().items():
+            if (key == "jax" and args.no_jax) or device.type not in make.device_types:
+                continue
+            if wanted is None or wanted & set(make.names):
+                makers.append(make)
+                names += make.names
+    return [name for name in names if wanted is None or name in wanted], makers
+
+
+def layout_gang(root: gang.ProcessGroupGang, args: argparse.Namespace) -> gang.Gang:
+    """Return the gang that ``--gang`` names: ``root``, or this rank's gang of that role in the layout."""
+    if args.gang == "root":
+        return root
+    gangs = gang.create_parallel_gangs(root, tp_size=args.tp, pp_size=args.pp, cp_size=args.cp, ep_size=args.ep)
+    chosen: gang.Gang = getattr(gangs, args.gang)
+    return chosen
 
 
 def environment(root: gang.ProcessGroupGang, impls: Sequence[str]) -> dict[str, Any]:
@@ -140,14 +190,12 @@ def environment(root: gang.ProcessGroupGang, impls: Sequence[str]) -> dict[str, 
     if root.device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(root.device)
     if "jax" in impls or "gang-jax" in impls:
-        import jax
-
-        info["jax"] = jax.__version__
+        info["jax"] = importlib.metadata.version("jax")
     return info
 
 
-def run(args: argparse.Namespace) -> None:
-    """Run the benchmark on this rank of a launched job."""
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark on this rank of a launched job; return 1 if a result was wrong, else 0."""
     if args.device in (None, "cuda"):  # cuda:LOCAL_RANK when CUDA is available
         device = gang.get_default_device()
         if args.device == "cuda" and device.type != "cuda":
@@ -157,16 +205,22 @@ def run(args: argparse.Namespace) -> None:
     root = gang.create_default_gang(device, timeout=timedelta(minutes=10))
     if not isinstance(root, gang.ProcessGroupGang):
         raise RuntimeError(f"gang.bench needs a process group gang, but got {root!r}.")
-    impls = default_impls(args, device)
+    timed = layout_gang(root, args)
+    impls, makers = default_impls(args, device)
+    dtype = collectives.DTYPES[args.dtype]
+    type_name = collectives.TYPE_NAMES.get(args.dtype, args.dtype)
     max_bytes = collectives.QUICK_MAX_BYTES if args.quick else collectives.FULL_MAX_BYTES
     sizes = sorted(set(args.sizes)) if args.sizes else collectives.sizes(max_bytes)
     lead = root.rank == 0
     info = environment(root, impls)
+    info.update(dtype=args.dtype, gang=args.gang, gang_size=timed.size)
     if lead:
+        grid = f"tp={args.tp}, pp={args.pp}, cp={args.cp}, ep={args.ep}"
+        layout = "" if args.gang == "root" else f"; {args.gang} gangs of {timed.size} ({grid})"
         print(
             f"# gang.bench: {root.size} ranks, {info['backend']} on {info['device']}, torch {info['torch']}"
             + (f", jax {info['jax']}" if "jax" in info else "")
-            + f"; {', '.join(impls)}; float32; algbw and busbw in GB/s",
+            + f"; {', '.join(impls)}; {args.dtype}{layout}; algbw and busbw in GB/s",
             flush=True,
         )
     progress = Progress(sys.stderr) if lead else None
@@ -176,18 +230,20 @@ def run(args: argparse.Namespace) -> None:
         if not lead:
             return
         if op != current[0]:
-            print("\n" + metrics.table_header(op, root.size, impls, info["backend"]), flush=True)
+            print("\n" + metrics.table_header(op, timed.size, impls, info["backend"], args.gang), flush=True)
             current[0] = op
         if progress is not None and progress.tty:
             sys.stderr.write("\r\033[K")
-        print(metrics.table_line(nbytes, by_impl, impls), flush=True)
+        print(metrics.table_line(nbytes, by_impl, impls, type_name), flush=True)
 
     try:
         rows = collectives.measure(
-            root,
+            timed,
             ops=args.ops,
             impls=impls,
             sizes=sizes,
+            dtype=dtype,
+            extra=makers,
             quick=args.quick,
             iters=args.iters,
             on_row=on_row,
@@ -196,14 +252,16 @@ def run(args: argparse.Namespace) -> None:
     finally:
         if progress is not None:
             progress.done()
+    wrong = metrics.total_wrong(rows)
     if lead:
-        lines = metrics.summary(rows)
+        lines = [*metrics.summary(rows), f"#wrong: {wrong} result elements differ from the expected values"]
         print("\n# summary (ratio: median over iterations of the paired per-iteration time ratio)")
         print("\n".join(lines), flush=True)
         if args.out is not None:
             write(args.out, {"environment": info, "rows": rows, "summary": lines}, plot=not args.no_plots)
     root.barrier()
     root.close()
+    return 1 if wrong else 0
 
 
 def write(out: Path, result: dict[str, Any], *, plot: bool = True) -> None:
@@ -234,8 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return launch_local(2, argv)
-    run(args)
-    return 0
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -1,30 +1,41 @@
-"""The collective measurements of :mod:`gang.bench`: raw torch.distributed, ProcessGroupGang, raw JAX and JaxGang.
+"""The collective measurements of :mod:`gang.bench`: raw torch.distributed and ProcessGroupGang, and
+the implementations that other packages provide (``gang_jax`` adds raw JAX and JaxGang).
 
-Every (collective, size) is timed for the four implementations interleaved in one loop (the
-order rotates every iteration), after a warm-up that also compiles the JAX programs. Each
-iteration starts after a barrier; each rank times its own call, and the per-rank times are
-reduced with MAX after the loop (outside the timed region), so an iteration counts the slowest
-rank. The reported time is the median over iterations.
+Every (collective, size) is timed for the implementations interleaved in one loop (the order
+rotates every iteration), after a warm-up that also compiles the JAX programs. Each iteration
+starts after a barrier; each rank times its own call, and the per-rank times are reduced with MAX
+after the loop (outside the timed region), so an iteration counts the slowest rank. The reported
+time is the median over iterations, with the mean and the 95th percentile beside it.
+
+After the timing, each implementation runs once more on inputs refilled with a known pattern
+(:func:`reference`), and every element of its result is compared with the expected value: the
+count of elements that differ, summed over the ranks, is the ``#wrong`` column (as in
+nccl-tests). The pattern keeps every expected value a small integer, exact in every dtype of
+:data:`DTYPES`: below 128 up to 67 ranks (``int8`` then counts overflows as wrong), below 256
+(where ``bfloat16`` stops being exact) up to 195 ranks.
+
+Implementations from other packages are found through the entry point group ``gang.bench``
+(see :func:`providers`), so this package imports none of them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib.metadata import entry_points
+from typing import Protocol
 
-import numpy as np
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
-from gang import Gang, ProcessGroupGang, ReduceOperation
-from gang.bench.metrics import PAIRS, Row, make_row, median, paired_ratio
+from gang import Gang, ReduceOperation
+from gang.bench.metrics import OPS, PAIRS, Row, make_row, mean, median, paired_ratio, percentile
 
 Call = Callable[[], object]
 
@@ -55,12 +66,214 @@ def iterations(nbytes: int, quick: bool, iters: int | None = None) -> tuple[int,
     return (2, 30) if nbytes <= (16 << 20) else (1, 10)
 
 
-def numel_for(nbytes: int, world_size: int, op: str) -> int:
-    """Return the float32 element count of the full buffer: ``nbytes / 4``, rounded up so that ranks split it evenly."""
-    numel = max(1, nbytes // 4)
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+"""The dtypes ``--dtype`` offers, by name."""
+
+TYPE_NAMES = {"float32": "float", "float16": "half", "float64": "double"}
+"""The names nccl-tests prints in its ``type`` column, where they differ from torch's."""
+
+CORRUPT_VARIABLE = "GANG_BENCH_CORRUPT"
+"""A test-only seam: ``impl:op`` (``gang:all_gather``, say) adds one to one element of that
+implementation's checked result on rank 0, so that a test sees ``#wrong`` count it."""
+
+
+def numel_for(nbytes: int, world_size: int, op: str, itemsize: int = 4) -> int:
+    """Return the element count of the full buffer: ``nbytes / itemsize``, rounded up so that ranks split it evenly."""
+    numel = max(1, nbytes // itemsize)
     if op == "all_reduce" or op == "broadcast":
         return numel
     return -(-numel // world_size) * world_size
+
+
+def _pattern(seed: Tensor | int, k: Tensor) -> Tensor:
+    """A value below 127 for every ``seed`` and element index ``k``."""
+    return (seed + k) % 127
+
+
+def reference(op: str, rank: int, size: int, numel: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """Return ``(input, expected)`` of ``op`` on ``rank`` of a gang of ``size`` for a full buffer of ``numel`` elements.
+
+    Both are CPU tensors in the gang's layout: ``input`` is what the rank sends (``[numel]`` for
+    ``all_reduce`` and ``broadcast``, ``[chunk]`` for ``all_gather``, ``[size, chunk]`` for
+    ``reduce_scatter`` and ``all_to_all``, where ``chunk = numel // size``) and ``expected`` what
+    its result must be after a ``SUM`` reduction, or a broadcast from rank 0. Reduced inputs are
+    zeros and ones (so sums stay exact), and rank 0's rows of a ``reduce_scatter`` a pattern below
+    61 that differs from row to row; moved data is ``(7 * source + 3 * target + index) % 127``, so
+    a row from the wrong rank differs.
+    """
+    chunk = numel if op in ("all_reduce", "broadcast") else numel // size
+    k = torch.arange(chunk, dtype=torch.int64)
+    rows = torch.arange(size, dtype=torch.int64).unsqueeze(1)
+    if op == "all_reduce":
+        inp, out = (rank + k) % 2, torch.where((k % 2) == 0, size // 2, (size + 1) // 2)
+    elif op == "reduce_scatter":
+        # Rank 0 sends a pattern that tells the rows apart, the others zeros and ones.
+        inp = (7 * rows + k) % 61 if rank == 0 else (rank + rows + k) % 2
+        odd = torch.where(((rank + k) % 2) == 0, size // 2, (size + 1) // 2 - 1)  # ones from ranks 1..size-1
+        out = (7 * rank + k) % 61 + odd
+    elif op == "all_gather":
+        inp, out = _pattern(7 * rank, k), _pattern(7 * rows, k)
+    elif op == "all_to_all":
+        inp, out = _pattern(7 * rank + 3 * rows, k), _pattern(7 * rows + 3 * rank, k)
+    elif op == "broadcast":
+        inp, out = _pattern(7 * rank, k), _pattern(0, k)
+    else:
+        raise ValueError(f"`op` must be one of {OPS}, but is {op!r} instead.")
+    return inp.to(dtype), out.to(dtype)
+
+
+def count_wrong(result: Tensor, expected: Tensor) -> int:
+    """Return how many elements of ``result`` differ from ``expected`` (a different shape: all of them)."""
+    if result.shape != expected.shape:
+        return expected.numel()
+    return int((result.cpu() != expected).sum())
+
+
+class Case:
+    """One implementation's call of one collective on buffers made once, and how to check it.
+
+    :param run: The call that is timed.
+    :param reset: Refill the inputs with the pattern of :func:`reference` (before the checked call).
+    :param result: This rank's result of the last call, as a CPU tensor in the layout of ``expected``.
+    :param expected: What ``result`` must be.
+    """
+
+    def __init__(self, run: Call, reset: Callable[[], None], result: Callable[[], Tensor], expected: Tensor) -> None:
+        self.run = run
+        self.reset = reset
+        self.result = result
+        self.expected = expected
+
+    def __call__(self) -> object:
+        """Run the call."""
+        return self.run()
+
+    def check(self, corrupt: bool = False) -> int:
+        """Refill the inputs, run once and return the number of wrong elements of this rank's result.
+
+        :param corrupt: Add one to the first element of the result first (the test-only seam of
+            :data:`CORRUPT_VARIABLE`).
+        """
+        self.reset()
+        self.run()
+        got = self.result()
+        if corrupt and got.numel() > 0:
+            got = got.clone()
+            got.view(-1)[0] += 1
+        return count_wrong(got, self.expected)
+
+
+def tensor_case(gang: Gang, op: str, numel: int, dtype: torch.dtype, call: Callable[[Tensor, Tensor], object]) -> Case:
+    """Return the :class:`Case` of ``call(output, input)`` on tensors of ``gang``'s device in the gang's layout.
+
+    For ``all_reduce`` and ``broadcast`` the output is the input (in place).
+    """
+    source, expected = reference(op, gang.rank, gang.size, numel, dtype)
+    inp = source.to(gang.device, copy=True)
+    out = inp if op in ("all_reduce", "broadcast") else torch.empty(expected.shape, dtype=dtype, device=gang.device)
+
+    def reset() -> None:
+        inp.copy_(source)
+
+    return Case(lambda: call(out, inp), reset, lambda: out.cpu(), expected)
+
+
+def gang_call(gang: Gang, op: str, numel: int, dtype: torch.dtype = torch.float32) -> Case:
+    """Return the public call of ``op`` on ``gang`` for a full buffer of ``numel`` elements of ``dtype``.
+
+    Tensors in the gang's layout (``[size, chunk]`` rows where the collective has rows), made
+    once: the call runs only the collective.
+    """
+    calls: dict[str, Callable[[Tensor, Tensor], object]] = {
+        "all_reduce": lambda out, inp: gang.all_reduce(inp, ReduceOperation.SUM),
+        "all_gather": gang.all_gather,
+        "reduce_scatter": lambda out, inp: gang.reduce_scatter(out, inp, ReduceOperation.SUM),
+        "all_to_all": gang.all_to_all,
+        "broadcast": lambda out, inp: gang.broadcast(inp, source_rank=0),
+    }
+    if op not in calls:
+        raise ValueError(f"`op` must be one of {OPS}, but is {op!r} instead.")
+    return tensor_case(gang, op, numel, dtype, calls[op])
+
+
+class TorchImpls:
+    """Raw ``torch.distributed`` and :class:`gang.ProcessGroupGang` on the process group of one gang."""
+
+    names = ("torch", "gang")
+
+    def __init__(self, gang: Gang) -> None:
+        self.gang = gang
+        self.group = gang.as_process_group()
+
+    def cases(self, op: str, numel: int, dtype: torch.dtype = torch.float32) -> dict[str, Case]:
+        """Return the ``torch`` and ``gang`` cases of ``op`` on a full buffer of ``numel`` elements of ``dtype``."""
+        group, sum_ = self.group, dist.ReduceOp.SUM
+        raw: dict[str, Callable[[Tensor, Tensor], object]] = {
+            "all_reduce": lambda out, inp: dist.all_reduce(inp, sum_, group=group),
+            "all_gather": lambda out, inp: dist.all_gather_single(out.view(-1), inp, group=group),
+            "reduce_scatter": lambda out, inp: dist.reduce_scatter_single(out, inp.view(-1), sum_, group=group),
+            "all_to_all": lambda out, inp: dist.all_to_all_single(out, inp, group=group),
+            "broadcast": lambda out, inp: dist.broadcast(inp, group=group, group_src=0),
+        }
+        if op not in raw:
+            raise ValueError(f"`op` must be one of {OPS}, but is {op!r} instead.")
+        return {
+            "torch": tensor_case(self.gang, op, numel, dtype, raw[op]),
+            "gang": gang_call(self.gang, op, numel, dtype),
+        }
+
+    def close(self) -> None:
+        """Nothing to release: the gang belongs to the caller."""
+
+
+class Impls(Protocol):
+    """Implementations that a package adds to the benchmark (see :func:`providers`)."""
+
+    names: tuple[str, ...]
+    """The implementation names, as ``--impls`` takes them."""
+    device_types: tuple[str, ...]
+    """The device types (``cpu``, ``cuda``) the implementations run on."""
+
+    def cases(self, op: str, numel: int, dtype: torch.dtype) -> Mapping[str, Case]:
+        """Return the case of each implementation of ``op`` on a full buffer of ``numel`` elements of ``dtype``.
+
+        An implementation that cannot run ``dtype`` is left out.
+        """
+
+    def close(self) -> None:
+        """Release what the implementations hold."""
+
+
+class Provider(Protocol):
+    """What the entry point of a package names: a maker of :class:`Impls` that tells their names first."""
+
+    names: tuple[str, ...]
+    """The implementation names, as ``--impls`` takes them."""
+    device_types: tuple[str, ...]
+    """The device types (``cpu``, ``cuda``) the implementations run on."""
+
+    def __call__(self) -> Impls:
+        """Make the implementations (on every rank)."""
+
+
+def providers() -> dict[str, Provider]:
+    """Return the implementations that installed packages add, by entry point name (``jax`` from ``gang_jax``).
+
+    A package adds some with an entry point in the group ``gang.bench`` that names a callable
+    (a class, say) returning an :class:`Impls` when every rank calls it, such as
+    ``jax = "gang_jax.bench:JaxImpls"``; loading it imports that package. The callable is called
+    (on every rank) only when one of its implementations is timed.
+    """
+    return {ep.name: ep.load() for ep in entry_points(group="gang.bench")}
 
 
 GLOO_NOTICE = re.compile(
@@ -92,136 +305,6 @@ def without_gloo_notice() -> Iterator[None]:
                 if not GLOO_NOTICE.fullmatch(line.strip()):
                     sys.stdout.write(line)
             sys.stdout.flush()
-
-
-def gang_call(gang: Gang, op: str, numel: int) -> Call:
-    """Return the public call of ``op`` on ``gang`` for a full float32 buffer of ``numel`` elements.
-
-    Fresh tensors in the gang's layout (``[size, chunk]`` rows where the collective has rows),
-    made once: the callable runs only the collective.
-    """
-    n = gang.size
-    chunk = numel // n if op not in ("all_reduce", "broadcast") else numel
-    zeros = functools.partial(torch.zeros, device=gang.device)
-    if op == "all_reduce":
-        t = zeros(numel)
-        return lambda: gang.all_reduce(t, ReduceOperation.SUM)
-    if op == "all_gather":
-        inp, out = zeros(chunk), zeros(n, chunk)
-        return lambda: gang.all_gather(out, inp)
-    if op == "reduce_scatter":
-        rows, one = zeros(n, chunk), zeros(chunk)
-        return lambda: gang.reduce_scatter(one, rows, ReduceOperation.SUM)
-    if op == "all_to_all":
-        inp, out = zeros(n, chunk), zeros(n, chunk)
-        return lambda: gang.all_to_all(out, inp)
-    if op == "broadcast":
-        t = zeros(numel)
-        return lambda: gang.broadcast(t, source_rank=0)
-    raise ValueError(op)
-
-
-class TorchImpls:
-    """Raw ``torch.distributed`` and :class:`ProcessGroupGang` on the default (gloo) group."""
-
-    def __init__(self, gang: ProcessGroupGang) -> None:
-        self.gang = gang
-        self.n = gang.size
-        self.device = gang.device
-
-    def cases(self, op: str, numel: int) -> dict[str, Call]:
-        """Return the ``torch`` and ``gang`` callables of ``op`` on a full buffer of ``numel`` floats."""
-        n, gang = self.n, self.gang
-        zeros = functools.partial(torch.zeros, device=self.device)
-        chunk = numel // n if op not in ("all_reduce", "broadcast") else numel
-        raw_in, gang_in = zeros(numel), zeros(numel)
-        raw_out, gang_out = zeros(numel), zeros(numel)
-        sum_ = dist.ReduceOp.SUM
-        if op == "all_reduce":
-            return {
-                "torch": lambda: dist.all_reduce(raw_in, sum_),
-                "gang": lambda: gang.all_reduce(gang_in, ReduceOperation.SUM),
-            }
-        if op == "all_gather":
-            small_raw, small_gang = zeros(chunk), zeros(chunk)
-            gang_rows = gang_out.view(n, chunk)
-            return {
-                "torch": lambda: dist.all_gather_single(raw_out, small_raw),
-                "gang": lambda: gang.all_gather(gang_rows, small_gang),
-            }
-        if op == "reduce_scatter":
-            out_raw, out_gang = zeros(chunk), zeros(chunk)
-            gang_rows = gang_in.view(n, chunk)
-            return {
-                "torch": lambda: dist.reduce_scatter_single(out_raw, raw_in, sum_),
-                "gang": lambda: gang.reduce_scatter(out_gang, gang_rows, ReduceOperation.SUM),
-            }
-        if op == "all_to_all":
-            gin, gout = gang_in.view(n, chunk), gang_out.view(n, chunk)
-            return {
-                "torch": lambda: dist.all_to_all_single(raw_out, raw_in),
-                "gang": lambda: gang.all_to_all(gout, gin),
-            }
-        if op == "broadcast":
-            return {
-                "torch": lambda: dist.broadcast(raw_in, src=0),
-                "gang": lambda: gang.broadcast(gang_in, source_rank=0),
-            }
-        raise ValueError(op)
-
-
-class JaxImpls:
-    """Raw JAX (``jit(shard_map(...))`` over a mesh of the processes' devices) and :class:`gang_jax.JaxGang`."""
-
-    def __init__(self) -> None:
-        import jax
-        from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-        from gang_jax import JaxGang
-
-        self.jax = jax
-        self.gang = JaxGang.create_default()
-        self.n = self.gang.size
-        devices: dict[int, Any] = {}
-        for device in sorted(jax.devices(), key=lambda d: d.id):
-            devices.setdefault(device.process_index, device)
-        self.me = devices[jax.process_index()]
-        self.mesh = Mesh(np.array([devices[p] for p in range(jax.process_count())], dtype=object), ("x",))
-        self.spec = cast(Callable[..., Any], PartitionSpec)("x")
-        self.sharding = NamedSharding(self.mesh, self.spec)
-        with without_gloo_notice():  # JAX's collectives connect on their first call
-            for call in self.cases("all_reduce", 1).values():
-                call()
-
-    def _global(self, block: np.ndarray[Any, Any]) -> Any:
-        """The global array ``[n * len(block)]`` whose shard on this process is ``block`` (already on device)."""
-        local = self.jax.device_put(block, self.me)
-        shape = (self.n * block.shape[0],)
-        return self.jax.make_array_from_single_device_arrays(shape, self.sharding, [local])
-
-    def _compile(self, body: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        mapped = self.jax.shard_map(body, mesh=self.mesh, in_specs=self.spec, out_specs=self.spec)
-        return cast(Callable[[Any], Any], self.jax.jit(mapped))
-
-    def cases(self, op: str, numel: int) -> dict[str, Call]:
-        """Return the ``jax`` and ``gang-jax`` callables of ``op`` on a full buffer of ``numel`` floats."""
-        jax, lax, n, gang = self.jax, self.jax.lax, self.n, self.gang
-        chunk = numel // n if op not in ("all_reduce", "broadcast") else numel
-        block = np.zeros(numel if op != "all_gather" else chunk, dtype=np.float32)
-        x = self._global(block)
-        if op == "all_reduce":
-            fn = self._compile(lambda b: lax.psum(b, "x"))
-        elif op == "all_gather":
-            fn = self._compile(lambda b: lax.all_gather(b, "x", tiled=True))
-        elif op == "reduce_scatter":
-            fn = self._compile(lambda b: lax.psum_scatter(b, "x", scatter_dimension=0, tiled=True))
-        elif op == "all_to_all":
-            fn = self._compile(lambda b: lax.all_to_all(b, "x", 0, 0, tiled=True))
-        elif op == "broadcast":
-            fn = self._compile(lambda b: lax.psum(jax.numpy.where(lax.axis_index("x") == 0, b, 0), "x"))
-        else:
-            raise ValueError(op)
-        return {"jax": lambda: fn(x).block_until_ready(), "gang-jax": gang_call(gang, op, numel)}
 
 
 def time_interleaved(
@@ -259,11 +342,13 @@ def time_interleaved(
 
 
 def measure(
-    root: ProcessGroupGang,
+    gang: Gang,
     *,
     ops: Sequence[str],
     impls: Sequence[str],
     sizes: Sequence[int],
+    dtype: torch.dtype = torch.float32,
+    extra: Sequence[Provider] = (),
     quick: bool = False,
     iters: int | None = None,
     on_row: Callable[[str, int, dict[str, Row]], None] | None = None,
@@ -271,44 +356,57 @@ def measure(
 ) -> list[Row]:
     """Time every collective of ``ops`` at every size of ``sizes`` for each of ``impls``; return the rows.
 
-    Called on every rank of ``root`` (a gang on torch's default process group). The JAX
-    implementations create a :class:`gang_jax.JaxGang` over the same processes and close it at the
-    end. ``on_progress(op, nbytes, index, total)`` is called before and ``on_row(op, nbytes,
+    Called on every rank of the default process group; ``gang`` is this rank's gang of
+    ``ProcessGroupGang`` to time (the root, or one gang of a layout: every gang of that role is
+    timed at once). ``extra`` makes the implementations of other packages (see
+    :func:`providers`); they are closed at the end. Each row holds the median (``time_us``), mean
+    and 95th percentile times and ``wrong``, the number of wrong result elements summed over every
+    rank. ``on_progress(op, nbytes, index, total)`` is called before and ``on_row(op, nbytes,
     rows_by_impl)`` after each measurement, on every rank.
     """
-    n = root.size
-    jax_impls = JaxImpls() if {"jax", "gang-jax"} & set(impls) else None
-    torch_impls = TorchImpls(root)
-    rows: list[Row] = []
-    plan = []
-    for op in ops:
-        done: set[int] = set()
-        for nbytes in sizes:
-            numel = numel_for(nbytes, n, op)
-            if numel not in done:  # a tiny size rounded up to one already measured
-                done.add(numel)
-                plan.append((op, numel))
+    n, itemsize = gang.size, dtype.itemsize
+    type_name = next((name for name, d in DTYPES.items() if d == dtype), str(dtype).removeprefix("torch."))
+    corrupt = os.environ.get(CORRUPT_VARIABLE, "")
+    sources: list[TorchImpls | Impls] = [TorchImpls(gang)]
     try:
+        sources += [make() for make in extra]
+        plan = []
+        for op in ops:
+            done: set[int] = set()
+            for nbytes in sizes:
+                numel = numel_for(nbytes, n, op, itemsize)
+                if numel not in done:  # a tiny size rounded up to one already measured
+                    done.add(numel)
+                    plan.append((op, numel))
+        rows: list[Row] = []
         for index, (op, numel) in enumerate(plan):
+            nbytes = numel * itemsize
             if on_progress is not None:
-                on_progress(op, numel * 4, index, len(plan))
-            calls = torch_impls.cases(op, numel)
-            if jax_impls is not None:
-                calls.update(jax_impls.cases(op, numel))
-            calls = {name: calls[name] for name in impls}
-            warmup, timed = iterations(numel * 4, quick, iters)
-            times = time_interleaved(calls, warmup, timed, root.device)
-            by_impl = {
-                name: make_row(name, op, numel * 4, n, median(ts), iters=timed, count=numel, dtype="float32")
-                for name, ts in times.items()
-            }
+                on_progress(op, nbytes, index, len(plan))
+            cases: dict[str, Case] = {}
+            for source in sources:
+                cases.update(source.cases(op, numel, dtype))
+            cases = {name: cases[name] for name in impls if name in cases}
+            warmup, timed = iterations(nbytes, quick, iters)
+            times = time_interleaved(dict(cases), warmup, timed, gang.device)
+            wrong = torch.tensor(
+                [case.check(corrupt == f"{name}:{op}" and gang.rank == 0) for name, case in cases.items()],
+                dtype=torch.int64,
+            )
+            dist.all_reduce(wrong)
+            by_impl = {}
+            for (name, ts), bad in zip(times.items(), wrong.tolist(), strict=True):
+                by_impl[name] = make_row(
+                    name, op, nbytes, n, median(ts), iters=timed, count=numel, dtype=type_name, wrong=int(bad)
+                )
+                by_impl[name].update(mean_us=mean(ts) * 1e6, p95_us=percentile(ts, 95) * 1e6)
             for ours, base in PAIRS:
                 if ours in times and base in times:
                     by_impl[ours]["paired_ratio"] = paired_ratio(times[ours], times[base])
             rows.extend(by_impl.values())
             if on_row is not None:
-                on_row(op, numel * 4, by_impl)
+                on_row(op, nbytes, by_impl)
     finally:
-        if jax_impls is not None:
-            jax_impls.gang.close()
+        for source in sources:
+            source.close()
     return rows

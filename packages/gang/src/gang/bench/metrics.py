@@ -17,9 +17,6 @@ from typing import Any
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 """The collectives that are timed, in the order they are reported."""
 
-IMPLS = ("torch", "gang", "jax", "gang-jax")
-"""Raw torch.distributed, ProcessGroupGang, raw JAX and JaxGang."""
-
 PAIRS = (("gang", "torch"), ("gang-jax", "jax"))
 """(ours, the raw baseline) pairs whose time ratio is the overhead of our API."""
 
@@ -63,15 +60,43 @@ def busbw_gbps(op: str, nbytes: int, seconds: float, world_size: int) -> float:
     return algbw_gbps(nbytes, seconds) * bus_factor(op, world_size)
 
 
+def _non_empty(values: Iterable[float]) -> list[float]:
+    data = list(values)
+    if not data:
+        raise ValueError("`values` must not be empty.")
+    return data
+
+
 def median(values: Iterable[float]) -> float:
     """Return the median of ``values`` (the mean of the two middle values for an even count).
 
     :raises ValueError: If ``values`` is empty.
     """
-    data = list(values)
-    if not data:
-        raise ValueError("`values` must not be empty.")
-    return float(statistics.median(data))
+    return float(statistics.median(_non_empty(values)))
+
+
+def mean(values: Iterable[float]) -> float:
+    """Return the arithmetic mean of ``values``.
+
+    :raises ValueError: If ``values`` is empty.
+    """
+    return float(statistics.fmean(_non_empty(values)))
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """Return the ``q``-th percentile of ``values``, interpolating linearly between the two nearest ranks.
+
+    The 50th percentile is the :func:`median`; this is NumPy's default ("linear") method.
+
+    :raises ValueError: If ``values`` is empty or ``q`` is outside ``[0, 100]``.
+    """
+    data = sorted(_non_empty(values))
+    if not 0 <= q <= 100:
+        raise ValueError(f"`q` must be in [0, 100], but is {q} instead.")
+    position = (len(data) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(data) - 1)
+    return float(data[low] + (data[high] - data[low]) * (position - low))
 
 
 def slowest_rank(per_rank: Sequence[Sequence[float]]) -> list[float]:
@@ -197,18 +222,28 @@ def pair_ratio(rows: Mapping[str, Mapping[str, Any]], ours: str, baseline: str) 
     return float(paired) if paired is not None else float(rows[ours]["time_us"]) / float(rows[baseline]["time_us"])
 
 
-def table_header(op: str, world_size: int, impls: Sequence[str], backend: str) -> str:
+TIME_COLUMNS = ("mean(us)", "p50(us)", "p95(us)", "algbw", "busbw", "#wrong")
+"""The columns of each implementation in a table; the bandwidths are of the median (p50) time."""
+
+
+def table_header(op: str, world_size: int, impls: Sequence[str], backend: str, gang: str = "root") -> str:
     """Return the header of the nccl-tests-style table of one collective: a title line and the column names.
 
-    Columns: ``size`` (bytes of the full buffer), ``count`` (elements), ``type``, then ``time``
-    (microseconds), ``algbw`` and ``busbw`` (GB/s) per implementation, then each available ratio.
+    Columns: ``size`` (bytes of the full buffer), ``count`` (elements), ``type``, then per
+    implementation the mean, median (p50) and 95th percentile time (microseconds), ``algbw`` and
+    ``busbw`` (GB/s, of the median) and ``#wrong`` (result elements that differ from the expected
+    values, summed over the ranks), then each available ratio.
+
+    :param gang: The gang timed: ``root``, or a role such as ``tp`` (every gang of the role at once).
     """
-    title = f"# {op} on {world_size} ranks ({backend}); time: median over the iterations of the slowest rank"
-    names = f"#{'':>11} {'':>10} {'':>7} "
-    cols = f"#{'size':>11} {'count':>10} {'type':>7} "
+    where = f"{world_size} ranks" if gang == "root" else f"{gang} gangs of {world_size} ranks"
+    title = f"# {op} on {where} ({backend}); time: mean, median (p50) and p95 over the iterations of the slowest rank"
+    width = sum(_WIDTHS) + len(_WIDTHS)
+    names = f"#{'':>11} {'':>10} {'':>8} "
+    cols = f"#{'size':>11} {'count':>10} {'type':>8} "
     for impl in impls:
-        names += f" {impl:>30}"
-        cols += f" {'time(us)':>12} {'algbw':>8} {'busbw':>8}"
+        names += f" {impl:>{width - 1}}"
+        cols += "".join(f" {name:>{w}}" for name, w in zip(TIME_COLUMNS, _WIDTHS, strict=True))
     for ours, base in PAIRS:
         if ours in impls and base in impls:
             label = f"{ours}/{base}"
@@ -217,22 +252,34 @@ def table_header(op: str, world_size: int, impls: Sequence[str], backend: str) -
     return f"{title}\n{names.rstrip()}\n{cols}"
 
 
+_WIDTHS = (10, 10, 10, 8, 8, 6)
+
+
 def table_line(nbytes: int, rows: Mapping[str, Mapping[str, Any]], impls: Sequence[str], dtype: str = "float") -> str:
     """Return one line of the table of one collective from the rows of one size, keyed by implementation."""
     count = int(next(iter(rows.values())).get("count", nbytes // 4)) if rows else nbytes // 4
-    line = f"{nbytes:>12} {count:>10} {dtype:>7} "
+    line = f"{nbytes:>12} {count:>10} {dtype:>8} "
     for impl in impls:
         row = rows.get(impl)
         if row is None:
-            line += f" {'-':>12} {'-':>8} {'-':>8}"
-        else:
-            line += f" {row['time_us']:12.1f} {row['algbw_gbps'] or 0.0:8.4f} {row['busbw_gbps'] or 0.0:8.4f}"
+            line += "".join(f" {'-':>{w}}" for w in _WIDTHS)
+            continue
+        p50 = float(row["time_us"])
+        wrong = row.get("wrong")
+        line += f" {float(row.get('mean_us', p50)):10.1f} {p50:10.1f} {float(row.get('p95_us', p50)):10.1f}"
+        line += f" {row['algbw_gbps'] or 0.0:8.4f} {row['busbw_gbps'] or 0.0:8.4f}"
+        line += f" {'-' if wrong is None else int(wrong):>6}"
     for ours, base in PAIRS:
         if ours in impls and base in impls:
             width = max(len(ours) + len(base) + 1, 8)
             ratio = pair_ratio(rows, ours, base)
             line += f" {ratio:>{width}.3f}" if ratio is not None else f" {'-':>{width}}"
     return line
+
+
+def total_wrong(rows: Iterable[Mapping[str, Any]]) -> int:
+    """Return the number of wrong result elements over every row (rows without a check count none)."""
+    return sum(int(row.get("wrong") or 0) for row in rows)
 
 
 def summary(rows: Iterable[Mapping[str, Any]]) -> list[str]:
