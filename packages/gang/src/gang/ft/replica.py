@@ -294,7 +294,7 @@ class ReplicaGang(Gang):
             ok = True
         except Exception as ex:
             if self._commit is None:
-                self._record(f"step (the caller's code raised {type(ex).__name__})", ex)
+                self._record(f"step (the caller's code raised {type(ex).__name__})", ex, ours=False)
             raise
         finally:
             self._in_step = False
@@ -397,12 +397,12 @@ class ReplicaGang(Gang):
             return
         if self._pg is None or self._error is not None:
             return
-        pg, started = self._pg, time.monotonic()
-        try:
+        started = time.monotonic()
+        try:  # no local reference to the group: dropping it must destroy it (see `_record`)
             if self.rank in plan:
                 current = self._state_dict()
                 self._dirty = True  # from here on, tensors of `current` may be written in place
-                step, state, received = receive_state(pg, plan[self.rank], current, self._device, self._finish)
+                step, state, received = receive_state(self._pg, plan[self.rank], current, self._device, self._finish)
                 self._heal_bytes[1] += received
                 assert isinstance(state, Mapping)
                 self._load_state_dict(state)
@@ -410,7 +410,9 @@ class ReplicaGang(Gang):
                 done = f"received {received} bytes from rank {plan[self.rank]}"
             else:
                 state = self._state_dict()
-                sent = sum(send_state(pg, r, state, self._step_number, self._device, self._finish) for r in receivers)
+                sent = sum(
+                    send_state(self._pg, r, state, self._step_number, self._device, self._finish) for r in receivers
+                )
                 self._heal_bytes[0] += sent
                 done = f"sent {sent} bytes to ranks {receivers}"
         except Exception as ex:  # a failed transfer, or the caller's `state_dict`/`load_state_dict` raised
@@ -474,13 +476,17 @@ class ReplicaGang(Gang):
             if fault is not None:
                 raise fault
 
-    def _record(self, operation: str, ex: BaseException, *, abort: bool = True) -> None:
+    def _record(self, operation: str, ex: BaseException, *, abort: bool = True, ours: bool = True) -> None:
         """Record this step's error; with ``abort``, end the step on every member at once.
 
         Aborting drops the process group (destroying it closes its connections, so peers blocked
         in a collective with this process fail at once instead of at the timeout) and votes
-        against committing (peers already voting decide at once).
+        against committing (peers already voting decide at once). An error raised by this
+        module or the backend (``ours``) loses its traceback, whose frames would keep the group
+        (or a ``Work`` of it) alive; the caller's own exceptions keep theirs.
         """
+        if ours:
+            ex = ex.with_traceback(None)
         where = "" if self._quorum is None else f" of {self._quorum.describe()}"
         error = operation_error(
             operation, self, f"replica {self._replica_id!r} in step {self._step_number + 1}{where}: {ex}"
