@@ -149,8 +149,10 @@ class ReplicaGang(Gang):
         :param device: ``cpu`` (gloo) or ``cuda[:N]`` (NCCL); ``None`` is ``cpu``.
         :param state_dict: Returns what a replica that is behind needs (model and optimizer
             state); called on a healthy replica when another one heals.
-        :param load_state_dict: Loads what ``state_dict`` returned, on the replica that heals (it
-            travels through ``torch.save``/``torch.load(weights_only=False)``: replicas trust each other).
+        :param load_state_dict: Loads what ``state_dict`` returned, on the replica that heals
+            (tensors travel in chunks, written into the tensors at the same keys of this replica's
+            own ``state_dict()`` when they match; the structure and other leaves are pickled:
+            replicas trust each other).
         :param min_replicas: The fewest replicas a step runs with.
         :param timeout: Bounds a stuck collective and healing, and is the heartbeat age after which
             a replica counts as dead (default 60 seconds). Forming a quorum waits for a dead
@@ -268,10 +270,10 @@ class ReplicaGang(Gang):
         replica if it is behind. Call :meth:`should_commit` after the step's collectives; a step
         that never called it (or raised) is not committed on any member.
 
-        An exception raised inside the block aborts the step on every member at once: this
-        process votes against committing and drops its process group, which releases the peers
-        waiting for it in a collective (their collectives fail, so they vote against too). The
-        exception then propagates; the next step forms a new quorum and a new group.
+        An exception raised inside the block before the vote aborts the step on every member at
+        once: this process votes against committing and drops its process group, which releases
+        the peers waiting for it in a collective (their collectives fail, so they vote against
+        too). The exception then propagates; the next step forms a new quorum and a new group.
 
         :raises InvalidOperationError: If the gang is closed or a step is already running.
         :raises GangError: If fewer than ``min_replicas`` replicas stay live for the timeout, the
