@@ -190,6 +190,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.run", *session.posargs, env={"OMP_NUM_THREADS": "1"})
     # Fault tolerance (3 replica processes + the store); TORCHFT_PYTHON adds the torchft comparison.
     session.run("python", "-m", "benchmarks.ft", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    # Healing a 1 GiB state (2 processes) against a raw gloo broadcast of the same bytes.
+    session.run("python", "-m", "benchmarks.ft_heal", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session

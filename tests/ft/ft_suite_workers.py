@@ -8,53 +8,67 @@ what it saw; the test compares it with the plain torch gang of the same world.
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+import torch
 from conformance_workers import DTYPES, _run_one
 from core_workers import try_call
 
+import gang.ft.replica as replica_module
 from gang import Gang, ReduceOperation
 from gang.ft import ReplicaGang
+from gang.ft.heal import flatten
 
 _GANG: dict[str, ReplicaGang] = {}
+_STATE: dict[str, Any] = {}  # what the replica gang of this rank heals from or into
 OPS = ["SUM", "MEAN", "PRODUCT", "MIN", "MAX"]
 KINDS = ["all_gather", "all_gather_to_list", "all_to_all", "broadcast_first", "broadcast_last"]
 SHAPES: list[tuple[int, ...]] = [(2, 3), (), (0,), (1, 1, 5)]
 
 
 def _state() -> Mapping[str, Any]:
-    return {}
+    return _STATE
 
 
 def _load(state: Mapping[str, Any]) -> None:
-    pass
+    if _STATE.get("refuse"):
+        raise ValueError("the shapes do not match this model")
+    _STATE.clear()
+    _STATE.update(state)
+
+
+def _join(g: Gang, store: str, **kwargs: Any) -> ReplicaGang:
+    # Every World rank is its own replica of one process, whatever its launcher says.
+    saved = {k: os.environ.get(k) for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    try:
+        return ReplicaGang.join(
+            replica_id=g.rank,
+            store=store,
+            state_dict=_state,
+            load_state_dict=_load,
+            min_replicas=g.size,
+            timeout=timedelta(seconds=20),
+            **kwargs,
+        )
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def replica_gang(g: Gang, store: str) -> ReplicaGang:
     """This rank's :class:`ReplicaGang` (replica ``g.rank``, one process), joined on first use."""
     gang = _GANG.get(store)
     if gang is None or gang.closed:
-        # Every World rank is its own replica of one process, whatever its launcher says.
-        saved = {k: os.environ.get(k) for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-        os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-        try:
-            gang = _GANG[store] = ReplicaGang.join(
-                replica_id=g.rank,
-                store=store,
-                state_dict=_state,
-                load_state_dict=_load,
-                min_replicas=g.size,
-                timeout=timedelta(seconds=20),
-            )
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        gang = _GANG[store] = _join(g, store)
     return gang
 
 
@@ -108,3 +122,115 @@ def close(g: Gang, store: str) -> None:
     gang = _GANG.pop(store, None)
     if gang is not None:
         gang.close()
+
+
+def model_state(seed: int) -> dict[str, Any]:
+    """A state of several dtypes, nested containers and non-tensor leaves, different for every seed."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "weight": torch.randn(300, 7, generator=g),
+        "half": torch.randn(5, 3, generator=g).to(torch.bfloat16),
+        "steps": torch.randint(0, 1000, (11,), generator=g),
+        "mask": torch.rand(6, generator=g) > 0.5,
+        "optimizer": {"moments": [torch.randn(4, generator=g).double(), torch.zeros(0)], "lr": 0.1 * seed},
+        "name": f"model-{seed}",
+    }
+
+
+def digest(state: Mapping[str, Any]) -> str:
+    """A hash of every leaf of ``state``: tensors by dtype, shape and bytes, others by ``repr``."""
+    skeleton, tensors = flatten(dict(state))
+    h = hashlib.sha256(repr(skeleton).encode())
+    for path, t in tensors:
+        h.update(repr((path, t.dtype, tuple(t.shape))).encode())
+        h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _outcome(ft: ReplicaGang, body: Any) -> dict[str, Any]:
+    """Run one step whose body is ``body(ft)``; return what the step and the caller saw."""
+    raised = ""
+    committed = None
+    try:
+        with ft.step():
+            body(ft)
+            committed = ft.should_commit()
+    except Exception as ex:  # the caller's own exception, or GangError from max_retries
+        raised = f"{type(ex).__name__}: {ex}"
+    return {"committed": committed, "error": str(ft.errored()), "raised": raised, "step": ft.step_number}
+
+
+def _exchange(ft: ReplicaGang) -> None:
+    t = torch.ones(3)
+    ft.all_reduce(t, ReduceOperation.SUM)
+
+
+@contextmanager
+def _fault(rank: int, operation: str) -> Iterator[None]:
+    """Make ``operation`` fail on gang rank ``rank`` through the test-only seam."""
+
+    def hook(gang: ReplicaGang, op: str) -> RuntimeError | None:
+        return RuntimeError("injected failure") if gang.rank == rank and op == operation else None
+
+    replica_module._fault_hook = hook
+    try:
+        yield
+    finally:
+        replica_module._fault_hook = None
+
+
+def run_aborts(g: Gang, store: str) -> list[dict[str, Any]]:
+    """Three steps: the last rank raises in its own code; its all_reduce fails (the seam); all is well."""
+    ft = replica_gang(g, store)
+    last = g.size - 1
+
+    def raises(gang: ReplicaGang) -> None:
+        if gang.rank == last:
+            raise KeyError("a bug in the training loop")
+        _exchange(gang)
+
+    outcomes = [_outcome(ft, raises)]
+    with _fault(last, "all_reduce"):
+        outcomes.append(_outcome(ft, _exchange))
+    outcomes.append(_outcome(ft, _exchange))
+    status = ft.status()
+    outcomes.append({"quorum": status.quorum, "step": status.step, "last_error": str(status.last_error)})
+    return outcomes
+
+
+def run_heal(g: Gang, store: str) -> dict[str, Any]:
+    """The lower half shares a state; the upper half holds states of its own, restores step 0 and
+    is healed by the lower half."""
+    ft = replica_gang(g, store)
+    behind = g.rank >= g.size // 2
+    _STATE.clear()
+    _STATE.update(model_state(10 + g.rank if behind else 1))
+    before = {k: v for k, v in _STATE.items() if isinstance(v, torch.Tensor)}
+    bytes_before = list(ft._heal_bytes)
+    if behind:
+        ft.load_state_dict({"step_number": 0})
+    start = ft.step_number
+    outcome = _outcome(ft, _exchange)
+    sent, received = (a - b for a, b in zip(ft._heal_bytes, bytes_before, strict=True))
+    in_place = all(_STATE[k] is t for k, t in before.items())
+    moved = {"sent": sent, "received": received, "start": start, "in_place": in_place}
+    return outcome | moved | {"digest": digest(_STATE)}
+
+
+def run_start_and_retries(g: Gang, store: str) -> list[dict[str, Any]]:
+    """A fresh gang with ``max_retries=2`` whose ranks start from different states; the last
+    rank is then made to heal with a ``load_state_dict`` that raises, twice."""
+    _STATE.clear()
+    _STATE.update(model_state(100 + g.rank))
+    ft = _join(g, store, max_retries=2)
+    try:
+        first = _outcome(ft, _exchange) | {"digest": digest(_STATE), "reference": digest(model_state(100))}
+        outcomes = [first]
+        if g.rank == g.size - 1:
+            ft.load_state_dict({"step_number": 0})
+            _STATE["refuse"] = True
+        outcomes += [_outcome(ft, _exchange) for _ in range(2)]
+        return outcomes
+    finally:
+        _STATE.pop("refuse", None)
+        ft.close()

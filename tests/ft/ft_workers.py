@@ -10,10 +10,14 @@ gradient exchange, ``commit`` with the members and the parameters after every co
 ``abort`` with the recorded error after an uncommitted one, ``healed`` when it loaded a peer's
 state, ``error`` when the gang raised, and ``done`` at the end. ``FT_PAUSE=<point>:<step>``
 makes it log ``paused`` at that point (``enter`` before ``with gang.step()``, ``collective``
-inside the step, ``heal:-1`` inside ``state_dict()``) and wait until the file
+inside the step, ``heal`` inside ``state_dict()`` while healing another replica at that step) and wait until the file
 ``LOG.release.<point>.<step>`` exists (the harness kills or stops it there). Several pauses are
-separated by commas; ``FT_GATE=1`` adds ``enter:1`` on every local rank. ``FT_TIMEOUT`` and
-``FT_MIN_REPLICAS`` set the gang's timeout and ``min_replicas``.
+separated by commas; ``FT_GATE=1`` adds ``enter:<first step>`` on every local rank. ``FT_TIMEOUT`` and
+``FT_MIN_REPLICAS`` set the gang's timeout and ``min_replicas``. ``FT_SEEDED=1`` starts every
+replica but ``0`` from its own random parameters (the gang's ``init_sync`` makes them adopt
+replica 0's). ``FT_CHECKPOINT=<dir>`` saves the parameters and ``gang.state_dict()`` after every
+commit to ``<dir>/<replica>.<local rank>.pt`` and restores them from there at start when the file
+exists.
 
 Under torchrun (a replica of several processes) each local rank trains its shard of the flat
 parameters: the replica's tensor-parallel gang (``create_parallel_gangs``) gathers the full
@@ -88,14 +92,16 @@ def reference(schedule: list[list[str]]) -> Tensor:
 
 
 class Replica:
-    def __init__(self, log: Path, shard: int, shards: int) -> None:
+    def __init__(self, log: Path, shard: int, shards: int, rid: str) -> None:
         self.log = log
-        self.params = initial_params().chunk(shards)[shard].clone()
+        params = initial_params()
+        if os.environ.get("FT_SEEDED") == "1" and rid != "0":
+            params = torch.randn(params.shape, generator=torch.Generator().manual_seed(zlib.crc32(rid.encode())))
+        self.params = params.chunk(shards)[shard].clone()
         pauser = os.environ.get("FT_PAUSE_LOCAL_RANK")
         pauses = os.environ.get("FT_PAUSE", "") if pauser is None or int(pauser) == shard else ""
         self.pauses = {(e, int(s)) for e, _, s in (p.partition(":") for p in pauses.split(",") if p)}
-        if os.environ.get("FT_GATE") == "1":
-            self.pauses.add(("enter", 1))  # every local rank waits to begin step 1
+        self.gang: ReplicaGang | None = None
 
     def emit(self, event: str, **fields: Any) -> None:
         with self.log.open("a") as f:
@@ -110,12 +116,14 @@ class Replica:
                 time.sleep(0.01)
 
     def state_dict(self) -> Mapping[str, Any]:
-        self.maybe_pause("heal", -1)
+        assert self.gang is not None
+        self.maybe_pause("heal", self.gang.step_number + 1)
         return {"params": self.params}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        assert self.gang is not None
         self.params = state["params"].clone()
-        self.emit("healed")
+        self.emit("healed", behind=self.gang.step_number)
 
 
 def full_params(tp: Gang | None, shard: torch.Tensor) -> torch.Tensor:
@@ -134,15 +142,24 @@ def main() -> None:
     if shards > 1:
         tp = create_parallel_gangs(create_default_gang(torch.device("cpu")), tp_size=shards).tp
         log = Path(f"{log}.lr{shard}")
-    replica = Replica(log, shard, shards)
     rid = os.environ["GANG_FT_REPLICA_ID"]
+    replica = Replica(log, shard, shards, rid)
     gang = ReplicaGang.join(
         state_dict=replica.state_dict,
         load_state_dict=replica.load_state_dict,
         timeout=timedelta(seconds=float(os.environ.get("FT_TIMEOUT", "3"))),
         min_replicas=int(os.environ.get("FT_MIN_REPLICAS", "1")),
     )
-    replica.emit("joined")
+    replica.gang = gang
+    checkpoint = os.environ.get("FT_CHECKPOINT")
+    saved = Path(checkpoint or ".", f"{rid}.{shard}.pt")
+    if checkpoint and saved.exists():
+        restored = torch.load(saved)
+        replica.params = restored["params"]
+        gang.load_state_dict(restored["gang"])
+    if os.environ.get("FT_GATE") == "1":
+        replica.pauses.add(("enter", gang.step_number + 1))  # every local rank waits to begin its first step
+    replica.emit("joined", step=gang.step_number)
     try:
         while gang.step_number < steps:
             replica.maybe_pause("enter", gang.step_number + 1)
@@ -158,6 +175,8 @@ def main() -> None:
                 if gang.should_commit():
                     assert int(count) == gang.size, (int(count), gang.size)
                     replica.params = update(replica.params, table)
+                    if checkpoint:
+                        torch.save({"params": replica.params, "gang": gang.state_dict()}, saved)
                     replica.emit(
                         "commit", step=gang.step_number, members=list(gang.quorum), params=replica.params.tolist()
                     )

@@ -76,6 +76,8 @@ class Cluster:
         min_replicas: int = 1,
         steps: int = STEPS,
         timeout: str = TIMEOUT,
+        seeded: bool = False,
+        checkpoint: Path | None = None,
     ) -> subprocess.Popen[bytes]:
         """Start one incarnation of replica ``rid`` (a torchrun of ``nproc`` processes if ``nproc > 1``)."""
         incarnation = len(self.logs.setdefault(rid, []))
@@ -87,6 +89,8 @@ class Cluster:
             "FT_MIN_REPLICAS": str(min_replicas),
             "FT_PAUSE": pause,
             "FT_GATE": "1",
+            "FT_SEEDED": "1" if seeded else "0",
+            "FT_CHECKPOINT": "" if checkpoint is None else str(checkpoint),
             "OMP_NUM_THREADS": "1",
         }
         if pause_local_rank is not None:
@@ -143,16 +147,18 @@ class Cluster:
         for log in self.current(rid):
             Path(f"{log}.release.{event}.{step}").touch()
 
-    def start_all(self, pauses: dict[str, str], steps: dict[str, int] | None = None, **kwargs: Any) -> None:
+    def start_all(
+        self, pauses: dict[str, str], steps: dict[str, int] | None = None, first: int = 1, **kwargs: Any
+    ) -> None:
         """Start replicas (ids mapped to their pauses; ``steps`` overrides how many steps some
-        train) and let them begin step 1 once all joined."""
+        train) and let them begin step ``first`` once all joined."""
         rids = list(pauses)
         for rid, pause in pauses.items():
             self.start(rid, pause=pause, steps=(steps or {}).get(rid, STEPS), **kwargs)
         for rid in rids:
-            self.wait(rid, "paused", 1)
+            self.wait(rid, "paused", first)
         for rid in rids:
-            self.release(rid, "enter", 1)
+            self.release(rid, "enter", first)
 
     def pid(self, rid: str, local_rank: int = 0) -> int:
         return int(self.wait(rid, "joined", local_rank=local_rank)["pid"])
@@ -309,7 +315,7 @@ def test_sigstop_hang_then_heal_back(cluster: Cluster) -> None:
     schedule = cluster.check_training(ALL)
     assert schedule[3] == ["0", "2", "3"]
     assert schedule[STEPS] == ALL
-    cluster.wait("1", "healed")
+    assert [e for e in cluster.events(cluster.current("1")[0]) if e["event"] == "healed" and e["behind"] == 2]
     assert any("quorum" in e for e in _aborted(cluster, "0", 3)), _aborted(cluster, "0", 3)
 
 
@@ -336,7 +342,7 @@ def test_new_replica_joins_and_healer_killed_during_healing(cluster: Cluster) ->
     # Replicas 0-2 train; a brand-new replica 3 joins before step 4. Replica 0 (the healer: the
     # lowest rank at the highest step) is killed inside `state_dict()` while it prepares the heal;
     # the step fails everywhere, and the next quorum heals replica 3 from replica 1.
-    cluster.start_all({"0": "enter:4,heal:-1", "1": "enter:4", "2": "enter:4"})
+    cluster.start_all({"0": "enter:4,heal:4", "1": "enter:4", "2": "enter:4"})
     for rid in ("0", "1", "2"):
         cluster.wait(rid, "paused", 4)
     cluster.start("3")
@@ -344,7 +350,7 @@ def test_new_replica_joins_and_healer_killed_during_healing(cluster: Cluster) ->
     cluster.release("3", "enter", 1)
     for rid in ("0", "1", "2"):
         cluster.release(rid, "enter", 4)
-    cluster.wait("0", "paused", -1)
+    cluster.wait("0", "paused", 4)
     cluster.signal("0", signal.SIGKILL)
     cluster.finish({"1": 0, "2": 0, "3": 0})
     schedule = cluster.check_training(["1", "2", "3"])
@@ -406,3 +412,33 @@ def test_closed_replica_leaves_the_quorum_at_once(cluster: Cluster) -> None:
     schedule = cluster.check_training(["0", "1"])
     assert schedule[4] == ["0", "1", "2"]
     assert _members_after(schedule, 5) == {("0", "1")}
+
+
+def test_init_sync_then_a_job_restored_from_its_checkpoints(cluster: Cluster) -> None:
+    # Replicas 1 and 2 start from their own random parameters: at step 1 they adopt replica 0's
+    # (`init_sync`; without it, step 1's parameters would differ between replicas). The job stops
+    # after step 4 with a checkpoint per replica (parameters and `gang.state_dict()`); a new job
+    # restored from them continues at step 5 and, over both jobs, equals the reference replay
+    # from replica 0's start. Nothing is killed: the long timeout only keeps a replica slowed
+    # down by a loaded machine in every quorum.
+    ckpt = cluster.root / "ckpt"
+    ckpt.mkdir()
+    rids = {"0": "", "1": "", "2": ""}
+    options: dict[str, Any] = {"seeded": True, "checkpoint": ckpt, "timeout": "20"}
+    cluster.start_all(rids, steps=dict.fromkeys(rids, 4), **options)
+    cluster.finish({})
+    for rid in rids:
+        events = cluster.events(cluster.current(rid)[0])
+        assert [e["step"] for e in events if e["event"] == "done"] == [4], events
+        healed = [e["behind"] for e in events if e["event"] == "healed"]
+        assert 0 not in healed if rid == "0" else healed[:1] == [0], (rid, healed)
+    cluster.start_all(rids, first=5, **options)
+    cluster.finish(dict.fromkeys(rids, 0))
+    schedule = cluster.check_training(list(rids))
+    assert schedule[1] == ["0", "1", "2"]
+    for rid in rids:
+        events = cluster.events(cluster.current(rid)[0])
+        assert events[0]["event"] == "joined" and events[0]["step"] == 4, events[0]
+        commits = [e["step"] for e in events if e["event"] == "commit"]
+        assert commits[0] >= 5 and commits[-1] == 8, commits
+        assert all(e["behind"] >= 4 for e in events if e["event"] == "healed"), events

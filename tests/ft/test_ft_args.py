@@ -13,7 +13,7 @@ import torch
 
 from gang import InvalidOperationError, NotSupportedError, ReduceOperation
 from gang._torch_groups import TCPStore
-from gang.ft import ReplicaGang
+from gang.ft import ReplicaGang, ReplicaStatus
 
 
 def _state() -> Mapping[str, Any]:
@@ -44,6 +44,9 @@ GOOD: dict[str, Any] = {"replica_id": "r0", "store": "127.0.0.1:1", "state_dict"
         ({"min_replicas": True}, TypeError, "`min_replicas` must be an `int`, but is True of type `bool` instead"),
         ({"timeout": 3}, TypeError, "`timeout` must be a `datetime.timedelta`, but is 3 instead"),
         ({"timeout": timedelta(0)}, ValueError, "`timeout` must be positive"),
+        ({"init_sync": 1}, TypeError, "`init_sync` must be a `bool`, but is 1 instead"),
+        ({"max_retries": 0}, ValueError, "`max_retries` must be at least 1, but is 0 instead"),
+        ({"max_retries": 2.0}, TypeError, "`max_retries` must be an `int`, but is 2.0"),
     ],
 )
 def test_bad_arguments(changes: dict[str, Any], error: type[Exception], text: str) -> None:
@@ -128,3 +131,28 @@ def test_old_rounds_are_deleted_from_the_store(gang: ReplicaGang) -> None:
         time.sleep(0.05)
     for n in range(last - KEEP_ROUNDS + 1, last + 1):  # and the ones still read are kept
         assert client.check(round_keys(n)), f"round {n} is still needed"
+
+
+def test_state_dict_round_trip_status_and_bad_values(gang: ReplicaGang) -> None:
+    assert gang.status() == ReplicaStatus("solo", (), None, 0, None, 0)
+    with gang.step():
+        assert gang.should_commit()
+        with pytest.raises(InvalidOperationError, match=re.escape("`load_state_dict` cannot be called inside")):
+            gang.load_state_dict({"step_number": 3})
+    assert gang.state_dict() == {"step_number": 1}
+    gang.load_state_dict({"step_number": 41})
+    with gang.step():
+        assert gang.should_commit()
+    assert gang.step_number == 42 and gang.state_dict() == {"step_number": 42}
+    status = gang.status()
+    assert (status.quorum, status.step, status.last_error, status.aborted_in_a_row) == (("solo",), 42, None, 0)
+    bad: Any
+    for bad, error, text in [
+        ([1], TypeError, "`state_dict` must be a mapping, but is [1] instead."),
+        ({}, ValueError, "`state_dict` must have a 'step_number', but is {} instead."),
+        ({"step_number": -1}, ValueError, "`state_dict['step_number']` must be at least 0, but is -1 instead"),
+        ({"step_number": "3"}, TypeError, "`state_dict['step_number']` must be an `int`, but is '3'"),
+    ]:
+        with pytest.raises(error, match=re.escape(text)):
+            gang.load_state_dict(bad)
+    assert gang.step_number == 42

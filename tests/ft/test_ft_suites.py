@@ -25,6 +25,7 @@ SKIPPED = {"collective on closed gang"}
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"replicas{n}")
 def cluster(request: pytest.FixtureRequest) -> Iterator[tuple[World, str]]:
+    """A world of 2 or 4 ranks, each its own replica, and the store they join."""
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     address = f"127.0.0.1:{server.port}"
     with World(request.param, env={"OMP_NUM_THREADS": "1"}) as world:
@@ -58,3 +59,69 @@ def test_bad_calls_raise_what_the_plain_gang_raises(cluster: tuple[World, str]) 
             outcome = result["replica"][name]
             assert outcome.startswith(error.__name__ + ":") and text in outcome, f"rank {rank} {name}: {outcome}"
             assert outcome == result["plain"][name], f"rank {rank} {name}: {outcome} != {result['plain'][name]}"
+
+
+def _released(error: str) -> bool:
+    """Whether a peer's collective failed because the failing member dropped its group (not at the timeout)."""
+    return "Timed out" not in error and ("closed" in error or "reset" in error or "Broken pipe" in error)
+
+
+def test_a_failure_of_one_member_aborts_the_step_everywhere_at_once(cluster: tuple[World, str]) -> None:
+    # Step 1: the last rank's own code raises; step 2: its all_reduce fails (the test-only seam)
+    # while every member lives to vote; step 3 commits. The peers waiting in the all_reduce are
+    # released by the failing member dropping its group, not at the gang timeout (20 s).
+    world, store = cluster
+    results = world.run(fw.run_aborts, store)
+    last = len(results) - 1
+    steps = {r["step"] for outcome in results for r in outcome[:3]}
+    assert len({tuple(o[2]["step"] for o in results)}) == 1, steps
+    for rank, (raised, failed, fine, status) in enumerate(results):
+        assert raised["committed"] is not True and failed["committed"] is False, (rank, raised, failed)
+        assert fine["committed"] is True and fine["step"] == raised["step"] + 1, (rank, fine)
+        if rank == last:
+            assert raised["raised"] == "KeyError: 'a bug in the training loop'", raised
+            assert "the caller's code raised KeyError" in raised["error"], raised
+            assert "injected failure" in failed["error"], failed
+        else:
+            assert raised["raised"] == "" and raised["committed"] is False, raised
+            assert _released(raised["error"]) and _released(failed["error"]), (rank, raised, failed)
+        assert status["quorum"] == tuple(str(r) for r in range(len(results))) and status["step"] == fine["step"]
+        assert status["last_error"] == failed["error"], status
+
+
+def test_healing_sends_chunks_to_the_members_behind_only(cluster: tuple[World, str]) -> None:
+    # The lower half holds one multi-dtype state, each rank of the upper half one of its own; the
+    # upper half restores step 0 and is healed point to point (with 4 ranks, both senders share the work).
+    world, store = cluster
+    results = world.run(fw.run_heal, store)
+    half = len(results) // 2
+    assert all(r["committed"] for r in results), results
+    assert len({r["step"] for r in results}) == 1
+    assert {r["digest"] for r in results} == {results[0]["digest"]}, "states differ after the heal"
+    for rank, r in enumerate(results):
+        assert r["in_place"], rank
+        if rank < half:
+            assert r["received"] == 0 and r["sent"] > 0, (rank, r)
+        else:
+            assert r["start"] == 0 and r["received"] > 0 and r["sent"] == 0, (rank, r)
+    assert sum(r["sent"] for r in results) == sum(r["received"] for r in results)
+
+
+def test_init_sync_and_max_retries_after_a_refused_heal(cluster: tuple[World, str]) -> None:
+    # A fresh gang (max_retries=2) whose ranks start from different states: step 1 makes every
+    # rank adopt rank 0's. Then the last rank restores step 0 and its `load_state_dict` raises:
+    # the two next steps abort on every member at once, and the second raises GangError everywhere.
+    world, _ = cluster
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    results = world.run(fw.run_start_and_retries, f"127.0.0.1:{server.port}")
+    last = len(results) - 1
+    for rank, (first, second, third) in enumerate(results):
+        assert first["committed"] and first["step"] == 1 and first["digest"] == first["reference"], (rank, first)
+        assert second["committed"] is False and second["raised"] == "", (rank, second)
+        assert third["committed"] is False and "`max_retries`=2" in third["raised"], (rank, third)
+        assert third["raised"].startswith("GangError: Replica"), third
+        if rank == last:
+            assert "the shapes do not match this model" in second["error"], second
+            assert third["raised"].count("the shapes do not match this model") == 2, third
+        else:
+            assert _released(second["error"]), (rank, second)

@@ -186,7 +186,8 @@ def new_standalone_group(
     :mod:`gang.ft` rebuilds its cross-replica group whenever the quorum changes, next to whatever
     default group the replica's own processes use, so the group must not touch torch's global
     state. ``ProcessGroupGloo``/``ProcessGroupNCCL`` are torch ``Backend`` objects (the type lives
-    in a private module); the collective timeout is ``timeout`` for both.
+    in a private module); the collective timeout is ``timeout`` for both. NCCL communicators are
+    non-blocking (``config.blocking = 0``), so that the group's ``abort()`` ends a stuck collective.
 
     :param store: The store the members rendezvous on (a fresh prefix for every new group).
     :param rank: This process's rank in the group.
@@ -197,5 +198,8 @@ def new_standalone_group(
     if device.type == "cuda":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
+        # A non-blocking communicator (NCCL >= 2.14): `abort()` can then interrupt a collective
+        # that is stuck on the device instead of leaving it to torch's watchdog.
+        options.config.blocking = 0
         return dist.ProcessGroupNCCL(store, rank, size, options)
     return dist.ProcessGroupGloo(store, rank, size, timeout)

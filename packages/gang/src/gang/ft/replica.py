@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import io
+import logging
 import os
 import pickle
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, final
 
@@ -21,6 +23,7 @@ from gang._torch_groups import PrefixStore, StandaloneGroup, TCPStore, new_stand
 from gang.env import get_local_rank, get_local_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_device, check_int, check_open, check_timeout, operation_error
+from gang.ft.heal import heal_plan, receive_state, send_state
 from gang.ft.quorum import ROOT, Protocol, Quorum, QuorumTimeoutError, collect, write_heartbeat
 from gang.gang import Gang, ReduceOperation
 from gang.process_group import reduce_op
@@ -29,6 +32,34 @@ DEFAULT_TIMEOUT = timedelta(seconds=60)
 """The timeout of :meth:`ReplicaGang.join` when none is given."""
 
 _STORE_ERRORS = (RuntimeError, OSError, ValueError)
+_logger = logging.getLogger("gang.ft")
+
+_fault_hook: Callable[[ReplicaGang, str], RuntimeError | None] | None = None
+"""A test-only seam (``tests/ft`` sets it): called before each collective of a step with the gang
+and the operation's name; a ``RuntimeError`` it returns is raised where the backend's error would
+be, so a test can fail one member's collective while every member lives to vote."""
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """What :meth:`ReplicaGang.status` reports: where this process of a replica stands.
+
+    :ivar replica_id: The replica's id.
+    :ivar quorum: The replica ids of the current quorum in rank order (empty before the first step).
+    :ivar round: The current quorum's round number (``None`` before the first step).
+    :ivar step: The number of committed steps (:attr:`ReplicaGang.step_number`).
+    :ivar last_error: The last error this process recorded in a step (a failed collective or
+        heal, or an exception raised by the caller's own code), ``None`` if there was none; it
+        stays after later steps commit.
+    :ivar aborted_in_a_row: The number of consecutive steps that were not committed.
+    """
+
+    replica_id: str
+    quorum: tuple[str, ...]
+    round: int | None
+    step: int
+    last_error: GangError | None
+    aborted_in_a_row: int
 
 
 @final
@@ -54,8 +85,16 @@ class ReplicaGang(Gang):
         load_state_dict: Callable[[Mapping[str, Any]], None],
         min_replicas: int,
         timeout: timedelta,
+        init_sync: bool = True,
+        max_retries: int | None = None,
     ) -> None:
         super().__init__(rank=0, size=1, device=device, debug=False)
+        self._init_sync = init_sync
+        self._max_retries = max_retries
+        self._aborts: list[str] = []  # the reasons of the consecutive steps not committed
+        self._last_error: GangError | None = None
+        self._dirty = False  # a heal wrote part of the state in place, then failed
+        self._heal_bytes = [0, 0]  # bytes this process sent and received healing (for tests)
         self._replica_id = replica_id
         self._address = address
         self._state_dict = state_dict
@@ -95,6 +134,8 @@ class ReplicaGang(Gang):
         load_state_dict: Callable[[Mapping[str, Any]], None],
         min_replicas: int = 1,
         timeout: timedelta | None = None,
+        init_sync: bool = True,
+        max_retries: int | None = None,
     ) -> ReplicaGang:
         """Join the replicas that train together through the coordination store.
 
@@ -108,14 +149,22 @@ class ReplicaGang(Gang):
         :param device: ``cpu`` (gloo) or ``cuda[:N]`` (NCCL); ``None`` is ``cpu``.
         :param state_dict: Returns what a replica that is behind needs (model and optimizer
             state); called on a healthy replica when another one heals.
-        :param load_state_dict: Loads what ``state_dict`` returned, on the replica that heals (it
-            travels through ``torch.save``/``torch.load(weights_only=False)``: replicas trust each other).
+        :param load_state_dict: Loads what ``state_dict`` returned, on the replica that heals
+            (tensors travel in chunks, written into the tensors at the same keys of this replica's
+            own ``state_dict()`` when they match; the structure and other leaves are pickled:
+            replicas trust each other).
         :param min_replicas: The fewest replicas a step runs with.
         :param timeout: Bounds a stuck collective and healing, and is the heartbeat age after which
             a replica counts as dead (default 60 seconds). Forming a quorum waits for a dead
             replica until its heartbeat is that old, for a live one that does not join up to
             twice as long (it may be in a collective that fails at the timeout), and raises after
             ``timeout`` with fewer than ``min_replicas`` live replicas.
+        :param init_sync: At the first step of the job (every member at step 0), every replica
+            adopts the state of the member with the smallest replica id, so replicas that start
+            from different random weights agree. Every replica must pass the same value.
+        :param max_retries: Raise :class:`~gang.GangError` (with the reasons) at the end of the
+            ``max_retries``-th consecutive step that was not committed; ``None`` (the default)
+            never gives up.
         :raises ValueError: If an argument has a bad value or an environment variable is missing.
         :raises TypeError: If an argument has the wrong type.
         :raises GangError: If the store cannot be reached.
@@ -128,6 +177,10 @@ class ReplicaGang(Gang):
                 raise TypeError(f"`{name}` must be callable, but is {fn!r} instead.")
         min_replicas = check_int("min_replicas", min_replicas, minimum=1)
         timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
+        if not isinstance(init_sync, bool):
+            raise TypeError(f"`init_sync` must be a `bool`, but is {init_sync!r} instead.")
+        if max_retries is not None:
+            max_retries = check_int("max_retries", max_retries, minimum=1)
         return cls(
             replica_id=rid,
             address=address,
@@ -136,6 +189,8 @@ class ReplicaGang(Gang):
             load_state_dict=load_state_dict,
             min_replicas=min_replicas,
             timeout=timeout,
+            init_sync=init_sync,
+            max_retries=max_retries,
         )
 
     # -- properties -----------------------------------------------------------------------------
@@ -165,6 +220,45 @@ class ReplicaGang(Gang):
         """The bound on a stuck collective and on healing; the heartbeat age of a dead replica (see :meth:`join`)."""
         return self._timeout
 
+    def status(self) -> ReplicaStatus:
+        """The current quorum, the step number and the last error of this process."""
+        q = self._quorum
+        return ReplicaStatus(
+            self._replica_id,
+            () if q is None else q.members,
+            None if q is None else q.round,
+            self._step_number,
+            self._last_error,
+            len(self._aborts),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint saves of the gang: ``{"step_number": n}``.
+
+        Save it next to the model's state; :meth:`load_state_dict` restores it, so a job restarted
+        from disk continues its step numbering.
+        """
+        return {"step_number": self._step_number}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (outside a step, before or between steps).
+
+        A replica restored to a lower step than the others is healed by them at its next step.
+
+        :raises TypeError: If ``state_dict`` is not a mapping or its step number not an ``int``.
+        :raises ValueError: If it has no ``"step_number"`` or a negative one.
+        :raises InvalidOperationError: Inside ``with gang.step():`` or on a closed gang.
+        """
+        check_open(self, "load_state_dict")
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"`state_dict` must be a mapping, but is {state_dict!r} instead.")
+        if "step_number" not in state_dict:
+            raise ValueError(f"`state_dict` must have a 'step_number', but is {dict(state_dict)!r} instead.")
+        step = check_int("state_dict['step_number']", state_dict["step_number"], minimum=0)
+        if self._in_step:
+            raise InvalidOperationError("`load_state_dict` cannot be called inside `with gang.step():`.")
+        self._step_number = step
+
     # -- the step ---------------------------------------------------------------------------------
 
     @contextmanager
@@ -176,9 +270,16 @@ class ReplicaGang(Gang):
         replica if it is behind. Call :meth:`should_commit` after the step's collectives; a step
         that never called it (or raised) is not committed on any member.
 
+        An exception raised inside the block before the vote aborts the step on every member at
+        once: this process votes against committing and drops its process group, which releases
+        the peers waiting for it in a collective (their collectives fail, so they vote against
+        too). The exception then propagates; the next step forms a new quorum and a new group.
+
         :raises InvalidOperationError: If the gang is closed or a step is already running.
-        :raises GangError: If fewer than ``min_replicas`` replicas stay live for the timeout, or
-            the coordination store is unreachable.
+        :raises GangError: If fewer than ``min_replicas`` replicas stay live for the timeout, the
+            coordination store is unreachable, this replica's state was partly overwritten by a
+            heal that failed and no member is left to heal it, or (on leaving the block) this was
+            the ``max_retries``-th consecutive step not committed.
         """
         check_open(self, "step")
         if self._in_step:
@@ -193,6 +294,10 @@ class ReplicaGang(Gang):
         try:
             yield self
             ok = True
+        except Exception as ex:
+            if self._commit is None:
+                self._record(f"step (the caller's code raised {type(ex).__name__})", ex, ours=False)
+            raise
         finally:
             self._in_step = False
             if self._commit is None:
@@ -201,6 +306,28 @@ class ReplicaGang(Gang):
                 except GangError:
                     if ok:
                         raise
+            self._count_abort()
+
+    def _count_abort(self) -> None:
+        """Track consecutive uncommitted steps; raise once there are ``max_retries`` of them."""
+        if self._commit:
+            self._aborts.clear()
+            return
+        reason = "another member failed or never voted" if self._error is None else str(self._error)
+        self._aborts.append(f"step {self._step_number + 1}: {reason}")
+        _logger.info(
+            "gang.ft: step %d aborted on replica %r: %s",
+            self._step_number + 1,
+            self._replica_id,
+            reason,
+            extra={"replica_id": self._replica_id, "step": self._step_number + 1, "reason": reason},
+        )
+        if self._max_retries is not None and len(self._aborts) >= self._max_retries:
+            reasons = "; ".join(self._aborts)
+            raise GangError(
+                f"Replica {self._replica_id!r} gave up after {len(self._aborts)} consecutive steps "
+                f"that were not committed (`max_retries`={self._max_retries}): {reasons}."
+            )
 
     def errored(self) -> GangError | None:
         """The error that made this step's collectives stop, or ``None``."""
@@ -245,7 +372,7 @@ class ReplicaGang(Gang):
         self._rank, self._size = quorum.members.index(self._replica_id), len(quorum.members)
         if self._pg_round != quorum.group:
             self._rebuild(quorum)
-        if self._error is None and quorum.max_step > min(quorum.steps):
+        if self._error is None:
             self._heal(quorum)
 
     def _rebuild(self, quorum: Quorum) -> None:
@@ -259,25 +386,52 @@ class ReplicaGang(Gang):
             self._record("step (building the group)", ex)
 
     def _heal(self, quorum: Quorum) -> None:
-        source = quorum.heal_source
-        header = torch.zeros(2, dtype=torch.int64, device=self._device)
-        payload = b""
-        if self.rank == source:
-            buffer = io.BytesIO()
-            torch.save(dict(self._state_dict()), buffer)
-            payload = buffer.getvalue()
-            header[0], header[1] = len(payload), self._step_number
-        if not self._run("heal", lambda pg: pg.broadcast([header], _root(source))):
+        """Send this replica's state to the members :func:`~gang.ft.heal.heal_plan` gives it, or receive it."""
+        plan = heal_plan(quorum.steps, init_sync=self._init_sync)
+        if self._dirty and self.rank not in plan:
+            raise GangError(
+                f"`step` failed on replica {self._replica_id!r} before step {self._step_number + 1} of "
+                f"{quorum.describe()}: a heal that failed midway left this replica's state partly "
+                "overwritten, and no member is ahead of it to heal it again; restore it from a checkpoint."
+            )
+        receivers = [r for r, s in plan.items() if s == self.rank]
+        if self.rank not in plan and not receivers:
             return
-        if payload:
-            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self._device)
-        else:
-            data = torch.empty(int(header[0]), dtype=torch.uint8, device=self._device)
-        if self._run("heal", lambda pg: pg.broadcast([data], _root(source))) and self._step_number < int(header[1]):
-            # Like `broadcast_objects`, this unpickles what a peer sent: replicas trust each other.
-            state = torch.load(io.BytesIO(data.cpu().numpy().tobytes()), map_location=self._device, weights_only=False)
-            self._load_state_dict(state)
-            self._step_number = int(header[1])
+        if self._pg is None or self._error is not None:
+            return
+        started = time.monotonic()
+        try:  # no local reference to the group: dropping it must destroy it (see `_record`)
+            if self.rank in plan:
+                current = self._state_dict()
+                self._dirty = True  # from here on, tensors of `current` may be written in place
+                step, state, received = receive_state(self._pg, plan[self.rank], current, self._device, self._finish)
+                self._heal_bytes[1] += received
+                assert isinstance(state, Mapping)
+                self._load_state_dict(state)
+                self._step_number, self._dirty = step, False
+                done = f"received {received} bytes from rank {plan[self.rank]}"
+            else:
+                state = self._state_dict()
+                sent = sum(
+                    send_state(self._pg, r, state, self._step_number, self._device, self._finish) for r in receivers
+                )
+                self._heal_bytes[0] += sent
+                done = f"sent {sent} bytes to ranks {receivers}"
+        except Exception as ex:  # a failed transfer, or the caller's `state_dict`/`load_state_dict` raised
+            self._record("heal", ex)
+            return
+        seconds = time.monotonic() - started
+        _logger.info(
+            "gang.ft: heal in %s on replica %r: %s in %.3f s",
+            quorum.describe(),
+            self._replica_id,
+            done,
+            seconds,
+            extra={"replica_id": self._replica_id, "round": quorum.round, "heal": done, "seconds": seconds},
+        )
+
+    def _finish(self, work: Any) -> None:
+        _settle(work, self._device, self._timeout.total_seconds())
 
     def _vote(self, ok: bool) -> None:
         assert self._quorum is not None
@@ -293,6 +447,7 @@ class ReplicaGang(Gang):
                     "this process was paused until the round's keys were deleted, so the decision is lost; "
                     "the step is not committed here and the replica heals at its next step"
                 ),
+                abort=False,
             )
         self._commit = bool(decision)
         if self._commit:
@@ -307,21 +462,44 @@ class ReplicaGang(Gang):
         if self._error is not None or self._pg is None:
             return False
         try:
+            self._fault(operation)
             work = call(self._pg)
             if work is not None:
-                work.wait()
+                self._finish(work)
         except _STORE_ERRORS as ex:
             self._record(operation, ex)
             return False
         return True
 
-    def _record(self, operation: str, ex: Exception) -> None:
+    def _fault(self, operation: str) -> None:
+        """Raise what the test-only seam :data:`_fault_hook` returns for this collective, if anything."""
+        if _fault_hook is not None:
+            fault = _fault_hook(self, operation)
+            if fault is not None:
+                raise fault
+
+    def _record(self, operation: str, ex: BaseException, *, abort: bool = True, ours: bool = True) -> None:
+        """Record this step's error; with ``abort``, end the step on every member at once.
+
+        Aborting drops the process group (destroying it closes its connections, so peers blocked
+        in a collective with this process fail at once instead of at the timeout) and votes
+        against committing (peers already voting decide at once). An error raised by this
+        module or the backend (``ours``) loses its traceback, whose frames would keep the group
+        (or a ``Work`` of it) alive; the caller's own exceptions keep theirs.
+        """
+        if ours:
+            ex = ex.with_traceback(None)
         where = "" if self._quorum is None else f" of {self._quorum.describe()}"
         error = operation_error(
             operation, self, f"replica {self._replica_id!r} in step {self._step_number + 1}{where}: {ex}"
         )
         error.__cause__ = ex
-        self._error = error
+        self._error = self._last_error = error
+        if abort and self._in_step:
+            self._drop_group()
+            if self._commit is None:
+                with suppress(GangError):  # the store is lost: the vote stays "not committed"
+                    self._vote(False)
 
     @override
     def _barrier(self) -> None:
@@ -477,6 +655,36 @@ class _Reaper:
 _reaper = _Reaper()
 
 
+def _settle(work: Any, device: torch.device, timeout: float) -> None:
+    """Wait until ``work`` finished, on the device too: the one place the CUDA path differs.
+
+    ``Work.wait()`` returns when a CPU (gloo) collective finished; for a CUDA (NCCL) one it only
+    makes the current stream wait for it. There, an event recorded on the current stream after
+    ``wait()`` completes once the collective ran on the device; it is polled up to ``timeout``
+    seconds, and a collective still running then raises (the caller drops the group, whose
+    ``abort()`` ends the stuck non-blocking NCCL communicator).
+    """
+    work.wait()
+    if device.type != "cuda":
+        return
+    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    done.record(torch.cuda.current_stream(device))
+    if not _wait_until(done.query, timeout):
+        raise RuntimeError(f"the collective did not finish on {device} within the timeout of {timeout:g} s")
+
+
+def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``condition`` (sleeping 0.1 ms doubling up to 10 ms) until it holds or ``timeout`` seconds passed."""
+    deadline = time.monotonic() + timeout
+    pause = 0.0001
+    while not condition():
+        if time.monotonic() >= deadline:
+            return condition()
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
+    return True
+
+
 def _reduce(op: ReduceOperation) -> dist.AllreduceOptions:
     options = dist.AllreduceOptions()
     options.reduceOp = reduce_op(op)
@@ -532,4 +740,4 @@ def _check_device(device: object) -> torch.device:
     return device
 
 
-__all__ = ["DEFAULT_TIMEOUT", "ReplicaGang"]
+__all__ = ["DEFAULT_TIMEOUT", "ReplicaGang", "ReplicaStatus"]

@@ -1,0 +1,237 @@
+"""Healing: who sends its state to whom, and the chunked transfer of a state dict.
+
+A replica that is behind (restarted, new, or partly healed) receives the state of an up-to-date
+member point to point, never through a broadcast, so members that are up to date receive
+nothing. :func:`heal_plan` spreads the replicas that are behind over the up-to-date ones.
+
+The transfer never builds one blob of the whole state. The sender sends a small pickled header
+(the step number and the state dict with every tensor replaced by a :class:`TensorSlot`), then
+the bytes of each tensor in chunks of at most :data:`CHUNK_BYTES`. A contiguous tensor on the
+group's device is sent from its own memory (a view per chunk); a receiver writes each chunk into
+the tensor its own ``state_dict()`` holds under the same key when that tensor is contiguous and
+has the same dtype and shape (else into a new tensor), through a chunk-sized buffer only when the
+target is not on the group's device. So a healer and a healing process each hold at most one
+chunk beyond the state itself (a non-contiguous tensor of the sender is the exception: it is
+copied whole, once).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gang._torch_groups import StandaloneGroup
+
+CHUNK_BYTES = 64 * 2**20
+"""The largest piece of a tensor sent at once (64 MiB)."""
+
+_Path = tuple[object, ...]
+
+
+def heal_plan(steps: Sequence[int], *, init_sync: bool) -> dict[int, int]:
+    """Map the rank of every member that must receive the state to the rank that sends it.
+
+    Members at the highest step are up to date; the others are behind and are dealt to the
+    up-to-date members in turn, so that several up-to-date members share the sending. With
+    ``init_sync`` and every member at step 0 (the job's first step), rank 0 (the smallest replica
+    id) is the only sender and every other member receives its state.
+
+    :param steps: The step number of each member, in rank order.
+    :param init_sync: Whether replicas that start at step 0 adopt the state of rank 0.
+    """
+    if not steps:
+        return {}
+    top = max(steps)
+    if init_sync and top == 0:
+        senders, behind = [0], list(range(1, len(steps)))
+    else:
+        senders = [r for r, s in enumerate(steps) if s == top]
+        behind = [r for r, s in enumerate(steps) if s < top]
+    return {r: senders[i % len(senders)] for i, r in enumerate(behind)}
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Stands in the header for tensor ``index`` of the state; its bytes follow the header.
+
+    :ivar index: The tensor's position in the order the tensors are sent.
+    :ivar dtype: Its dtype.
+    :ivar shape: Its shape.
+    :ivar on_cpu: Whether it is on the CPU (else on the sender's accelerator).
+    :ivar requires_grad: Whether it requires a gradient.
+    """
+
+    index: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    on_cpu: bool
+    requires_grad: bool
+
+
+def _is_plain(value: object) -> bool:
+    return isinstance(value, Tensor) and value.layout == torch.strided and not value.is_quantized
+
+
+def flatten(state: object) -> tuple[object, list[tuple[_Path, Tensor]]]:
+    """Split ``state`` into a skeleton (tensors replaced by :class:`TensorSlot`) and its tensors with their paths.
+
+    Dicts, lists and tuples are walked; anything else (sparse or quantized tensors included)
+    stays in the skeleton and travels pickled.
+    """
+    tensors: list[tuple[_Path, Tensor]] = []
+
+    def walk(value: object, path: _Path) -> object:
+        if _is_plain(value):
+            assert isinstance(value, Tensor)
+            slot = TensorSlot(
+                len(tensors), value.dtype, tuple(value.shape), value.device.type == "cpu", value.requires_grad
+            )
+            tensors.append((path, value))
+            return slot
+        if isinstance(value, dict):
+            return type(value)((k, walk(v, (*path, k))) for k, v in value.items())
+        if type(value) in (list, tuple):
+            assert isinstance(value, (list, tuple))
+            return type(value)(walk(v, (*path, i)) for i, v in enumerate(value))
+        return value
+
+    return walk(state, ()), tensors
+
+
+def _fill(skeleton: object, tensors: list[Tensor]) -> object:
+    if isinstance(skeleton, TensorSlot):
+        return tensors[skeleton.index]
+    if isinstance(skeleton, dict):
+        return type(skeleton)((k, _fill(v, tensors)) for k, v in skeleton.items())
+    if type(skeleton) in (list, tuple):
+        assert isinstance(skeleton, (list, tuple))
+        return type(skeleton)(_fill(v, tensors) for v in skeleton)
+    return skeleton
+
+
+def _chunks(numel: int, element_size: int) -> Iterator[tuple[int, int]]:
+    """The element ranges ``[start, stop)`` a tensor of ``numel`` elements travels in."""
+    per = max(1, CHUNK_BYTES // max(1, element_size))
+    for start in range(0, numel, per):
+        yield start, min(numel, start + per)
+
+
+def send_state(
+    pg: StandaloneGroup,
+    to: int,
+    state: Mapping[str, Any],
+    step: int,
+    device: torch.device,
+    finish: Callable[[Any], None],
+) -> int:
+    """Send ``state`` and ``step`` to rank ``to`` of ``pg``; return the number of bytes sent.
+
+    :param finish: Waits for one operation's work to complete (on the device, for CUDA).
+    """
+    skeleton, tensors = flatten(dict(state))
+    header = pickle.dumps((step, skeleton), protocol=pickle.HIGHEST_PROTOCOL)
+    head = torch.tensor([len(header)], dtype=torch.int64, device=device)
+    finish(pg.send([head], to, 0))
+    finish(pg.send([torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device)], to, 0))
+    sent = len(header) + head.numel() * head.element_size()
+    for _, tensor in tensors:
+        source = tensor.detach()
+        if not source.is_contiguous():
+            source = source.contiguous()  # the documented exception: copied whole, once
+        flat = source.reshape(-1)
+        for start, stop in _chunks(flat.numel(), flat.element_size()):
+            piece = flat[start:stop]
+            if piece.device != device:
+                piece = piece.to(device)
+            finish(pg.send([piece.view(torch.uint8)], to, 0))
+            sent += piece.numel() * piece.element_size()
+    return sent
+
+
+def receive_state(
+    pg: StandaloneGroup,
+    source: int,
+    current: Mapping[str, Any],
+    device: torch.device,
+    finish: Callable[[Any], None],
+) -> tuple[int, object, int]:
+    """Receive what :func:`send_state` sent from rank ``source``; return ``(step, state, bytes received)``.
+
+    Each tensor is written in place into the tensor at the same path of ``current`` (this
+    process's own state) when that one is contiguous and has the same dtype and shape, else into a new tensor (on
+    the CPU, or on ``device`` when the sender's was not on the CPU).
+    """
+    head = torch.zeros(1, dtype=torch.int64, device=device)
+    finish(pg.recv([head], source, 0))
+    raw = torch.empty(int(head.item()), dtype=torch.uint8, device=device)
+    finish(pg.recv([raw], source, 0))
+    # Like `broadcast_objects`, this unpickles what a peer sent: replicas trust each other.
+    step, skeleton = pickle.loads(raw.cpu().numpy().tobytes())
+    received = raw.numel() + head.numel() * head.element_size()
+    del raw
+    own = dict(flatten(dict(current))[1])
+    tensors: list[Tensor] = []
+    with torch.no_grad():
+        for path, slot in _slots(skeleton):
+            target = own.get(path)
+            if not _fits(target, slot):
+                where = torch.device("cpu") if slot.on_cpu else device
+                target = torch.empty(slot.shape, dtype=slot.dtype, device=where).requires_grad_(slot.requires_grad)
+            assert target is not None
+            tensors.append(target)
+            received += _receive_into(pg, source, target.detach(), device, finish)
+    return int(step), _fill(skeleton, tensors), received
+
+
+def _fits(target: Tensor | None, slot: TensorSlot) -> bool:
+    """Whether a tensor of the receiver's own state can take the slot's bytes in place."""
+    return (
+        target is not None
+        and target.dtype == slot.dtype
+        and tuple(target.shape) == slot.shape
+        and target.is_contiguous()
+    )
+
+
+def _receive_into(
+    pg: StandaloneGroup, source: int, target: Tensor, device: torch.device, finish: Callable[[Any], None]
+) -> int:
+    """Receive a contiguous tensor's bytes chunk by chunk (through a chunk buffer if not on ``device``)."""
+    flat = target.view(-1)
+    staging: Tensor | None = None
+    for start, stop in _chunks(flat.numel(), flat.element_size()):
+        if target.device == device:
+            finish(pg.recv([flat[start:stop].view(torch.uint8)], source, 0))
+            continue
+        if staging is None or staging.numel() != stop - start:
+            staging = torch.empty(stop - start, dtype=target.dtype, device=device)
+        finish(pg.recv([staging.view(torch.uint8)], source, 0))
+        flat[start:stop].copy_(staging)
+    return flat.numel() * flat.element_size()
+
+
+def _slots(skeleton: object) -> list[tuple[_Path, TensorSlot]]:
+    """The slots of a skeleton with their paths, in the order their tensors travel."""
+    found: list[tuple[_Path, TensorSlot]] = []
+
+    def walk(value: object, path: _Path) -> None:
+        if isinstance(value, TensorSlot):
+            found.append((path, value))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, (*path, k))
+        elif type(value) in (list, tuple):
+            assert isinstance(value, (list, tuple))
+            for i, v in enumerate(value):
+                walk(v, (*path, i))
+
+    walk(skeleton, ())
+    return sorted(found, key=lambda item: item[1].index)
+
+
+__all__ = ["CHUNK_BYTES", "TensorSlot", "flatten", "heal_plan", "receive_state", "send_state"]
