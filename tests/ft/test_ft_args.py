@@ -110,7 +110,7 @@ def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang) -> No
 
 def test_old_rounds_are_deleted_from_the_store(gang: ReplicaGang) -> None:
     # Round n's keys go once round n + KEEP_ROUNDS closed: the store does not grow with the steps.
-    from gang.ft.quorum import KEEP_ROUNDS, ROOT
+    from gang.ft.quorum import KEEP_ROUNDS, ROOT, ROUND_KEYS
 
     host, port = gang._address
     client = TCPStore(host, port, is_master=False, wait_for_workers=False)
@@ -119,7 +119,7 @@ def test_old_rounds_are_deleted_from_the_store(gang: ReplicaGang) -> None:
             assert gang.should_commit()
 
     def round_keys(n: int) -> list[str]:
-        return [f"{ROOT}r/{n}/{part}" for part in ("joins", "result", "votes", "decision")]
+        return [f"{ROOT}r/{n}/{part}" for part in ROUND_KEYS]
 
     last = 12
     deadline = time.monotonic() + 30  # the heartbeat thread deletes them within a beat or two
