@@ -115,3 +115,12 @@ def test_quorum_round_trips_through_json() -> None:
     v = view({"0": 2, "1": 2}, {("0", 0): 7, ("0", 1): 7, ("1", 0): 7, ("1", 1): 4})
     q = POLICY.decide(9, v, None, False)
     assert isinstance(q, Quorum) and Quorum.from_json(q.to_json()) == q
+
+
+def test_a_restarted_store_closes_nothing_until_every_live_process_could_register_again() -> None:
+    v = view({"0": 1, "1": 1}, {("0", 0): 3, ("1", 0): 3})
+    fresh = View(v.sizes, v.beats, v.joins, waited=0.0, store_age=4.9)
+    assert POLICY.decide(4, fresh, None, False) is None
+    settled = View(v.sizes, v.beats, v.joins, waited=0.0, store_age=5.1)
+    q = POLICY.decide(4, settled, None, False)
+    assert isinstance(q, Quorum) and q.members == ("0", "1")

@@ -54,12 +54,14 @@ class View:
     :ivar beats: The heartbeat of every registered process.
     :ivar joins: The joins of the round, by process (a later join of a process replaces its earlier one).
     :ivar waited: Seconds since the leader began to wait for the round.
+    :ivar store_age: Seconds since the store started (``inf`` when it does not say).
     """
 
     sizes: Mapping[str, int]
     beats: Mapping[Process, Beat]
     joins: Mapping[Process, Join]
     waited: float
+    store_age: float = float("inf")
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,10 @@ class Policy:
         :param previous: The result of round ``n - 1`` if known.
         :param committed: Whether ``previous``'s step was committed.
         """
+        if view.store_age < self.heartbeat_timeout:
+            # A store restarted this recently may not know every live process yet (each registers
+            # again at its next heartbeat): closing now could form two quorums at one step.
+            return None
         live = self.live(view)
         joined = {rid: steps for rid, steps in self.joined(view).items() if rid in live}
         members = sorted(joined, key=replica_sort_key)

@@ -9,6 +9,9 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
 - ``hb/<replica>/<rank>``: its heartbeat ``"<unix time> <step> <token>"`` (``"left <token>"``
   once it closed), written by a background thread that first checks it still owns the claim.
 - ``reg``: every incarnation appends ``replica|rank|size`` once.
+- ``started``: the time ``python -m gang.ft.store`` started. A leader closes no round until
+  ``heartbeat_timeout`` after it: a restarted store learns the live processes only as each
+  registers again.
 - ``r/<n>/joins``, ``r/<n>/count``, ``r/<n>/leader``, ``r/<n>/result``: round ``n`` of the quorum.
   A process appends ``replica|rank|token|step`` and adds one to ``count``; the process that makes
   it 1 is the round's *leader*. Only the leader reads the round's joins, the registry and the
@@ -51,6 +54,9 @@ ROOT = "gang.ft/"
 
 KEEP_ROUNDS = 2
 """Round ``n``'s keys are deleted when round ``n + KEEP_ROUNDS`` closes."""
+
+STARTED = ROOT + "started"
+"""The key where ``python -m gang.ft.store`` writes the time it started (a restarted store is empty)."""
 
 ROUND_KEYS = ("joins", "count", "leader", "result", "ok", "decision")
 """The keys of one round, under ``r/<n>/``."""
@@ -267,9 +273,11 @@ class QuorumClient:
         """
         start = time.monotonic()
         timeout = self.policy.quorum_timeout
+        # `append` is not acknowledged: one sent to a store that just died is lost unnoticed, and
+        # the reconnect of the next request tells it. So the generation is read before joining.
+        generation, poll = self.client.generation, _POLL_MIN
         n, leader = self._join(last_round + 1 if last_round > 0 else self.first_round(), step)
         round_start, count, evaluated, checked = start, -1, 0.0, start
-        generation, poll = self.client.generation, _POLL_MIN
         while True:
             now = time.monotonic()
             if self.client.generation != generation:  # the store was restarted: its rounds are gone
@@ -352,7 +360,8 @@ class QuorumClient:
             (rid, int(rank)): Join(token, int(step))
             for rid, rank, token, step in _lines(self.client.peek(_key("r", n, "joins")))
         }
-        return View(sizes, beats, joins, waited)
+        started = self.client.peek(STARTED)
+        return View(sizes, beats, joins, waited, float("inf") if started is None else now - float(started))
 
     def _previous(self, n: int, previous: tuple[Quorum, bool] | None) -> tuple[Quorum | None, bool]:
         if previous is not None and previous[0].round == n - 1:

@@ -33,7 +33,7 @@ from gang.process_group import reduce_op
 DEFAULT_TIMEOUT = timedelta(seconds=60)
 """The timeout of :meth:`ReplicaGang.join` when none is given."""
 
-DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=5)
+DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
 """The ``heartbeat_timeout`` of :meth:`ReplicaGang.join` when none is given."""
 
 _STORE_ERRORS = (RuntimeError, OSError, ValueError)
