@@ -309,8 +309,11 @@ def _members_after(schedule: dict[int, list[str]], step: int) -> set[tuple[str, 
 def test_one_of_four_killed(cluster: Cluster, point: str) -> None:
     # `collective`: replica 2 is killed inside step 3, before the gradient exchange the others
     # are waiting in. `enter`: it is killed before step 3, while the others wait for it in the
-    # quorum until its heartbeat goes stale. Either way step 3 commits without it.
-    cluster.start_all({"0": "", "1": "", "2": f"{point}:3", "3": ""})
+    # quorum until its heartbeat goes stale. Either way step 3 commits without it. With `enter`
+    # the gang timeout is 10 minutes: the dead replica must be dropped on its heartbeat silence
+    # (`heartbeat_timeout`), not on the gang timeout (the harness would give up first).
+    timeout = "600" if point == "enter" else TIMEOUT
+    cluster.start_all({"0": "", "1": "", "2": f"{point}:3", "3": ""}, timeout=timeout)
     cluster.wait("2", "paused", 3)
     cluster.signal("2", signal.SIGKILL)
     cluster.finish({"0": 0, "1": 0, "3": 0})
