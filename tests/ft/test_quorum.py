@@ -181,10 +181,33 @@ def test_a_failed_vote_aborts_for_everyone(server: TCPStore) -> None:
 def test_a_duplicate_is_refused_naming_both_and_the_first_goes_on(server: TCPStore) -> None:
     first = _client(server, "r", rank=1, size=2)
     first.register(0)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.05):
+            first.beat(0)
+
+    beater = threading.Thread(target=beat)
+    beater.start()
     duplicate = _client(server, "r", rank=1, size=2)
-    with pytest.raises(IdentityError, match=r"replica 'r' rank 1 is already taken by a live process at .*:\d+; "):
-        duplicate.register(0)
+    try:
+        with pytest.raises(IdentityError, match=r"replica 'r' rank 1 is already taken by a live process at .*:\d+; "):
+            duplicate.register(0)
+    finally:
+        stop.set()
+        beater.join()
     first.beat(1)  # still the owner: no error
+
+
+def test_a_restart_right_after_a_death_takes_the_identity_over(server: TCPStore) -> None:
+    # The dead incarnation's heartbeat is still fresh, but it never changes again: the new one
+    # waits for it to grow older than `heartbeat_timeout` and takes over (no false duplicate).
+    dead = _client(server, "r", heartbeat=0.5)
+    dead.register(0)
+    restarted = _client(server, "r", heartbeat=0.5)
+    restarted.register(0)
+    with pytest.raises(IdentityError, match="taken over by a new incarnation"):
+        dead.beat(1)
 
 
 def test_a_silent_incarnation_is_replaced_and_learns_it(server: TCPStore) -> None:

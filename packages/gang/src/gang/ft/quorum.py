@@ -225,11 +225,24 @@ class QuorumClient:
         self.client.append(_key("reg"), f"{self.replica_id}|{self.replica_rank}|{self.replica_size}\n")
 
     def _owner_alive(self, claim: str) -> bool:
+        """Whether the incarnation that claimed this identity still heartbeats: it writes a new
+        heartbeat while it lives (every 0.1 s), so a fresh one that never changes is a process
+        that just died (restarted at once by its launcher) or is stopped; wait for it to change
+        or to grow older than ``heartbeat_timeout``."""
         token, _, since = claim.split(" ")
-        beat = _parse_beat(self.client.peek(_key("hb", self.replica_id, self.replica_rank)), time.time())
-        if beat is not None and beat.token == token:
-            return self.policy.alive(beat)
-        return time.time() - float(since) < self.policy.heartbeat_timeout  # claimed, first beat not yet written
+        key = _key("hb", self.replica_id, self.replica_rank)
+        first = self.client.peek(key)
+        while True:
+            value = self.client.peek(key)
+            beat = _parse_beat(value, time.time())
+            if beat is None or beat.token != token:  # claimed, first heartbeat not written yet
+                if time.time() - float(since) >= self.policy.heartbeat_timeout:
+                    return False
+            elif not self.policy.alive(beat):
+                return False
+            elif value != first:
+                return True
+            time.sleep(0.02)
 
     def beat(self, step: int) -> None:
         """Write this process's heartbeat, first checking that it still owns its identity.
