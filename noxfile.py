@@ -192,6 +192,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.ft", *session.posargs, env={"OMP_NUM_THREADS": "1"})
     # Healing a 1 GiB state (2 processes) against a raw gloo broadcast of the same bytes.
     session.run("python", "-m", "benchmarks.ft_heal", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    # The gang.ft quorum with 4 to 256 replicas against one store.
+    session.run("python", "-m", "benchmarks.ft_quorum", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session

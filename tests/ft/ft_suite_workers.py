@@ -9,7 +9,6 @@ what it saw; the test compares it with the plain torch gang of the same world.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -44,24 +43,17 @@ def _load(state: Mapping[str, Any]) -> None:
 
 def _join(g: Gang, store: str, **kwargs: Any) -> ReplicaGang:
     # Every World rank is its own replica of one process, whatever its launcher says.
-    saved = {k: os.environ.get(k) for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-    try:
-        return ReplicaGang.join(
-            replica_id=g.rank,
-            store=store,
-            state_dict=_state,
-            load_state_dict=_load,
-            min_replicas=g.size,
-            timeout=timedelta(seconds=20),
-            **kwargs,
-        )
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return ReplicaGang.join(
+        replica_id=g.rank,
+        replica_rank=0,
+        replica_size=1,
+        store=store,
+        state_dict=_state,
+        load_state_dict=_load,
+        min_replicas=g.size,
+        timeout=timedelta(seconds=20),
+        **kwargs,
+    )
 
 
 def replica_gang(g: Gang, store: str) -> ReplicaGang:

@@ -12,18 +12,20 @@ state, ``error`` when the gang raised, and ``done`` at the end. ``FT_PAUSE=<poin
 makes it log ``paused`` at that point (``enter`` before ``with gang.step()``, ``collective``
 inside the step, ``heal`` inside ``state_dict()`` while healing another replica at that step) and wait until the file
 ``LOG.release.<point>.<step>`` exists (the harness kills or stops it there). Several pauses are
-separated by commas; ``FT_GATE=1`` adds ``enter:<first step>`` on every local rank. ``FT_TIMEOUT`` and
-``FT_MIN_REPLICAS`` set the gang's timeout and ``min_replicas``. ``FT_SEEDED=1`` starts every
-replica but ``0`` from its own random parameters (the gang's ``init_sync`` makes them adopt
-replica 0's). ``FT_CHECKPOINT=<dir>`` saves the parameters and ``gang.state_dict()`` after every
-commit to ``<dir>/<replica>.<local rank>.pt`` and restores them from there at start when the file
-exists.
+separated by commas; ``FT_GATE=1`` adds ``enter:<first step>`` on every process. ``FT_TIMEOUT``,
+``FT_QUORUM_TIMEOUT``, ``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` set the gang's timeouts
+and ``min_replicas``. ``FT_SEEDED=1`` starts every replica but ``0`` from its own random
+parameters (the gang's ``init_sync`` makes them adopt replica 0's). ``FT_CHECKPOINT=<dir>`` saves
+the parameters and ``gang.state_dict()`` after every commit to ``<dir>/<replica>.<replica rank>.pt``
+and restores them from there at start when the file exists.
 
-Under torchrun (a replica of several processes) each local rank trains its shard of the flat
-parameters: the replica's tensor-parallel gang (``create_parallel_gangs``) gathers the full
-parameters, every local rank computes the same gradient, and the ``ReplicaGang`` of local rank
-``k`` exchanges shard ``k`` of it across replicas. ``FT_PAUSE_LOCAL_RANK`` picks the local rank
-that pauses (default: all); each local rank logs to ``LOG.lr<k>``.
+Under torchrun (a replica of several processes, on one node or several) each replica rank
+``k`` (torchrun's ``RANK``) trains its shard of the flat parameters: the replica's
+tensor-parallel gang (``create_parallel_gangs``) gathers the full parameters, every process
+computes the same gradient, and the ``ReplicaGang`` of replica rank ``k`` exchanges shard ``k`` of
+it across replicas. ``FT_PAUSE_RANK`` picks the replica rank that pauses (default: all); each
+replica rank logs to ``LOG.rr<k>``. ``GANG_FT_REPLICA_RANK``/``_SIZE`` (a process that claims
+to be one rank of a larger replica) make a one-process run shard like that rank.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ from gang import (
     ReduceOperation,
     create_default_gang,
     create_parallel_gangs,
-    get_local_rank,
-    get_local_world_size,
+    get_rank,
+    get_world_size,
 )
 from gang.ft import ReplicaGang
 
@@ -98,7 +100,7 @@ class Replica:
         if os.environ.get("FT_SEEDED") == "1" and rid != "0":
             params = torch.randn(params.shape, generator=torch.Generator().manual_seed(zlib.crc32(rid.encode())))
         self.params = params.chunk(shards)[shard].clone()
-        pauser = os.environ.get("FT_PAUSE_LOCAL_RANK")
+        pauser = os.environ.get("FT_PAUSE_RANK")
         pauses = os.environ.get("FT_PAUSE", "") if pauser is None or int(pauser) == shard else ""
         self.pauses = {(e, int(s)) for e, _, s in (p.partition(":") for p in pauses.split(",") if p)}
         self.gang: ReplicaGang | None = None
@@ -137,19 +139,32 @@ def full_params(tp: Gang | None, shard: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     log, steps = Path(sys.argv[1]), int(sys.argv[2])
-    shard, shards = get_local_rank(), get_local_world_size()
+    shard = int(os.environ.get("GANG_FT_REPLICA_RANK", get_rank()))
+    shards = int(os.environ.get("GANG_FT_REPLICA_SIZE", get_world_size()))
     tp = None
-    if shards > 1:
+    if get_world_size() > 1:
         tp = create_parallel_gangs(create_default_gang(torch.device("cpu")), tp_size=shards).tp
-        log = Path(f"{log}.lr{shard}")
+    if shards > 1:
+        log = Path(f"{log}.rr{shard}")
     rid = os.environ["GANG_FT_REPLICA_ID"]
     replica = Replica(log, shard, shards, rid)
-    gang = ReplicaGang.join(
-        state_dict=replica.state_dict,
-        load_state_dict=replica.load_state_dict,
-        timeout=timedelta(seconds=float(os.environ.get("FT_TIMEOUT", "3"))),
-        min_replicas=int(os.environ.get("FT_MIN_REPLICAS", "1")),
-    )
+
+    def seconds(name: str, default: str) -> timedelta | None:
+        value = os.environ.get(name, default)
+        return timedelta(seconds=float(value)) if value else None
+
+    try:
+        gang = ReplicaGang.join(
+            state_dict=replica.state_dict,
+            load_state_dict=replica.load_state_dict,
+            timeout=seconds("FT_TIMEOUT", "3"),
+            quorum_timeout=seconds("FT_QUORUM_TIMEOUT", ""),
+            heartbeat_timeout=seconds("FT_HEARTBEAT_TIMEOUT", ""),
+            min_replicas=int(os.environ.get("FT_MIN_REPLICAS", "1")),
+        )
+    except GangError as ex:
+        replica.emit("error", error=str(ex))
+        os._exit(3)
     replica.gang = gang
     checkpoint = os.environ.get("FT_CHECKPOINT")
     saved = Path(checkpoint or ".", f"{rid}.{shard}.pt")
@@ -158,7 +173,7 @@ def main() -> None:
         replica.params = restored["params"]
         gang.load_state_dict(restored["gang"])
     if os.environ.get("FT_GATE") == "1":
-        replica.pauses.add(("enter", gang.step_number + 1))  # every local rank waits to begin its first step
+        replica.pauses.add(("enter", gang.step_number + 1))  # every process waits to begin its first step
     replica.emit("joined", step=gang.step_number)
     try:
         while gang.step_number < steps:

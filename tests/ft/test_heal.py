@@ -6,22 +6,25 @@ import pickle
 
 import torch
 
-from gang.ft.heal import TensorSlot, flatten, heal_plan
+from gang.ft.heal import TensorSlot, flatten
+from gang.ft.policy import heal_plan
 from gang.ft.replica import _wait_until
+
+M = tuple("abcde")
 
 
 def test_heal_plan_spreads_the_members_behind_over_the_up_to_date_ones() -> None:
-    assert heal_plan([5, 5, 5], init_sync=True) == {}
-    assert heal_plan([5, 0, 5, 3, 0], init_sync=True) == {1: 0, 3: 2, 4: 0}
-    assert heal_plan([2, 7], init_sync=False) == {0: 1}
-    assert heal_plan([], init_sync=True) == {}
+    assert heal_plan(M[:3], (5, 5, 5), init_sync=True) == {}
+    assert heal_plan(M, (5, 0, 5, 3, 0), init_sync=True) == {"b": "a", "d": "c", "e": "a"}
+    assert heal_plan(M[:2], (2, 7)) == {"a": "b"}
+    assert heal_plan((), (), init_sync=True) == {}
 
 
-def test_init_sync_makes_rank_0_the_only_sender_at_step_0() -> None:
-    assert heal_plan([0, 0, 0], init_sync=True) == {1: 0, 2: 0}
-    assert heal_plan([0, 0, 0], init_sync=False) == {}
-    assert heal_plan([0], init_sync=True) == {}
-    assert heal_plan([0, 1], init_sync=True) == {0: 1}  # past step 0, the ordinary rule
+def test_init_sync_makes_the_first_member_the_only_sender_at_step_0() -> None:
+    assert heal_plan(M[:3], (0, 0, 0), init_sync=True) == {"b": "a", "c": "a"}
+    assert heal_plan(M[:3], (0, 0, 0)) == {}
+    assert heal_plan(M[:1], (0,), init_sync=True) == {}
+    assert heal_plan(M[:2], (0, 1), init_sync=True) == {"a": "b"}  # past step 0, the ordinary rule
 
 
 def test_the_header_holds_the_structure_and_the_leaves_not_the_bytes() -> None:

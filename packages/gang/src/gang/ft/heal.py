@@ -1,8 +1,9 @@
-"""Healing: who sends its state to whom, and the chunked transfer of a state dict.
+"""Healing: the chunked transfer of a state dict.
 
 A replica that is behind (restarted, new, or partly healed) receives the state of an up-to-date
 member point to point, never through a broadcast, so members that are up to date receive
-nothing. :func:`heal_plan` spreads the replicas that are behind over the up-to-date ones.
+nothing. Who heals from whom is the quorum's heal plan (:func:`gang.ft.policy.heal_plan`), which
+spreads the replicas that are behind over the up-to-date ones.
 
 The transfer never builds one blob of the whole state. The sender sends a small pickled header
 (the step number and the state dict with every tensor replaced by a :class:`TensorSlot`), then
@@ -18,7 +19,7 @@ copied whole, once).
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,28 +32,6 @@ CHUNK_BYTES = 64 * 2**20
 """The largest piece of a tensor sent at once (64 MiB)."""
 
 _Path = tuple[object, ...]
-
-
-def heal_plan(steps: Sequence[int], *, init_sync: bool) -> dict[int, int]:
-    """Map the rank of every member that must receive the state to the rank that sends it.
-
-    Members at the highest step are up to date; the others are behind and are dealt to the
-    up-to-date members in turn, so that several up-to-date members share the sending. With
-    ``init_sync`` and every member at step 0 (the job's first step), rank 0 (the smallest replica
-    id) is the only sender and every other member receives its state.
-
-    :param steps: The step number of each member, in rank order.
-    :param init_sync: Whether replicas that start at step 0 adopt the state of rank 0.
-    """
-    if not steps:
-        return {}
-    top = max(steps)
-    if init_sync and top == 0:
-        senders, behind = [0], list(range(1, len(steps)))
-    else:
-        senders = [r for r, s in enumerate(steps) if s == top]
-        behind = [r for r, s in enumerate(steps) if s < top]
-    return {r: senders[i % len(senders)] for i, r in enumerate(behind)}
 
 
 @dataclass(frozen=True)
@@ -234,4 +213,4 @@ def _slots(skeleton: object) -> list[tuple[_Path, TensorSlot]]:
     return sorted(found, key=lambda item: item[1].index)
 
 
-__all__ = ["CHUNK_BYTES", "TensorSlot", "flatten", "heal_plan", "receive_state", "send_state"]
+__all__ = ["CHUNK_BYTES", "TensorSlot", "flatten", "receive_state", "send_state"]

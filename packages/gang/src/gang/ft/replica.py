@@ -7,6 +7,7 @@ import os
 import pickle
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -19,19 +20,23 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import override
 
-from gang._torch_groups import PrefixStore, StandaloneGroup, TCPStore, new_standalone_group
-from gang.env import get_local_rank, get_local_world_size
-from gang.errors import GangError, InvalidOperationError, NotSupportedError
+from gang._torch_groups import PrefixStore, StandaloneGroup, new_standalone_group
+from gang.env import get_rank, get_world_size
+from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_device, check_int, check_open, check_timeout, operation_error
-from gang.ft.heal import heal_plan, receive_state, send_state
-from gang.ft.quorum import ROOT, Protocol, Quorum, QuorumTimeoutError, collect, write_heartbeat
+from gang.ft.heal import receive_state, send_state
+from gang.ft.log import log_event
+from gang.ft.policy import Policy, Quorum
+from gang.ft.quorum import ROOT, IdentityError, QuorumClient, QuorumTimeoutError, StoreClient, collect
 from gang.gang import Gang, ReduceOperation
 from gang.process_group import reduce_op
 
 DEFAULT_TIMEOUT = timedelta(seconds=60)
 """The timeout of :meth:`ReplicaGang.join` when none is given."""
 
-_STORE_ERRORS = (RuntimeError, OSError, ValueError)
+DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
+"""The ``heartbeat_timeout`` of :meth:`ReplicaGang.join` when none is given."""
+
 _logger = logging.getLogger("gang.ft")
 
 _fault_hook: Callable[[ReplicaGang, str], RuntimeError | None] | None = None
@@ -79,12 +84,16 @@ class ReplicaGang(Gang):
         self,
         *,
         replica_id: str,
+        replica_rank: int,
+        replica_size: int,
         address: tuple[str, int],
         device: torch.device,
         state_dict: Callable[[], Mapping[str, Any]],
         load_state_dict: Callable[[Mapping[str, Any]], None],
         min_replicas: int,
         timeout: timedelta,
+        quorum_timeout: timedelta,
+        heartbeat_timeout: timedelta,
         init_sync: bool = True,
         max_retries: int | None = None,
     ) -> None:
@@ -101,8 +110,11 @@ class ReplicaGang(Gang):
         self._load_state_dict = load_state_dict
         self._min_replicas = min_replicas
         self._timeout = timeout
-        self._local_rank = get_local_rank()
-        self._local_world_size = get_local_world_size()
+        self._quorum_timeout = quorum_timeout
+        self._heartbeat_timeout = heartbeat_timeout
+        self._replica_rank = replica_rank
+        self._replica_size = replica_size
+        self._token = uuid.uuid4().hex[:16]  # this incarnation
         self._step_number = 0
         self._round = 0
         self._quorum: Quorum | None = None
@@ -111,15 +123,18 @@ class ReplicaGang(Gang):
         self._in_step = False
         self._error: GangError | None = None
         self._commit: bool | None = None
+        policy = Policy(min_replicas, quorum_timeout.total_seconds(), heartbeat_timeout.total_seconds(), init_sync)
         self._store = self._connect()
-        self._protocol = Protocol(self._store, replica_id, self._local_rank, self._local_world_size, timeout)
+        self._protocol = QuorumClient(self._store, replica_id, replica_rank, replica_size, self._token, policy)
         self._stop = threading.Event()
         self._beat_error: Exception | None = None
         try:
             self._protocol.register(0)
-        except _STORE_ERRORS as ex:
+        except IdentityError as ex:
+            raise GangError(f"`join` failed: {ex}.") from ex
+        except BACKEND_ERRORS as ex:
             raise self._store_error("join", ex) from ex
-        self._beat_store = self._connect()
+        self._beat_protocol = QuorumClient(self._connect(), replica_id, replica_rank, replica_size, self._token, policy)
         self._beat = threading.Thread(target=self._heartbeat, name=f"gang.ft heartbeat {replica_id}", daemon=True)
         self._beat.start()
 
@@ -128,23 +143,33 @@ class ReplicaGang(Gang):
         cls,
         *,
         replica_id: str | int | None = None,
+        replica_rank: int | None = None,
+        replica_size: int | None = None,
         store: str | None = None,
         device: torch.device | None = None,
         state_dict: Callable[[], Mapping[str, Any]],
         load_state_dict: Callable[[Mapping[str, Any]], None],
         min_replicas: int = 1,
         timeout: timedelta | None = None,
+        quorum_timeout: timedelta | None = None,
+        heartbeat_timeout: timedelta | None = None,
         init_sync: bool = True,
         max_retries: int | None = None,
     ) -> ReplicaGang:
         """Join the replicas that train together through the coordination store.
 
-        Every process of a replica (each local rank under torchrun) joins with the same
-        ``replica_id``; the gang links the processes of equal local rank across replicas.
+        Every process of a replica (each rank of the replica's own torchrun, which may span
+        several nodes) joins with the same ``replica_id``; a process is (replica id, replica
+        rank), and the gang links the processes of equal replica rank across replicas. Every
+        join is a new incarnation: nothing a dead process left in the store counts for this one.
         Joining only registers this process; the first ``with gang.step():`` forms a quorum.
 
         :param replica_id: This replica's id (``GANG_FT_REPLICA_ID`` when ``None``); letters,
             digits, ``-``, ``_`` and ``.``. A restarted replica keeps its id.
+        :param replica_rank: This process's rank in its replica (``GANG_FT_REPLICA_RANK`` when
+            ``None``, else the launcher's ``RANK``; never the node-local rank).
+        :param replica_size: The number of processes of the replica (``GANG_FT_REPLICA_SIZE``
+            when ``None``, else the launcher's ``WORLD_SIZE``).
         :param store: ``"host:port"`` of ``python -m gang.ft.store`` (``GANG_FT_STORE`` when ``None``).
         :param device: ``cpu`` (gloo) or ``cuda[:N]`` (NCCL); ``None`` is ``cpu``.
         :param state_dict: Returns what a replica that is behind needs (model and optimizer
@@ -154,11 +179,13 @@ class ReplicaGang(Gang):
             own ``state_dict()`` when they match; the structure and other leaves are pickled:
             replicas trust each other).
         :param min_replicas: The fewest replicas a step runs with.
-        :param timeout: Bounds a stuck collective and healing, and is the heartbeat age after which
-            a replica counts as dead (default 60 seconds). Forming a quorum waits for a dead
-            replica until its heartbeat is that old, for a live one that does not join up to
-            twice as long (it may be in a collective that fails at the timeout), and raises after
-            ``timeout`` with fewer than ``min_replicas`` live replicas.
+        :param timeout: Bounds a stuck collective, healing and the commit vote (default 60 seconds).
+        :param quorum_timeout: Bounds forming a quorum (default ``timeout``): a live replica that
+            does not join is waited for that long once (then left out until it joins again);
+            fewer than ``min_replicas`` replicas joined for that long raises. A store that stops
+            answering is retried for that long.
+        :param heartbeat_timeout: The silence after which a process, and so its replica, counts
+            as dead (default :data:`DEFAULT_HEARTBEAT_TIMEOUT`).
         :param init_sync: At the first step of the job (every member at step 0), every replica
             adopts the state of the member with the smallest replica id, so replicas that start
             from different random weights agree. Every replica must pass the same value.
@@ -167,7 +194,8 @@ class ReplicaGang(Gang):
             never gives up.
         :raises ValueError: If an argument has a bad value or an environment variable is missing.
         :raises TypeError: If an argument has the wrong type.
-        :raises GangError: If the store cannot be reached.
+        :raises GangError: If the store cannot be reached, or another live process is this
+            (replica id, replica rank) (the message names both; the other one goes on).
         """
         rid = _check_replica_id(replica_id)
         address = _check_store(store)
@@ -175,6 +203,7 @@ class ReplicaGang(Gang):
         for name, fn in (("state_dict", state_dict), ("load_state_dict", load_state_dict)):
             if not callable(fn):
                 raise TypeError(f"`{name}` must be callable, but is {fn!r} instead.")
+        rank, size = _check_replica_rank(replica_rank, replica_size)
         min_replicas = check_int("min_replicas", min_replicas, minimum=1)
         timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
         if not isinstance(init_sync, bool):
@@ -183,12 +212,18 @@ class ReplicaGang(Gang):
             max_retries = check_int("max_retries", max_retries, minimum=1)
         return cls(
             replica_id=rid,
+            replica_rank=rank,
+            replica_size=size,
             address=address,
             device=device,
             state_dict=state_dict,
             load_state_dict=load_state_dict,
             min_replicas=min_replicas,
             timeout=timeout,
+            quorum_timeout=check_timeout(quorum_timeout, default=timeout, name="quorum_timeout"),
+            heartbeat_timeout=check_timeout(
+                heartbeat_timeout, default=DEFAULT_HEARTBEAT_TIMEOUT, name="heartbeat_timeout"
+            ),
             init_sync=init_sync,
             max_retries=max_retries,
         )
@@ -217,8 +252,33 @@ class ReplicaGang(Gang):
 
     @property
     def timeout(self) -> timedelta:
-        """The bound on a stuck collective and on healing; the heartbeat age of a dead replica (see :meth:`join`)."""
+        """The bound on a stuck collective, on healing and on the commit vote (see :meth:`join`)."""
         return self._timeout
+
+    @property
+    def quorum_timeout(self) -> timedelta:
+        """The bound on forming a quorum and on retrying the store (see :meth:`join`)."""
+        return self._quorum_timeout
+
+    @property
+    def heartbeat_timeout(self) -> timedelta:
+        """The silence after which a process counts as dead (see :meth:`join`)."""
+        return self._heartbeat_timeout
+
+    @property
+    def replica_rank(self) -> int:
+        """This process's rank in its replica."""
+        return self._replica_rank
+
+    @property
+    def replica_size(self) -> int:
+        """The number of processes of this replica."""
+        return self._replica_size
+
+    @property
+    def current_quorum(self) -> Quorum | None:
+        """The quorum of the current (or last) step, with its heal plan; ``None`` before the first step."""
+        return self._quorum
 
     def status(self) -> ReplicaStatus:
         """The current quorum, the step number and the last error of this process."""
@@ -360,13 +420,14 @@ class ReplicaGang(Gang):
         self._error = None
         self._commit = None
         try:
-            quorum = self._protocol.form(self._round, self._step_number, self._min_replicas, previous)
+            quorum = self._protocol.form(self._round, self._step_number, previous)
         except QuorumTimeoutError as ex:
             raise GangError(
                 f"`step` failed on replica {self._replica_id!r} before step {self._step_number + 1}: {ex}."
             ) from ex
-        except _STORE_ERRORS as ex:
+        except BACKEND_ERRORS as ex:
             raise self._store_error("step", ex) from ex
+        _log_quorum(self._replica_id, self._quorum, quorum)
         self._quorum = quorum
         self._round = quorum.round
         self._rank, self._size = quorum.members.index(self._replica_id), len(quorum.members)
@@ -377,17 +438,18 @@ class ReplicaGang(Gang):
 
     def _rebuild(self, quorum: Quorum) -> None:
         self._drop_group()
-        prefix = f"{ROOT}g/{quorum.group}/lr{self._local_rank}"
+        prefix = f"{ROOT}g/{quorum.group}/rr{self._replica_rank}"  # one group per replica rank
         try:
-            store = PrefixStore(prefix, self._store)
+            store = PrefixStore(prefix, self._store.raw)
             self._pg = new_standalone_group(store, self.rank, self.size, self._device, self._timeout)
             self._pg_round = quorum.group
-        except _STORE_ERRORS as ex:
+        except BACKEND_ERRORS as ex:
             self._record("step (building the group)", ex)
 
     def _heal(self, quorum: Quorum) -> None:
-        """Send this replica's state to the members :func:`~gang.ft.heal.heal_plan` gives it, or receive it."""
-        plan = heal_plan(quorum.steps, init_sync=self._init_sync)
+        """Send this replica's state to the members the quorum's heal plan gives it, or receive it."""
+        index = {m: r for r, m in enumerate(quorum.members)}
+        plan = {index[m]: index[source] for m, source in quorum.heal.items()}
         if self._dirty and self.rank not in plan:
             raise GangError(
                 f"`step` failed on replica {self._replica_id!r} before step {self._step_number + 1} of "
@@ -409,25 +471,29 @@ class ReplicaGang(Gang):
                 assert isinstance(state, Mapping)
                 self._load_state_dict(state)
                 self._step_number, self._dirty = step, False
-                done = f"received {received} bytes from rank {plan[self.rank]}"
+                moved, done = received, f"received {received} bytes from rank {plan[self.rank]}"
             else:
                 state = self._state_dict()
                 sent = sum(
                     send_state(self._pg, r, state, self._step_number, self._device, self._finish) for r in receivers
                 )
                 self._heal_bytes[0] += sent
-                done = f"sent {sent} bytes to ranks {receivers}"
+                moved, done = sent, f"sent {sent} bytes to ranks {receivers}"
         except Exception as ex:  # a failed transfer, or the caller's `state_dict`/`load_state_dict` raised
             self._record("heal", ex)
             return
         seconds = time.monotonic() - started
-        _logger.info(
-            "gang.ft: heal in %s on replica %r: %s in %.3f s",
-            quorum.describe(),
-            self._replica_id,
-            done,
-            seconds,
-            extra={"replica_id": self._replica_id, "round": quorum.round, "heal": done, "seconds": seconds},
+        log_event(
+            "heal",
+            f"heal in {quorum.describe()} on replica {self._replica_id!r} rank {self._replica_rank}: "
+            f"{done} in {seconds:.3f} s",
+            replica=self._replica_id,
+            replica_rank=self._replica_rank,
+            round=quorum.round,
+            source=quorum.heal.get(self._replica_id, self._replica_id),
+            bytes=moved,
+            seconds=round(seconds, 6),
+            step=self._step_number,
         )
 
     def _finish(self, work: Any) -> None:
@@ -436,8 +502,8 @@ class ReplicaGang(Gang):
     def _vote(self, ok: bool) -> None:
         assert self._quorum is not None
         try:
-            decision = self._protocol.vote(self._quorum, ok)
-        except _STORE_ERRORS as ex:
+            decision = self._protocol.vote(self._quorum, ok, self._timeout.total_seconds())
+        except BACKEND_ERRORS as ex:
             self._commit = False
             raise self._store_error("should_commit", ex) from ex
         if decision is None and self._error is None:
@@ -452,6 +518,8 @@ class ReplicaGang(Gang):
         self._commit = bool(decision)
         if self._commit:
             self._step_number += 1
+        else:
+            _log_abort(self._replica_id, self._quorum, self._step_number + 1, self._error)
 
     # -- collectives ----------------------------------------------------------------------------------
 
@@ -466,7 +534,7 @@ class ReplicaGang(Gang):
             work = call(self._pg)
             if work is not None:
                 self._finish(work)
-        except _STORE_ERRORS as ex:
+        except BACKEND_ERRORS as ex:
             self._record(operation, ex)
             return False
         return True
@@ -561,8 +629,8 @@ class ReplicaGang(Gang):
     @override
     def _close(self) -> None:
         self._stop.set()
-        self._beat.join(timeout=self._timeout.total_seconds())
-        with suppress(*_STORE_ERRORS):  # if the store is gone, the others see the heartbeat stop
+        self._beat.join(timeout=self._quorum_timeout.total_seconds() + self._heartbeat_timeout.total_seconds())
+        with suppress(*BACKEND_ERRORS):  # if the store is gone, the others see the heartbeat stop
             self._protocol.leave()
         self._drop_group()
         # Destroying a group while the interpreter exits aborts the process (a gloo thread still
@@ -571,11 +639,11 @@ class ReplicaGang(Gang):
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _connect(self) -> TCPStore:
+    def _connect(self) -> StoreClient:
         host, port = self._address
         try:
-            return TCPStore(host, port, is_master=False, timeout=self._timeout, wait_for_workers=False)
-        except _STORE_ERRORS as ex:
+            return StoreClient(host, port, retry=self._quorum_timeout.total_seconds(), timeout=self._timeout)
+        except BACKEND_ERRORS as ex:
             raise self._store_error("join", ex) from ex
 
     def _store_error(self, operation: str, ex: Exception) -> GangError:
@@ -587,16 +655,18 @@ class ReplicaGang(Gang):
         )
 
     def _raise_beat_error(self, operation: str) -> None:
+        if isinstance(self._beat_error, IdentityError):
+            raise GangError(f"`{operation}` failed: {self._beat_error}.") from self._beat_error
         if self._beat_error is not None:
             raise self._store_error(operation, self._beat_error) from self._beat_error
 
     def _heartbeat(self) -> None:
-        interval = min(0.1, self._timeout.total_seconds() / 10)
+        interval = min(0.1, self._heartbeat_timeout.total_seconds() / 10)
         collected = 0
         while not self._stop.wait(interval):
             try:
-                write_heartbeat(self._beat_store, self._replica_id, self._local_rank, self._step_number)
-            except _STORE_ERRORS as ex:
+                self._beat_protocol.beat(self._step_number)
+            except (IdentityError, *BACKEND_ERRORS) as ex:
                 self._beat_error = ex
                 return
             # This process closed round `closed`: delete every round up to two before it that
@@ -604,9 +674,9 @@ class ReplicaGang(Gang):
             # keys behind, and a lost store shows at the next beat).
             closed = self._protocol.closed_round
             if closed > collected:
-                with suppress(*_STORE_ERRORS):
+                with suppress(*BACKEND_ERRORS):
                     for n in range(max(collected + 1, closed - 100), closed + 1):
-                        collect(self._beat_store, n)
+                        collect(self._beat_protocol.client, n)
                 collected = closed
 
     def _drop_group(self) -> None:
@@ -714,6 +784,66 @@ def _check_replica_id(replica_id: object) -> str:
             f"`{name}` must be a non-empty id of letters, digits, `-`, `_` and `.`, but is {replica_id!r} instead."
         )
     return replica_id
+
+
+def _check_replica_rank(rank: object, size: object) -> tuple[int, int]:
+    """The replica rank and size: the arguments, else ``GANG_FT_REPLICA_RANK``/``_SIZE``, else the launcher's."""
+    rank_value = _rank_or_size("replica_rank", rank, "GANG_FT_REPLICA_RANK", 0)
+    size_value = _rank_or_size("replica_size", size, "GANG_FT_REPLICA_SIZE", 1)
+    rank_value = get_rank() if rank_value is None else rank_value
+    size_value = get_world_size() if size_value is None else size_value
+    if rank_value >= size_value:
+        raise ValueError(
+            f"`replica_rank` must be smaller than `replica_size` ({size_value}), but is {rank_value} instead."
+        )
+    return rank_value, size_value
+
+
+def _rank_or_size(name: str, value: object, env: str, minimum: int) -> int | None:
+    if value is None:
+        text = os.environ.get(env)
+        if text is None:
+            return None
+        if not text.isdigit():
+            raise ValueError(f"`{env}` must be an integer of at least {minimum}, but is {text!r} instead.")
+        value, name = int(text), env
+    return check_int(name, value, minimum=minimum)
+
+
+def _log_quorum(replica_id: str, old: Quorum | None, new: Quorum) -> None:
+    """Log a quorum whose members differ from the last one's, and every replica it dropped."""
+    if old is not None and old.members == new.members:
+        return
+    log_event(
+        "quorum",
+        f"replica {replica_id!r} is in {new.describe()} at step {new.max_step}",
+        replica=replica_id,
+        round=new.round,
+        members=list(new.members),
+        steps=list(new.steps),
+        heal=dict(new.heal),
+        stalled=list(new.stalled),
+    )
+    for dropped in () if old is None else sorted(set(old.members) - set(new.members)):
+        log_event(
+            "drop",
+            f"replica {dropped!r} dropped from the quorum in round {new.round}",
+            replica=dropped,
+            round=new.round,
+        )
+
+
+def _log_abort(replica_id: str, quorum: Quorum, step: int, error: GangError | None) -> None:
+    reason = "a member failed or did not vote in time" if error is None else str(error)
+    log_event(
+        "abort",
+        f"step {step} of replica {replica_id!r} in {quorum.describe()} was not committed: {reason}",
+        level=logging.WARNING,
+        replica=replica_id,
+        round=quorum.round,
+        step=step,
+        reason=reason,
+    )
 
 
 def _check_store(store: object) -> tuple[str, int]:
