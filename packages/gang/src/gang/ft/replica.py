@@ -39,6 +39,9 @@ DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
 
 _logger = logging.getLogger("gang.ft")
 
+_BEAT_ERRORS: tuple[type[Exception], ...] = (IdentityError, *BACKEND_ERRORS)
+"""What stops the heartbeat: the store failed, or another process took this identity over."""
+
 _fault_hook: Callable[[ReplicaGang, str], RuntimeError | None] | None = None
 """A test-only seam (``tests/ft`` sets it): called before each collective of a step with the gang
 and the operation's name; a ``RuntimeError`` it returns is raised where the backend's error would
@@ -666,7 +669,7 @@ class ReplicaGang(Gang):
         while not self._stop.wait(interval):
             try:
                 self._beat_protocol.beat(self._step_number)
-            except (IdentityError, *BACKEND_ERRORS) as ex:
+            except _BEAT_ERRORS as ex:
                 self._beat_error = ex
                 return
             # This process closed round `closed`: delete every round up to two before it that
