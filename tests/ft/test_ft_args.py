@@ -86,7 +86,7 @@ def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang) -> No
         gang.all_reduce(t, ReduceOperation.SUM)
     with pytest.raises(InvalidOperationError, match=re.escape("inside `with gang.step():`")):
         gang.should_commit()
-    with pytest.raises(NotSupportedError):
+    with pytest.raises(NotSupportedError, match="A `ReplicaGang` cannot be split"):
         gang.create_gang([0])
     for expected in (1, 2):
         with gang.step():
