@@ -83,9 +83,11 @@ def test_odd_shapes(world: World, name: str, kind: str, shape: tuple[int, ...]) 
     _assert_same(world.run(cw.run_collective, name, kind, "SUM", "float32", shape))
 
 
+@pytest.mark.parametrize("name", [name for name, kind in cw.GANGS.items() if not kind.same_data])
 @pytest.mark.parametrize(("op", "dtype"), [("SUM", "float32"), ("MAX", "int64"), ("SUM", "int32")])
 def test_large_reduce_scatter(world: World, name: str, op: str, dtype: str) -> None:
-    # 2**20 elements per chunk: a size at which some JAX CPU builds returned wrong reduce-scatter data.
+    # 2**20 elements per chunk: a size at which some JAX CPU builds returned wrong reduce-scatter data
+    # (a check of the data path; a gang that assumes equal data on every rank has none).
     results = world.run(cw.run_collective, name, "reduce_scatter", op, dtype, (1 << 20,))
     _assert_same(results)
 
