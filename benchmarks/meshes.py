@@ -5,7 +5,7 @@ Run under torchrun with 8 processes (``python -m benchmarks.run`` does it). Meas
 * ``create_parallel_gangs`` + ``create_fsdp_gangs`` (impl ``gang``) against ``init_device_mesh``
   (impl ``torch``) for the grid pp=2, dp=2, tp=2 (op ``create_groups``);
 * ``to_device_mesh`` of the gangs (impl ``gang``, op ``to_device_mesh``);
-* one FSDP2 + tensor parallel training step of ``gang_mesh.testing`` on the ``("dp", "tp")``
+* one FSDP2 + tensor parallel training step of ``gang_mesh.parity`` on the ``("dp", "tp")``
   mesh from the gangs (impl ``gang-mesh``) and on the native mesh (impl ``native-mesh``, op ``fsdp_step``).
 """
 
@@ -26,7 +26,7 @@ from torch.nn import functional
 from gang import Gang, Gangs, ProcessGroupGang, create_fsdp_gangs, create_parallel_gangs
 from gang.bench.metrics import Row, make_row, median, paired_ratio
 from gang_mesh import to_device_mesh
-from gang_mesh.testing import ModelConfig, TinyTransformer, batch_for, data_parallel_index, parallelize
+from gang_mesh.parity import ModelConfig, TinyTransformer, batch_for, data_parallel_index, parallelize
 
 GRID = (("pp", 2), ("dp", 2), ("tp", 2))
 

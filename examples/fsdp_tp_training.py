@@ -19,7 +19,7 @@ import torch
 
 from gang import ProcessGroupGang, create_fsdp_gangs, create_parallel_gangs
 from gang_mesh import to_device_mesh
-from gang_mesh.testing import ModelConfig, train
+from gang_mesh.parity import ModelConfig, train
 
 LOCAL_PROCESSES = 4
 

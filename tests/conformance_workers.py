@@ -1,22 +1,25 @@
-"""Functions the conformance suite runs on every rank: the same inputs through two gangs.
+"""Functions the conformance suite runs on every rank: the same inputs through a reference gang
+and through each gang of :data:`GANGS`.
 
-Each worker holds the torch :class:`~gang.ProcessGroupGang` that :class:`gang.testing.World`
-created and up to two root JaxGangs, one in-process and one isolated (JAX in
-a child process), each created on first use and kept in a module global, so a whole test module
-shares one JAX runtime of each kind per process. Every worker takes ``isolated`` to pick one.
+The reference is the torch :class:`~gang.ProcessGroupGang` that :class:`gang.testing.World`
+created. :data:`GANGS` is the table of the other kinds of gang, one entry each; a new kind of gang
+joins the suite by one entry there. Each entry's gang is created on a rank's first use and kept in
+a module global, so a whole test module shares one JAX runtime of each kind per process. Every
+worker takes the entry's name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
-from gang import Gang, Gangs, ReduceOperation, create_fsdp_gangs, create_parallel_gangs
+from gang import FakeGang, Gang, Gangs, NotSupportedError, ReduceOperation, create_fsdp_gangs, create_parallel_gangs
 from gang_jax import JaxGang
-
-_JAX: dict[bool, JaxGang] = {}
 
 DTYPES = {
     "float32": torch.float32,
@@ -27,12 +30,47 @@ DTYPES = {
 }
 
 
-def jax_gang(isolated: bool) -> JaxGang:
-    """Return this process's root :class:`JaxGang` of the given kind, creating it on first use."""
-    g = _JAX.get(isolated)
+@dataclass(frozen=True)
+class GangKind:
+    """One kind of gang in the conformance suite.
+
+    :param create: Makes this rank's gang from the reference gang (called once per process).
+    :param same_data: The gang assumes every rank holds the same data (as :class:`~gang.FakeGang`
+        does), so both gangs get rank 0's inputs on every rank.
+    :param objects: Whether ``broadcast_objects`` really moves objects between ranks.
+    """
+
+    create: Callable[[Gang], Gang]
+    same_data: bool = False
+    objects: bool = True
+
+
+GANGS: dict[str, GangKind] = {
+    "jax": GangKind(lambda _: JaxGang.create_default(isolated=False)),
+    "jax-isolated": GangKind(lambda _: JaxGang.create_default(isolated=True)),
+    "fake": GangKind(lambda pg: FakeGang(pg.device, rank=pg.rank, size=pg.size), same_data=True, objects=False),
+}
+"""The gangs compared with the reference, by name (the suite's test ids)."""
+
+_MADE: dict[str, Gang] = {}
+
+
+def gang_of(name: str, pg: Gang) -> Gang:
+    """Return this process's gang of kind ``name``, creating it on first use."""
+    g = _MADE.get(name)
     if g is None or g.closed:
-        g = _JAX[isolated] = JaxGang.create_default(isolated=isolated)
+        g = _MADE[name] = GANGS[name].create(pg)
     return g
+
+
+def _pair(pg: Gang, name: str) -> tuple[tuple[str, Gang], tuple[str, Gang]]:
+    """The reference gang and the gang of kind ``name``, as (result key, gang)."""
+    return ("reference", pg), ("tested", gang_of(name, pg))
+
+
+def _data_rank(name: str, rank: int) -> int:
+    """The rank whose inputs this rank uses: its own, or rank 0's for a gang that assumes equal data."""
+    return 0 if GANGS[name].same_data else rank
 
 
 def make_input(rank: int, shape: tuple[int, ...], dtype: torch.dtype, op: ReduceOperation | None) -> Tensor:
@@ -63,24 +101,27 @@ def _close_all(gangs: Gangs) -> None:
             g.close()
 
 
-def _both(pg: Gang, isolated: bool) -> tuple[Gang, Gang]:
-    return pg, jax_gang(isolated)
-
-
 def run_collective(
-    pg: Gang, kind: str, op_name: str | None, dtype_name: str, shape: tuple[int, ...], isolated: bool
+    pg: Gang, name: str, kind: str, op_name: str | None, dtype_name: str, shape: tuple[int, ...]
 ) -> dict[str, Any]:
-    """Run ``kind`` on the torch gang and on the JAX gang with the same inputs; return both outputs."""
+    """Run ``kind`` on the reference gang and on the gang ``name`` with the same inputs; return both outputs."""
     dtype = DTYPES[dtype_name]
     op = ReduceOperation[op_name] if op_name else None
-    results: dict[str, Any] = {}
-    for name, g in zip(("torch", "jax"), _both(pg, isolated), strict=True):
-        results[name] = _run_one(g, kind, op, dtype, shape)
-    return results
+    data_rank = _data_rank(name, pg.rank)
+    return {key: _run_one(g, kind, op, dtype, shape, data_rank=data_rank) for key, g in _pair(pg, name)}
 
 
-def _run_one(g: Gang, kind: str, op: ReduceOperation | None, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
-    rank, size = g.rank, g.size
+def _run_one(
+    g: Gang,
+    kind: str,
+    op: ReduceOperation | None,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    *,
+    data_rank: int | None = None,
+) -> Any:
+    """Run ``kind`` on ``g`` with the inputs of rank ``data_rank`` (default: this rank); return the output."""
+    rank, size = g.rank if data_rank is None else data_rank, g.size
     if kind == "all_reduce":
         assert op is not None
         t = make_input(rank, shape, dtype, op)
@@ -115,10 +156,11 @@ def _run_one(g: Gang, kind: str, op: ReduceOperation | None, dtype: torch.dtype,
     raise ValueError(f"`kind` must name a collective, but is {kind!r} instead.")
 
 
-def run_on_subgangs(pg: Gang, how: str, isolated: bool) -> dict[str, Any]:
+def run_on_subgangs(pg: Gang, name: str, how: str) -> dict[str, Any]:
     """Build sub-gangs of both roots the same way and run a few collectives on them."""
     results: dict[str, Any] = {}
-    for name, root in zip(("torch", "jax"), _both(pg, isolated), strict=True):
+    data_rank = _data_rank(name, pg.rank)
+    for key, root in _pair(pg, name):
         if how == "create_gang":
             sub = root.create_gang([0, root.size - 1])
         elif how == "split":
@@ -126,53 +168,77 @@ def run_on_subgangs(pg: Gang, how: str, isolated: bool) -> dict[str, Any]:
         else:  # a group of three ranks (MEAN then divides by 3)
             sub = root.create_gang(list(range(min(3, root.size))))
         if sub is None:
-            results[name] = None
+            results[key] = None
             continue
         out: dict[str, Any] = {"rank": sub.rank, "size": sub.size}
-        t = make_input(root.rank, (5,), torch.float64, None)
+        t = make_input(data_rank, (5,), torch.float64, None)
         sub.all_reduce(t, ReduceOperation.SUM)
         out["sum"] = t
-        t = make_input(root.rank, (5,), torch.float32, None)
+        t = make_input(data_rank, (5,), torch.float32, None)
         sub.all_reduce(t, ReduceOperation.MEAN)
         out["mean"] = t
         g = torch.empty((sub.size, 3), dtype=torch.int64)
-        sub.all_gather(g, make_input(root.rank, (3,), torch.int64, None))
+        sub.all_gather(g, make_input(data_rank, (3,), torch.int64, None))
         out["gather"] = g
-        b = torch.full((2,), float(root.rank))
+        b = torch.full((2,), float(data_rank))
         sub.broadcast(b, sub.size - 1)
         out["broadcast"] = b
         sub.close()
-        results[name] = out
+        results[key] = out
     return results
 
 
-def _summarise(gangs: Gangs, root_rank: int) -> dict[str, Any]:
+def _summarise(gangs: Gangs, data_rank: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for axis in ("dp", "tp", "pp", "rdp", "sdp"):
         g: Gang = getattr(gangs, axis)
-        t = torch.tensor([root_rank + 1, 10 * (root_rank + 1)], dtype=torch.int64)
+        t = torch.tensor([data_rank + 1, 10 * (data_rank + 1)], dtype=torch.int64)
         g.all_reduce(t, ReduceOperation.SUM)
         out[axis] = (g.rank, g.size, t)
     return out
 
 
-def run_parallel_gangs(pg: Gang, tp_size: int, isolated: bool) -> dict[str, Any]:
+def run_parallel_gangs(pg: Gang, name: str, tp_size: int) -> dict[str, Any]:
     """Build parallel and FSDP gangs on both roots and all-reduce along every axis."""
     results: dict[str, Any] = {}
-    for name, root in zip(("torch", "jax"), _both(pg, isolated), strict=True):
+    data_rank = _data_rank(name, pg.rank)
+    for key, root in _pair(pg, name):
         gangs = create_parallel_gangs(root, tp_size=tp_size)
         fsdp = create_fsdp_gangs(gangs, intra_node_size=2 if gangs.dp.size % 2 == 0 else None)
-        results[name] = {"parallel": _summarise(gangs, root.rank), "fsdp": _summarise(fsdp, root.rank)}
+        results[key] = {"parallel": _summarise(gangs, data_rank), "fsdp": _summarise(fsdp, data_rank)}
         _close_all(fsdp)
         _close_all(gangs)
     return results
 
 
-def run_broadcast_objects(pg: Gang, isolated: bool) -> dict[str, Any]:
+def run_broadcast_objects(pg: Gang, name: str) -> dict[str, Any]:
     """Broadcast a list of objects from the last rank on both gangs."""
     results: dict[str, Any] = {}
-    for name, g in zip(("torch", "jax"), _both(pg, isolated), strict=True):
+    for key, g in _pair(pg, name):
         objects: list[object] = [{"from": g.rank}, "x" * 1000] if g.rank == g.size - 1 else []
         g.broadcast_objects(objects, g.size - 1)
-        results[name] = objects
+        results[key] = objects
     return results
+
+
+def moved_dtypes(_: Gang) -> list[str]:
+    """The dtypes that every backend under the gangs can move: torch's gloo and JAX (through NumPy).
+
+    Asks the backends themselves, bypassing every gang's checks: a plain gloo all-reduce and
+    broadcast on the world's process group, and a NumPy view of a tensor (what a JaxGang hands JAX).
+    """
+    from gang_jax._convert import to_numpy  # the view a JaxGang makes: bfloat16 included
+
+    moved = []
+    for dtype in sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str):
+        if str(dtype).startswith("torch.q"):  # quantized: no plain tensor of numbers (and a deprecation warning)
+            continue
+        try:
+            t = torch.zeros(2, dtype=dtype)
+            dist.all_reduce(t)
+            dist.broadcast(t, 0)
+            to_numpy(t)
+        except (RuntimeError, TypeError, ValueError, NotImplementedError, NotSupportedError):
+            continue
+        moved.append(str(dtype))
+    return moved

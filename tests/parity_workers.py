@@ -6,7 +6,7 @@ from typing import Any
 
 from gang import Gang, Gangs, create_fsdp_gangs, create_parallel_gangs
 from gang_mesh import fsdp_mesh, to_device_mesh
-from gang_mesh.testing import equivalent_init_mesh, train
+from gang_mesh.parity import equivalent_init_mesh, train
 
 # Each layout's gangs are created once per worker and kept for the life of the world.
 _GANGS: dict[tuple[int, int, int | None, int], Gangs] = {}

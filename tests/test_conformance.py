@@ -1,8 +1,10 @@
-"""One body per collective, run on a torch ProcessGroupGang and a JaxGang in the same processes.
+"""One body per collective, run on a reference gang and on every gang of a table, in the same processes.
 
-Inputs are chosen so that every reduction is exact whatever order a backend combines values in
-(see :func:`conformance_workers.make_input`); results must then be equal bit for bit. Every test
-runs twice: on an in-process JaxGang and on an isolated one (JAX in a child process).
+The reference is the torch ProcessGroupGang; the table is :data:`conformance_workers.GANGS` (an
+in-process JaxGang, an isolated one with JAX in a child process, and a FakeGang on inputs equal on
+every rank, as its semantics assume). A new kind of gang joins by one entry there. Inputs are chosen
+so that every reduction is exact whatever order a backend combines values in (see
+:func:`conformance_workers.make_input`); results must then be equal bit for bit.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import conformance_workers as cw
 import pytest
 import torch
 
+from gang.extend import SUPPORTED_DTYPES
 from gang.testing import World
 
 DTYPES = ["float32", "float64", "int32", "int64", "bfloat16"]
@@ -27,14 +30,15 @@ def world(request: pytest.FixtureRequest) -> Iterator[World]:
         yield w
 
 
-@pytest.fixture(params=[False, True], ids=["in-process", "isolated"])
-def isolated(request: pytest.FixtureRequest) -> bool:
-    return bool(request.param)
+@pytest.fixture(params=list(cw.GANGS))
+def name(request: pytest.FixtureRequest) -> str:
+    """The entry of the table of gangs under test."""
+    return str(request.param)
 
 
 def _assert_same(results: list[dict[str, Any]]) -> None:
     for rank, r in enumerate(results):
-        t, j = r["torch"], r["jax"]
+        t, j = r["reference"], r["tested"]
         if isinstance(t, list):
             assert len(t) == len(j)
             for a, b in zip(t, j, strict=True):
@@ -42,7 +46,7 @@ def _assert_same(results: list[dict[str, Any]]) -> None:
                 assert torch.equal(a, b), f"rank {rank}: {a} != {b}"
         else:
             assert t.dtype == j.dtype, f"rank {rank}: {t.dtype} != {j.dtype}"
-            assert torch.equal(t, j), f"rank {rank}: torch {t} != jax {j}"
+            assert torch.equal(t, j), f"rank {rank}: reference {t} != tested {j}"
 
 
 def _reductions() -> list[Any]:
@@ -56,72 +60,82 @@ def _reductions() -> list[Any]:
 
 
 @pytest.mark.parametrize(("op", "dtype"), _reductions())
-def test_all_reduce(world: World, isolated: bool, op: str, dtype: str) -> None:
-    _assert_same(world.run(cw.run_collective, "all_reduce", op, dtype, SHAPE, isolated))
+def test_all_reduce(world: World, name: str, op: str, dtype: str) -> None:
+    _assert_same(world.run(cw.run_collective, name, "all_reduce", op, dtype, SHAPE))
 
 
 @pytest.mark.parametrize(("op", "dtype"), _reductions())
-def test_reduce_scatter(world: World, isolated: bool, op: str, dtype: str) -> None:
-    _assert_same(world.run(cw.run_collective, "reduce_scatter", op, dtype, SHAPE, isolated))
+def test_reduce_scatter(world: World, name: str, op: str, dtype: str) -> None:
+    _assert_same(world.run(cw.run_collective, name, "reduce_scatter", op, dtype, SHAPE))
 
 
 @pytest.mark.parametrize(
     "kind", ["all_gather", "all_gather_to_list", "all_to_all", "broadcast_first", "broadcast_last"]
 )
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_data_movement(world: World, isolated: bool, kind: str, dtype: str) -> None:
-    _assert_same(world.run(cw.run_collective, kind, None, dtype, SHAPE, isolated))
+def test_data_movement(world: World, name: str, kind: str, dtype: str) -> None:
+    _assert_same(world.run(cw.run_collective, name, kind, None, dtype, SHAPE))
 
 
 @pytest.mark.parametrize("shape", [(), (0,), (1, 1, 5)], ids=["scalar", "empty", "rank3"])
 @pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "broadcast_last"])
-def test_odd_shapes(world: World, isolated: bool, kind: str, shape: tuple[int, ...]) -> None:
-    _assert_same(world.run(cw.run_collective, kind, "SUM", "float32", shape, isolated))
+def test_odd_shapes(world: World, name: str, kind: str, shape: tuple[int, ...]) -> None:
+    _assert_same(world.run(cw.run_collective, name, kind, "SUM", "float32", shape))
 
 
+@pytest.mark.parametrize("name", [name for name, kind in cw.GANGS.items() if not kind.same_data])
 @pytest.mark.parametrize(("op", "dtype"), [("SUM", "float32"), ("MAX", "int64"), ("SUM", "int32")])
-def test_large_reduce_scatter(world: World, isolated: bool, op: str, dtype: str) -> None:
-    # 2**20 elements per chunk: a size at which some JAX CPU builds returned wrong reduce-scatter data.
-    results = world.run(cw.run_collective, "reduce_scatter", op, dtype, (1 << 20,), isolated)
+def test_large_reduce_scatter(world: World, name: str, op: str, dtype: str) -> None:
+    # 2**20 elements per chunk: a size at which some JAX CPU builds returned wrong reduce-scatter data
+    # (a check of the data path; a gang that assumes equal data on every rank has none).
+    results = world.run(cw.run_collective, name, "reduce_scatter", op, dtype, (1 << 20,))
     _assert_same(results)
 
 
-def test_results_are_not_trivial(world: World, isolated: bool) -> None:
+def test_results_are_not_trivial(world: World, name: str) -> None:
     # Guards the suite itself: a SUM must differ from the input, or equality would prove nothing.
-    results = world.run(cw.run_collective, "all_reduce", "SUM", "int64", SHAPE, isolated)
-    expected = torch.stack([cw.make_input(r, SHAPE, torch.int64, None) for r in range(world.world_size)]).sum(0)
+    results = world.run(cw.run_collective, name, "all_reduce", "SUM", "int64", SHAPE)
+    ranks = [0] * world.world_size if cw.GANGS[name].same_data else range(world.world_size)
+    expected = torch.stack([cw.make_input(r, SHAPE, torch.int64, None) for r in ranks]).sum(0)
     for r in results:
-        assert torch.equal(r["jax"], expected)
+        assert torch.equal(r["tested"], expected)
 
 
 @pytest.mark.parametrize("how", ["create_gang", "split", "three"])
-def test_subgangs(world: World, isolated: bool, how: str) -> None:
-    results = world.run(cw.run_on_subgangs, how, isolated)
+def test_subgangs(world: World, name: str, how: str) -> None:
+    results = world.run(cw.run_on_subgangs, name, how)
     members = 0
     for r in results:
-        assert (r["torch"] is None) == (r["jax"] is None)
-        if r["torch"] is None:
+        assert (r["reference"] is None) == (r["tested"] is None)
+        if r["reference"] is None:
             continue
         members += 1
         for key in ("rank", "size"):
-            assert r["torch"][key] == r["jax"][key]
+            assert r["reference"][key] == r["tested"][key]
         for key in ("sum", "mean", "gather", "broadcast"):
-            assert torch.equal(r["torch"][key], r["jax"][key]), key
+            assert torch.equal(r["reference"][key], r["tested"][key]), key
     assert members >= 2
 
 
 @pytest.mark.parametrize("tp_size", [1, 2])
-def test_parallel_gangs(world: World, isolated: bool, tp_size: int) -> None:
-    results = world.run(cw.run_parallel_gangs, tp_size, isolated)
+def test_parallel_gangs(world: World, name: str, tp_size: int) -> None:
+    results = world.run(cw.run_parallel_gangs, name, tp_size)
     for r in results:
         for layout in ("parallel", "fsdp"):
-            for axis, (rank, size, value) in r["torch"][layout].items():
-                j_rank, j_size, j_value = r["jax"][layout][axis]
+            for axis, (rank, size, value) in r["reference"][layout].items():
+                j_rank, j_size, j_value = r["tested"][layout][axis]
                 assert (rank, size) == (j_rank, j_size), (layout, axis)
                 assert torch.equal(value, j_value), (layout, axis)
 
 
-def test_broadcast_objects(world: World, isolated: bool) -> None:
-    results = world.run(cw.run_broadcast_objects, isolated)
+@pytest.mark.parametrize("name", [name for name, kind in cw.GANGS.items() if kind.objects])
+def test_broadcast_objects(world: World, name: str) -> None:
+    results = world.run(cw.run_broadcast_objects, name)
     for r in results:
-        assert r["torch"] == r["jax"] == [{"from": world.world_size - 1}, "x" * 1000]
+        assert r["reference"] == r["tested"] == [{"from": world.world_size - 1}, "x" * 1000]
+
+
+def test_supported_dtypes_are_what_every_backend_moves(world: World) -> None:
+    # Adding a dtype that some backend refuses (float8) or dropping one they all move (int8) fails here.
+    for moved in world.run(cw.moved_dtypes):
+        assert sorted(str(d) for d in SUPPORTED_DTYPES) == moved

@@ -111,7 +111,7 @@ def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang, caplo
         gang.all_reduce(t, ReduceOperation.SUM)
     with pytest.raises(InvalidOperationError, match=re.escape("inside `with gang.step():`")):
         gang.should_commit()
-    with pytest.raises(NotSupportedError):
+    with pytest.raises(NotSupportedError, match="A `ReplicaGang` cannot be split"):
         gang.create_gang([0])
     host, port = gang._address
     with pytest.raises(GangError, match=r"`join` failed: replica 'solo' rank 0 is already taken by a live process at "):

@@ -4,7 +4,8 @@
 a loop and prints ``STEP n`` as it goes.
 
 - In-process (default): the victim ``os._exit(3)``s after a few steps. A survivor whose
-  all-reduce raises prints ``GANGERROR: <message>`` on stdout and then closes its gang.
+  all-reduce raises prints ``GANGERROR: <message>`` and ``CAUSE: <type of its __cause__>`` on
+  stdout and then closes its gang.
 - ``isolated``: the gang runs JAX in a child process; the test SIGKILLs the victim. A survivor
   prints ``GANGERROR: <message>`` when its pending all-reduce fails, ``NEXT: <message>`` when the
   next one fails too, closes the gang, shows that its process goes on (``ALIVE``) and exits 0.
@@ -46,6 +47,7 @@ def main() -> None:
         except GangError as ex:
             failed_at = time.monotonic()
             print(f"GANGERROR: {ex}", flush=True)
+            print(f"CAUSE: {type(ex.__cause__).__name__}", flush=True)
             break
         step += 1
         print(f"STEP {step}", flush=True)

@@ -6,7 +6,7 @@ controls is *when* (the gang's ``timeout`` is JAX's heartbeat timeout) and that 
 collective talks to the dead process get a :class:`~gang.GangError` first. This test checks
 exactly that: no survivor hangs (the harness timeout bounds the run), every survivor ends with
 SIGABRT and JAX's message naming the dead task, and the victim's neighbours saw a GangError
-naming the operation, their rank and the size.
+naming the operation, their rank and the size, with the backend's exception chained as its cause.
 
 With ``isolated=True`` JAX runs in a child process of each rank; the test SIGKILLs one rank and
 checks that every survivor's pending and next all-reduce raise a GangError, that the survivor
@@ -98,6 +98,8 @@ def test_dead_peer_terminates_every_survivor_promptly(size: int) -> None:
             saw_gang_error += 1
             assert f"`all_reduce` failed on rank {rank} of a gang of size {size}" in out, where
             assert "Gloo" in out, where
+            # The backend's exception is chained as the cause, not swallowed (JAX raises a RuntimeError kin).
+            assert "CAUSE: " in out and "CAUSE: NoneType" not in out, where
     # At least the victim's direct peers in the collective got a Python exception first.
     assert saw_gang_error >= 1, outputs
 

@@ -1,9 +1,10 @@
 """Fault injection on ProcessGroupGang: every survivor raises GangError, then closes cleanly.
 
 Each scenario starts its own processes with a short gang timeout and stops every one of them
-(`World` kills what is left when it closes). Survivors measure how long the failing call took;
-the checks compare that with the gang's timeout to prove *which* timeout was honoured, and the
-harness's own timeout bounds every scenario.
+(`World` kills what is left when it closes). Nothing here reads a clock: the error text proves
+which failure a survivor saw ("Timed out" when the gang's timeout fired), and the harness's own
+timeout (far above the gang's) turns a survivor left waiting into a failed test. Timings belong
+in the benchmarks.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ from fault_workers import (
 
 from gang.testing import WorkerDiedError, World
 
-TIMEOUT = 4.0  # the gangs' collective timeout in these scenarios, in seconds
-MARGIN = 20.0  # generous: a loaded 2-core machine; torch's default would be 30 minutes
+TIMEOUT = 4.0  # the gangs' collective timeout in these scenarios, in seconds (torch's default: 30 minutes)
 
 
 def _check_survivor(rank: int, size: int, report: dict[str, Any], op: str, *causes: str) -> None:
@@ -33,12 +33,11 @@ def _check_survivor(rank: int, size: int, report: dict[str, Any], op: str, *caus
     assert error is not None, f"rank {rank} saw no error"
     assert f"`{op}` failed on rank {rank} of a gang of size {size}" in error, error
     assert any(c in error for c in causes), f"rank {rank}: {error!r} names none of {causes}"
-    assert report["elapsed"] < TIMEOUT + MARGIN, report
     assert report["closed"] is True
 
 
 def _died(world: World, fn: Any, *args: Any) -> WorkerDiedError:
-    with pytest.raises(WorkerDiedError) as info:
+    with pytest.raises(WorkerDiedError, match=r"died while running") as info:
         world.run(fn, *args, timeout=120)
     return info.value
 
@@ -68,7 +67,6 @@ def test_peer_hangs(size: int) -> None:
         results = world.run(hang, size - 1, TIMEOUT + 1, timeout=120)
     for rank, report in enumerate(results[:-1]):
         _check_survivor(rank, size, report, "all_reduce", "Timed out")
-        assert report["elapsed"] >= TIMEOUT * 0.9  # it was the gang's timeout that fired
     assert results[-1] == {"victim": True}
 
 
@@ -77,7 +75,6 @@ def test_sub_gang_honours_the_root_timeout() -> None:
         results = world.run(hang_in_sub_gang, 1, TIMEOUT + 1, timeout=120)
     survivor = results[0]
     _check_survivor(0, 2, survivor, "all_reduce", "Timed out")
-    assert survivor["elapsed"] >= TIMEOUT * 0.9
     assert survivor["timeout"].total_seconds() == TIMEOUT
     assert results[1] == {"victim": True}
     assert results[2] == {"member": False}
@@ -90,7 +87,6 @@ def test_peer_never_arrives_at_rendezvous() -> None:
         assert report["error"] is not None
         assert "`create_default_process_group` failed during the rendezvous" in report["error"]
         assert "of 3" in report["error"]
-        assert report["elapsed"] < TIMEOUT + MARGIN
     assert results[2] == {"victim": True}
 
 
@@ -108,7 +104,6 @@ def test_store_host_dies() -> None:
     for rank, report in died.results.items():
         error = report["error"]
         assert error is not None and f"rank {rank} of a gang of size 3" in error, error
-        assert report["elapsed"] < TIMEOUT + MARGIN
         assert report["closed"] is True
 
 
@@ -117,7 +112,6 @@ def test_close_on_an_error_path_does_not_hang_the_others() -> None:
         results = world.run(close_on_error_path, 1, timeout=120)
     failing = results[1]
     assert failing["failing"] is True and failing["closed"] is True
-    assert failing["close_seconds"] < MARGIN  # close() is local: it never waits for peers
     # Rank 3 shares dp gang [1, 3] with the failed rank; it learns of the failure as a GangError.
     assert results[3]["error"] is not None and "rank 1 of a gang of size 2" in results[3]["error"]
     for rank in (0, 2):  # their dp gang [0, 2] is healthy; the root barrier then fails

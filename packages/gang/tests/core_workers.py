@@ -224,6 +224,29 @@ def fail_on(g: Gang, bad_rank: int) -> None:
     g.barrier()
 
 
+_IN_WORKER = False  # set on the workers only: `WorkerOnlyError` cannot be rebuilt in the test process
+
+
+def _rebuild_worker_only(text: str) -> WorkerOnlyError:
+    if not _IN_WORKER:
+        raise RuntimeError("a `WorkerOnlyError` can be rebuilt on a worker only")
+    return WorkerOnlyError(text)
+
+
+class WorkerOnlyError(Exception):
+    """An exception that pickles everywhere but unpickles only on a worker (as one whose class the
+    test process cannot import would)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (_rebuild_worker_only, (str(self),))
+
+
+def raise_worker_only(g: Gang) -> None:
+    global _IN_WORKER
+    _IN_WORKER = True
+    raise WorkerOnlyError(f"made on rank {g.rank}")
+
+
 def sleep_forever(g: Gang) -> None:
     import time
 

@@ -81,7 +81,7 @@ def test_bad_arguments_are_refused_before_anything_starts(capsys: pytest.Capture
         (["--tp", "0"], "`--tp` must be at least 1, but is 0 instead."),
         (["--impls", "gang", "nccl"], "`--impls` must name some of torch, gang"),
     ):
-        with pytest.raises(SystemExit) as exit_info:
+        with pytest.raises(SystemExit, match="2") as exit_info:
             main(args)
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err

@@ -7,14 +7,16 @@ The variable sets below are those that slurm-wlm 22.05 (`srun`, `sbatch`), Open 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 
 import pytest
 import torch
 
 import gang
+from gang import launchers
 from gang.env import get_launcher, get_master_address
-from gang.launchers import expand_hostlist, expand_tasks_per_node
+from gang.launchers import Launcher, expand_hostlist, expand_tasks_per_node
 
 PREFIXES = ("SLURM_", "OMPI_", "PMIX_")
 TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
@@ -336,6 +338,31 @@ def test_malformed_values(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str], call: Callable[[], object], text: str
 ) -> None:
     setenv(monkeypatch, env)
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match=re.escape(text)):
         call()
-    assert text in str(info.value)
+
+
+class _Pbs(Launcher):
+    """A launcher the package does not know, as a user would add one."""
+
+    name = "pbs"
+
+    @classmethod
+    def is_present(cls, env: Mapping[str, str]) -> bool:
+        return "PBS_NP" in env
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Launcher:
+        return cls(int(env["PBS_VNODENUM"]), int(env["PBS_NP"]), 0, 1, env)
+
+
+def test_a_new_launcher_is_one_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launchers, "LAUNCHERS", list(launchers.LAUNCHERS))  # the registry, restored after
+    assert launchers.register_launcher(_Pbs) is _Pbs
+    assert [cls.name for cls in launchers.LAUNCHERS] == ["torchrun", "openmpi", "slurm", "pbs", "none"]
+    found = launchers.detect_launcher({"PBS_NP": "4", "PBS_VNODENUM": "3"})
+    assert type(found) is _Pbs and (found.name, found.rank, found.world_size) == ("pbs", 3, 4)
+    with pytest.raises(ValueError, match="`MASTER_ADDR` must be set for a multi-process run launched by pbs"):
+        found.master_address()
+    # Launchers registered before it still win, as a whole.
+    assert launchers.detect_launcher({"PBS_NP": "4", "RANK": "1", "WORLD_SIZE": "2"}).name == "torchrun"

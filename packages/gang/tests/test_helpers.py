@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -10,6 +11,7 @@ from core_workers import dict_kinds
 
 import gang
 from gang import FakeGang, Gang, ReduceOperation, all_gather_objects, all_reduce_dict, all_sum, broadcast_flag
+from gang.extend import check_op
 from gang.testing import World
 
 
@@ -40,6 +42,8 @@ def test_helpers_on_fake_gang() -> None:
     assert gang.all_gather_objects(g, "a") == ["a"] * 4
     assert gang.all_reduce_dict(g, {"x": 1.0, "n": 3}) == {"x": 4.0, "n": 12}
     assert gang.all_reduce_dict(g, {"x": 2.0}, ReduceOperation.MEAN) == {"x": 2.0}
+    z = torch.tensor([1 + 2j])  # the gang takes a complex MEAN, so does the helper
+    assert torch.equal(gang.all_reduce_dict(g, {"z": z}, ReduceOperation.MEAN)["z"], z)
 
 
 def test_helper_argument_errors() -> None:
@@ -52,8 +56,16 @@ def test_helper_argument_errors() -> None:
         gang.all_reduce_dict(g, [1])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"`data\['a'\]`"):
         gang.all_reduce_dict(g, {"a": "x"})
-    with pytest.raises(ValueError, match="MEAN"):
+    with pytest.raises(ValueError, match=re.escape("`op` is `ReduceOperation.MEAN`, which needs floating-point")):
         gang.all_reduce_dict(g, {"a": 1}, ReduceOperation.MEAN)
+    # The helper refuses what the gang refuses, in the same words (naming the value it holds).
+    for op in (ReduceOperation.MAX, ReduceOperation.MEAN):
+        t = torch.ones(2, dtype=torch.complex64 if op is ReduceOperation.MAX else torch.int32)
+        with pytest.raises(ValueError, match=r"`op`") as of_gang:
+            g.all_reduce(t, op)
+        expected = str(of_gang.value).replace("the tensor", "`data['t']`")
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            gang.all_reduce_dict(g, {"t": t}, op)
     with pytest.raises(ValueError, match="picklable"):
         gang.all_gather_objects(g, lambda: 0)
 
@@ -80,3 +92,13 @@ def test_all_reduce_dict_agrees_on_kinds_across_ranks(worlds: Callable[[int], Wo
         )
         assert got["kinds"] == results[0]["kinds"] and got["kinds"].startswith("ValueError: `data['t']` must be")
         assert got["after"] == 2.0
+
+
+def test_one_reduction_check_for_torch_and_jax_dtypes() -> None:
+    # `gang_jax.functional` checks a JAX array's dtype by name with the same function as every gang.
+    mean = ReduceOperation.MEAN
+    assert check_op("op", mean, "bfloat16") is check_op("op", mean, torch.bfloat16) is mean
+    with pytest.raises(ValueError, match=re.escape("but `x` has dtype int32 instead.")):
+        check_op("op", mean, "int32", of="`x`")
+    with pytest.raises(TypeError, match=re.escape("`dtype` must be a `torch.dtype` or the name of one")):
+        check_op("op", mean, "float128")

@@ -130,7 +130,7 @@ def test_flatten_errors(roles: tuple[str, ...], text: str) -> None:
     with pytest.raises(ValueError, match="`roles`") as info:
         gangs.flatten(*roles)
     assert text in str(info.value)
-    with pytest.raises(ValueError) as again:
+    with pytest.raises(ValueError, match="`roles`") as again:
         flattened_axes(roles)
     assert str(again.value) == str(info.value)
 

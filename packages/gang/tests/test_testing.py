@@ -6,7 +6,7 @@ import os
 import pickle
 
 import pytest
-from core_workers import fail_on, rank_and_pid, sleep_forever
+from core_workers import fail_on, raise_worker_only, rank_and_pid, sleep_forever
 
 from gang.testing import RemoteTraceback, World, spawn
 
@@ -32,7 +32,7 @@ def test_spawn_returns_results_in_rank_order_and_leaves_no_process() -> None:
 def test_remote_failure_is_reraised_with_rank_and_traceback() -> None:
     with World(3) as world:
         pids = [pid for _, pid, _ in world.run(rank_and_pid, "")]
-        with pytest.raises(KeyError) as info:
+        with pytest.raises(KeyError, match="bad things on 2") as info:
             world.run(fail_on, 2)
         assert not world.alive
     assert "raised on rank 2 of 3 while running fail_on" in " ".join(getattr(info.value, "__notes__", []))
@@ -54,11 +54,22 @@ def test_timeout_stops_every_rank() -> None:
         world.run(rank_and_pid, "")
 
 
-def test_unpicklable_function_is_a_value_error() -> None:
-    with World(1) as world, pytest.raises(ValueError, match="picklable"):
-        world.run(lambda g: g)
+def test_what_cannot_be_pickled_or_unpickled_gives_a_clear_error() -> None:
+    with World(1) as world:
+        with pytest.raises(ValueError, match="picklable"):
+            world.run(lambda g: g)
+        # A remote exception that cannot be rebuilt here still names itself, with the remote traceback.
+        with pytest.raises(RuntimeError, match=r"^WorkerOnlyError: made on rank 0\b") as info:
+            world.run(raise_worker_only)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "could not be unpickled here" in notes and "raised on rank 0 of 1" in notes, notes
+    cause = info.value.__cause__
+    assert isinstance(cause, RemoteTraceback) and cause.rank == 0
+    assert "WorkerOnlyError: made on rank 0" in cause.text and "core_workers.py" in cause.text
     with pytest.raises(ValueError, match="`world_size`"):
         World(0)
+    with pytest.raises(ValueError, match=r"`start_timeout` must be positive, but is 0 instead\."):
+        World(1, start_timeout=0)
 
 
 def test_remote_traceback_pickles() -> None:

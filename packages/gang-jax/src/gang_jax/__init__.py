@@ -7,8 +7,8 @@ so one test body can run on both; :mod:`gang_jax.functional` offers the same col
 
 from __future__ import annotations
 
-from gang_jax.gang import DEFAULT_TIMEOUT, JaxGang
+from gang_jax.gang import DEFAULT_COORDINATION_TIMEOUT, JaxGang
 
 __version__ = "0.1.0"
 
-__all__ = ["DEFAULT_TIMEOUT", "JaxGang"]
+__all__ = ["DEFAULT_COORDINATION_TIMEOUT", "JaxGang"]

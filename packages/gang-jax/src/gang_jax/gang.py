@@ -18,8 +18,9 @@ from gang_jax._engine import Engine, LocalEngine, start_runtime, stop_runtime
 from gang_jax._isolated import IsolatedEngine
 from gang_jax._rendezvous import Rendezvous, resolve
 
-DEFAULT_TIMEOUT = timedelta(minutes=5)
-"""How long :meth:`JaxGang.create_default` waits for every process to join, when no timeout is given."""
+DEFAULT_COORDINATION_TIMEOUT = timedelta(minutes=5)
+"""The timeout of JAX's coordination service when :meth:`JaxGang.create_default` is given none: how
+long it waits for every process to join, and the heartbeat age after which it ends the job."""
 
 
 def _rank_and_size(where: Rendezvous) -> tuple[int | None, int | None]:
@@ -113,7 +114,7 @@ class JaxGang(Gang):
                 process_id = check_int("process_id", process_id, minimum=0)
             else:
                 process_id = check_rank("process_id", process_id, num_processes)
-        timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
+        timeout = check_timeout(timeout, default=DEFAULT_COORDINATION_TIMEOUT)
         if not isinstance(isolated, bool):
             raise TypeError(f"`isolated` must be a `bool`, but is {isolated!r} instead.")
 

@@ -171,28 +171,37 @@ def check_dtype(name: str, dtype: torch.dtype) -> None:
         raise ValueError(f"`{name}` must have a dtype that every gang supports ({supported}), but has {dtype} instead.")
 
 
-def check_op(name: str, op: object, dtype: torch.dtype) -> ReduceOperation:
+def check_op(name: str, op: object, dtype: torch.dtype | str, *, of: str = "the tensor") -> ReduceOperation:
     """Return ``op`` if it is a :class:`~gang.ReduceOperation` every gang can apply to ``dtype``.
 
     Every reduction applies to floating-point dtypes; ``MEAN`` needs a floating-point or complex
     dtype; complex dtypes only take ``SUM`` and ``MEAN`` (gloo and NCCL have no complex ``MIN``,
     ``MAX`` or ``PRODUCT``). ``bool`` reduces as a logical or (``SUM``, ``MAX``) and a logical and
-    (``PRODUCT``, ``MIN``), as gloo and NCCL do.
+    (``PRODUCT``, ``MIN``), as gloo and NCCL do. Every public reduction of every gang, and every
+    helper that reduces (:func:`gang.all_reduce_dict`, ``gang_jax.functional``), checks with this.
 
+    :param name: The argument's name, used in the error message.
+    :param op: The reduction to check.
+    :param dtype: The dtype of the values to reduce: a ``torch.dtype``, or the name of a NumPy or
+        JAX dtype (``"bfloat16"``, ``"int32"``: the names torch uses too).
+    :param of: What holds the values, as the error message names it (``"`x`"``, ``"`data['a']`"``).
     :raises TypeError: If ``op`` is not a :class:`~gang.ReduceOperation`.
     :raises ValueError: If no gang can apply ``op`` to ``dtype``.
     """
     if not isinstance(op, ReduceOperation):
         raise TypeError(f"`{name}` must be a `ReduceOperation`, but is {op!r} instead.")
-    if op is ReduceOperation.MEAN and not (dtype.is_floating_point or dtype.is_complex):
+    kind = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(kind, torch.dtype):
+        raise TypeError(f"`dtype` must be a `torch.dtype` or the name of one, but is {dtype!r} instead.")
+    if op is ReduceOperation.MEAN and not (kind.is_floating_point or kind.is_complex):
         raise ValueError(
-            f"`{name}` is `ReduceOperation.MEAN`, which needs a floating-point tensor, "
-            f"but the tensor has dtype {dtype} instead."
+            f"`{name}` is `ReduceOperation.MEAN`, which needs floating-point values, "
+            f"but {of} has dtype {dtype} instead."
         )
-    if dtype.is_complex and op not in _REDUCTIONS_OF_COMPLEX:
+    if kind.is_complex and op not in _REDUCTIONS_OF_COMPLEX:
         raise ValueError(
-            f"`{name}` must be `ReduceOperation.SUM` or `ReduceOperation.MEAN` for a complex tensor, "
-            f"but is `ReduceOperation.{op.name}` and the tensor has dtype {dtype}."
+            f"`{name}` must be `ReduceOperation.SUM` or `ReduceOperation.MEAN` for complex values, "
+            f"but is `ReduceOperation.{op.name}` and {of} has dtype {dtype}."
         )
     return op
 

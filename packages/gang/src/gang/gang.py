@@ -98,8 +98,8 @@ class Gang(ABC):
         """Whether debug mode is on: every collective first checks that all ranks make the same call.
 
         On when the gang was created with ``debug=True``, or with ``debug=None`` while the
-        environment variable ``GANG_DEBUG`` is ``1``. Sub-gangs inherit it. Off, it costs one
-        attribute test per call.
+        environment variable ``GANG_DEBUG`` turns it on (``1``, ``true``, ``yes`` or ``on``).
+        Sub-gangs inherit it. Off, it costs one attribute test per call.
         """
         return self._debug
 
@@ -110,7 +110,9 @@ class Gang(ABC):
         """Create a sub-gang of the listed ranks of this gang.
 
         Every member of this gang calls it with the same ``ranks``. Members of the new gang are
-        ordered by their rank in this gang. The sub-gang inherits this gang's timeout.
+        ordered by their rank in this gang. The sub-gang inherits this gang's :attr:`debug` mode and
+        what its kind of gang carries over (a :class:`~gang.ProcessGroupGang`'s collective timeout,
+        for one); a :class:`Gang` as such has no timeout.
 
         :param ranks: Ranks of *this* gang (not global ranks), unique and in ``[0, size)``.
         :returns: The new gang, or ``None`` if this process is not in ``ranks``.
@@ -338,8 +340,9 @@ class Gang(ABC):
     def broadcast_objects(self, objects: list[object], source_rank: int = 0) -> None:
         """Replace the contents of ``objects`` with those of ``source_rank``'s list.
 
-        The source pickles its list before anything is sent. If it cannot, every rank raises the
-        same :class:`ValueError` (after a short status exchange), so no rank is left waiting.
+        The source pickles its list before anything is sent. If it cannot, every rank raises a
+        :class:`ValueError` (after a short status exchange), so no rank is left waiting: the
+        source's names the pickling error, the others' name the source rank.
         Receivers unpickle what the source sends: only use it between processes you trust.
 
         :param objects: A list of picklable objects; replaced in place on non-source ranks.
@@ -518,7 +521,8 @@ class Gang(ABC):
 
 
 def debug_from_env() -> bool:
-    """Return whether the environment variable ``GANG_DEBUG`` turns debug mode on (``1``, ``true``, ``yes``)."""
+    """Return whether the environment variable ``GANG_DEBUG`` turns debug mode on (``1``, ``true``, ``yes``, ``on``;
+    any case, surrounding spaces ignored)."""
     return os.environ.get("GANG_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 
 

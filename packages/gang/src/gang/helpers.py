@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from gang.extend import all_gather_bytes, check_values_exchangeable, pickle_or_error
+from gang.extend import all_gather_bytes, check_op, check_values_exchangeable, pickle_or_error
 from gang.gang import Gang, ReduceOperation
 
 T = TypeVar("T")
@@ -89,11 +89,12 @@ def all_reduce_dict(gang: Gang, data: Mapping[str, Any], op: ReduceOperation = R
     ranks first exchange their keys and the kind of each value, so a mismatch they cannot
     reconcile raises the same error on every rank instead of a hang.
 
-    :raises TypeError: If ``data`` is not a mapping, or a value on some rank is neither a number
-        nor a tensor (on every rank).
+    :raises TypeError: If ``data`` is not a mapping, ``op`` is not a :class:`~gang.ReduceOperation`,
+        or a value on some rank is neither a number nor a tensor (on every rank).
     :raises ValueError: If the ranks' keys differ, a key is a tensor on one rank and a number (or
-        a tensor of another dtype or shape) on another, or ``op`` is ``MEAN`` and a value is an
-        integer (on every rank).
+        a tensor of another dtype or shape) on another, or ``op`` cannot reduce a value's dtype
+        (the check of every gang, :func:`gang.extend.check_op`: ``MEAN`` of integers, ``MIN`` of
+        complex values; on every rank).
     """
     if not isinstance(data, Mapping):
         raise TypeError(f"`data` must be a mapping, but is of type `{type(data).__name__}` instead.")
@@ -109,13 +110,8 @@ def all_reduce_dict(gang: Gang, data: Mapping[str, Any], op: ReduceOperation = R
     by_dtype: dict[torch.dtype, list[str]] = {}
     for key in sorted(tensors):
         by_dtype.setdefault(tensors[key].dtype, []).append(key)
-    if op is ReduceOperation.MEAN:
-        for dtype, keys in by_dtype.items():
-            if not dtype.is_floating_point:
-                raise ValueError(
-                    "`op` is `ReduceOperation.MEAN`, which needs floating-point values, "
-                    f"but `data[{keys[0]!r}]` has dtype {dtype} instead."
-                )
+    for dtype, keys in by_dtype.items():  # before any reduction: the dtypes are the same on every rank
+        check_op("op", op, dtype, of=f"`data[{keys[0]!r}]`")
     result: dict[str, Any] = {}
     for dtype in sorted(by_dtype, key=str):
         keys = by_dtype[dtype]

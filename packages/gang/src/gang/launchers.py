@@ -13,7 +13,9 @@ several launchers are present, the innermost launcher wins, in this order:
    (no ``SLURM_PROCID``) is one process too.
 4. None of them: a world of one process.
 
-A variable set to blanks counts as unset.
+A variable set to blanks counts as unset. Each launcher is one small class, registered in
+:data:`LAUNCHERS` in the order above; a new launcher (MPICH, PBS, LSF, ...) is one more class
+registered with :func:`register_launcher`.
 
 Derived rendezvous ports are even, so ``port + 1`` is free for a second service of the same
 job (``gang_jax`` puts the JAX coordinator there).
@@ -27,8 +29,20 @@ import socket
 import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar, TypeVar
 
-__all__ = ["Launcher", "detect_launcher", "expand_hostlist", "expand_tasks_per_node"]
+__all__ = [
+    "LAUNCHERS",
+    "Launcher",
+    "NoLauncher",
+    "OpenMPILauncher",
+    "SlurmLauncher",
+    "TorchrunLauncher",
+    "detect_launcher",
+    "expand_hostlist",
+    "expand_tasks_per_node",
+    "register_launcher",
+]
 
 # Derived ports are even numbers in [_PORT_BASE, _PORT_BASE + 2 * _PORT_SLOTS), below Linux's
 # ephemeral range (32768-60999), so an outgoing connection never holds one by chance.
@@ -166,7 +180,12 @@ def _slurm_node_address(node: str, variable: str, value: str) -> str:
 
 @dataclass(frozen=True)
 class Launcher:
-    """What the launcher of this process says about the world.
+    """What the launcher of this process says about the world: the base of one small class per
+    launcher, found through :data:`LAUNCHERS`.
+
+    A new launcher (MPICH, PBS, LSF, ...) is one subclass: its :attr:`name`, :meth:`is_present`,
+    :meth:`from_env` and, when it can derive a rendezvous address, :meth:`_derived_address`;
+    :func:`register_launcher` puts it in the registry.
 
     :ivar name: ``"torchrun"``, ``"slurm"``, ``"openmpi"``, or ``"none"`` (a world of one process).
     :ivar rank: The global rank.
@@ -175,12 +194,25 @@ class Launcher:
     :ivar local_world_size: The number of processes on this node.
     """
 
-    name: str
+    name: ClassVar[str]
     rank: int
     world_size: int
     local_rank: int
     local_world_size: int
     _env: Mapping[str, str] = field(repr=False, compare=False)
+
+    @classmethod
+    def is_present(cls, env: Mapping[str, str]) -> bool:
+        """Whether ``env`` shows that this launcher started the process."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Launcher:
+        """Read this launcher's variables from ``env``, as a whole.
+
+        :raises ValueError: If a variable is missing or malformed (the message names it and its value).
+        """
+        raise NotImplementedError
 
     def master_address(self) -> tuple[str, int]:
         """Return the rendezvous ``(host, port)`` that every process of the world agrees on.
@@ -207,19 +239,138 @@ class Launcher:
             raise _error("MASTER_PORT", env["MASTER_PORT"], "a port in the range [1, 65535]")
         if host is not None and port is not None:
             return host, port
-        if self.name == "slurm":
-            return self._slurm_address(host, port)
-        if self.name == "openmpi":
-            return self._ompi_address(host, port)
-        if self.name == "none":
-            return host or "127.0.0.1", port or 0
+        return self._derived_address(host, port)
+
+    def _derived_address(self, host: str | None, port: int | None) -> tuple[str, int]:
+        """The rendezvous address when ``MASTER_ADDR`` or ``MASTER_PORT`` (``None`` here) is missing.
+
+        By default the launcher cannot derive one, and the error says which variable to set.
+        """
         missing = "MASTER_ADDR" if host is None else "MASTER_PORT"
         raise ValueError(
             f"The environment variable `{missing}` must be set for a multi-process run launched by {self.name} "
             "(torchrun sets it; with plain `env://` set `MASTER_ADDR` and `MASTER_PORT`), but is not set."
         )
 
-    def _slurm_address(self, host: str | None, port: int | None) -> tuple[str, int]:
+
+LAUNCHERS: list[type[Launcher]] = []
+"""The known launchers, innermost first: :func:`detect_launcher` returns the first present one."""
+
+_L = TypeVar("_L", bound=type[Launcher])
+
+
+def register_launcher(cls: _L) -> _L:
+    """Add the launcher class ``cls`` to :data:`LAUNCHERS`, before the catch-all ``none``; return it."""
+    LAUNCHERS.insert(len(LAUNCHERS) - 1 if LAUNCHERS and LAUNCHERS[-1].name == "none" else len(LAUNCHERS), cls)
+    return cls
+
+
+@register_launcher
+class TorchrunLauncher(Launcher):
+    """torchrun, or plain ``env://``: ``RANK`` or ``WORLD_SIZE`` is set."""
+
+    name = "torchrun"
+
+    @classmethod
+    def is_present(cls, env: Mapping[str, str]) -> bool:
+        """Whether ``RANK`` or ``WORLD_SIZE`` is set."""
+        return _given(env, "RANK") or _given(env, "WORLD_SIZE")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Launcher:
+        """Read ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``."""
+        size = _int(env, "WORLD_SIZE", minimum=1)
+        rank = _below(env, "RANK", _int(env, "RANK", minimum=0), size, "world size")
+        has_local = [name for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE") if _given(env, name)]
+        if len(has_local) == 1:
+            other = "LOCAL_WORLD_SIZE" if has_local[0] == "LOCAL_RANK" else "LOCAL_RANK"
+            raise ValueError(
+                f"The environment variable `{other}` must be set when `{has_local[0]}` is (torchrun sets both), "
+                "but is not set."
+            )
+        local_size = _int(env, "LOCAL_WORLD_SIZE", minimum=1, default=1)
+        local_rank = _below(
+            env, "LOCAL_RANK", _int(env, "LOCAL_RANK", minimum=0, default=0), local_size, "local world size"
+        )
+        return cls(rank, size, local_rank, local_size, env)
+
+
+@register_launcher
+class OpenMPILauncher(Launcher):
+    """Open MPI's ``mpirun``: ``OMPI_COMM_WORLD_RANK`` or ``OMPI_COMM_WORLD_SIZE`` is set."""
+
+    name = "openmpi"
+
+    @classmethod
+    def is_present(cls, env: Mapping[str, str]) -> bool:
+        """Whether ``OMPI_COMM_WORLD_RANK`` or ``OMPI_COMM_WORLD_SIZE`` is set."""
+        return _given(env, "OMPI_COMM_WORLD_RANK") or _given(env, "OMPI_COMM_WORLD_SIZE")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Launcher:
+        """Read the ``OMPI_COMM_WORLD_*`` variables."""
+        size = _int(env, "OMPI_COMM_WORLD_SIZE", minimum=1)
+        rank = _below(env, "OMPI_COMM_WORLD_RANK", _int(env, "OMPI_COMM_WORLD_RANK", minimum=0), size, "world size")
+        local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1)
+        local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", minimum=0)
+        local_rank = _below(env, "OMPI_COMM_WORLD_LOCAL_RANK", local_rank, local_size, "local world size")
+        return cls(rank, size, local_rank, local_size, env)
+
+    def _derived_address(self, host: str | None, port: int | None) -> tuple[str, int]:
+        uri = self._env.get("OMPI_MCA_orte_hnp_uri", "").strip()
+        if not uri:
+            missing = " and ".join(f"`{n}`" for n, v in (("MASTER_ADDR", host), ("MASTER_PORT", port)) if v is None)
+            raise ValueError(
+                f"Under Open MPI's mpirun the rendezvous address cannot be derived ({missing} not set, and no "
+                f"`OMPI_MCA_orte_hnp_uri`, which Open MPI 5 no longer sets); export it to every rank: `{_MPIRUN_FIX}`."
+            )
+        # e.g. "1042350080.0;tcp://10.96.0.1,10.148.0.1:34911" or "...;tcp6://[fe80::1,...]:43370"
+        match = re.fullmatch(r"(\d+)\.\d+;.*?tcp://([^,:]+)[,:].*|(\d+)\.\d+;.*?tcp6://\[([^,\]]+)[,\]].*", uri)
+        if match is None:
+            raise ValueError(
+                f"The environment variable `OMPI_MCA_orte_hnp_uri` must be Open MPI's `jobid.vpid;tcp://host:port`, "
+                f"but is {uri!r} instead; export the address to every rank: `{_MPIRUN_FIX}`."
+            )
+        job_id = match.group(1) or match.group(3)
+        address = match.group(2) or match.group(4)
+        return host or address, port or _derived_port(int(job_id) // _OMPI_JOB_ID_UNIT)
+
+
+@register_launcher
+class SlurmLauncher(Launcher):
+    """SLURM's ``srun``: ``SLURM_PROCID`` and ``SLURM_STEP_ID`` are set (a batch script or ``salloc``
+    shell is no step)."""
+
+    name = "slurm"
+
+    @classmethod
+    def is_present(cls, env: Mapping[str, str]) -> bool:
+        """Whether ``SLURM_PROCID`` and ``SLURM_STEP_ID`` are set."""
+        return _given(env, "SLURM_PROCID") and _given(env, "SLURM_STEP_ID")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Launcher:
+        """Read ``SLURM_NTASKS``, ``SLURM_PROCID``, the tasks per node, ``SLURM_NODEID`` and ``SLURM_LOCALID``."""
+        size = _int(env, "SLURM_NTASKS", minimum=1)
+        rank = _below(env, "SLURM_PROCID", _int(env, "SLURM_PROCID", minimum=0), size, "world size")
+        variable = "SLURM_STEP_TASKS_PER_NODE" if _given(env, "SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
+        raw = env.get(variable, "")
+        if not raw.strip():
+            raise ValueError(
+                "The environment variable `SLURM_STEP_TASKS_PER_NODE` must be set under srun, but is not set."
+            )
+        try:
+            counts = expand_tasks_per_node(raw)
+        except ValueError:
+            raise _error(variable, raw, "a SLURM tasks-per-node list such as `2(x3),1`") from None
+        node = _int(env, "SLURM_NODEID", minimum=0)
+        if node >= len(counts):
+            raise _error("SLURM_NODEID", env["SLURM_NODEID"], f"less than the number of nodes in `{variable}`={raw!r}")
+        local_size = counts[node]
+        local_rank = _below(env, "SLURM_LOCALID", _int(env, "SLURM_LOCALID", minimum=0), local_size, "local world size")
+        return cls(rank, size, local_rank, local_size, env)
+
+    def _derived_address(self, host: str | None, port: int | None) -> tuple[str, int]:
         env = self._env
         if host is None:
             variable = "SLURM_STEP_NODELIST" if _given(env, "SLURM_STEP_NODELIST") else "SLURM_JOB_NODELIST"
@@ -240,82 +391,37 @@ class Launcher:
             port = _derived_port(job * 64 + step)
         return host, port
 
-    def _ompi_address(self, host: str | None, port: int | None) -> tuple[str, int]:
-        uri = self._env.get("OMPI_MCA_orte_hnp_uri", "").strip()
-        if not uri:
-            missing = " and ".join(f"`{n}`" for n, v in (("MASTER_ADDR", host), ("MASTER_PORT", port)) if v is None)
-            raise ValueError(
-                f"Under Open MPI's mpirun the rendezvous address cannot be derived ({missing} not set, and no "
-                f"`OMPI_MCA_orte_hnp_uri`, which Open MPI 5 no longer sets); export it to every rank: `{_MPIRUN_FIX}`."
-            )
-        # e.g. "1042350080.0;tcp://10.96.0.1,10.148.0.1:34911" or "...;tcp6://[fe80::1,...]:43370"
-        match = re.fullmatch(r"(\d+)\.\d+;.*?tcp://([^,:]+)[,:].*|(\d+)\.\d+;.*?tcp6://\[([^,\]]+)[,\]].*", uri)
-        if match is None:
-            raise ValueError(
-                f"The environment variable `OMPI_MCA_orte_hnp_uri` must be Open MPI's `jobid.vpid;tcp://host:port`, "
-                f"but is {uri!r} instead; export the address to every rank: `{_MPIRUN_FIX}`."
-            )
-        job_id = match.group(1) or match.group(3)
-        address = match.group(2) or match.group(4)
-        return host or address, port or _derived_port(int(job_id) // _OMPI_JOB_ID_UNIT)
 
+@register_launcher
+class NoLauncher(Launcher):
+    """No launcher: a world of one process (always present, so it comes last)."""
 
-def _torchrun(env: Mapping[str, str]) -> Launcher:
-    size = _int(env, "WORLD_SIZE", minimum=1)
-    rank = _below(env, "RANK", _int(env, "RANK", minimum=0), size, "world size")
-    has_local = [name for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE") if _given(env, name)]
-    if len(has_local) == 1:
-        other = "LOCAL_WORLD_SIZE" if has_local[0] == "LOCAL_RANK" else "LOCAL_RANK"
-        raise ValueError(
-            f"The environment variable `{other}` must be set when `{has_local[0]}` is (torchrun sets both), "
-            "but is not set."
-        )
-    local_size = _int(env, "LOCAL_WORLD_SIZE", minimum=1, default=1)
-    local_rank = _below(
-        env, "LOCAL_RANK", _int(env, "LOCAL_RANK", minimum=0, default=0), local_size, "local world size"
-    )
-    return Launcher("torchrun", rank, size, local_rank, local_size, env)
+    name = "none"
 
+    @classmethod
+    def is_present(cls, env: Mapping[str, str]) -> bool:
+        """Always true: the catch-all."""
+        return True
 
-def _openmpi(env: Mapping[str, str]) -> Launcher:
-    size = _int(env, "OMPI_COMM_WORLD_SIZE", minimum=1)
-    rank = _below(env, "OMPI_COMM_WORLD_RANK", _int(env, "OMPI_COMM_WORLD_RANK", minimum=0), size, "world size")
-    local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", minimum=1)
-    local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", minimum=0)
-    local_rank = _below(env, "OMPI_COMM_WORLD_LOCAL_RANK", local_rank, local_size, "local world size")
-    return Launcher("openmpi", rank, size, local_rank, local_size, env)
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Launcher:
+        """Rank 0 of a world of one process."""
+        return cls(0, 1, 0, 1, env)
 
-
-def _slurm(env: Mapping[str, str]) -> Launcher:
-    size = _int(env, "SLURM_NTASKS", minimum=1)
-    rank = _below(env, "SLURM_PROCID", _int(env, "SLURM_PROCID", minimum=0), size, "world size")
-    variable = "SLURM_STEP_TASKS_PER_NODE" if _given(env, "SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
-    raw = env.get(variable, "")
-    if not raw.strip():
-        raise ValueError("The environment variable `SLURM_STEP_TASKS_PER_NODE` must be set under srun, but is not set.")
-    try:
-        counts = expand_tasks_per_node(raw)
-    except ValueError:
-        raise _error(variable, raw, "a SLURM tasks-per-node list such as `2(x3),1`") from None
-    node = _int(env, "SLURM_NODEID", minimum=0)
-    if node >= len(counts):
-        raise _error("SLURM_NODEID", env["SLURM_NODEID"], f"less than the number of nodes in `{variable}`={raw!r}")
-    local_size = counts[node]
-    local_rank = _below(env, "SLURM_LOCALID", _int(env, "SLURM_LOCALID", minimum=0), local_size, "local world size")
-    return Launcher("slurm", rank, size, local_rank, local_size, env)
+    def _derived_address(self, host: str | None, port: int | None) -> tuple[str, int]:
+        return host or "127.0.0.1", port or 0
 
 
 def detect_launcher(environ: Mapping[str, str]) -> Launcher:
     """Return the launcher that ``environ`` (usually ``os.environ``) describes; see the module docs.
 
+    The first class of :data:`LAUNCHERS` that :meth:`~Launcher.is_present` reads it.
+
     :raises ValueError: If a variable of the detected launcher is missing or malformed (the
         message names the variable and its value).
     """
     env = dict(environ)
-    if _given(env, "RANK") or _given(env, "WORLD_SIZE"):
-        return _torchrun(env)
-    if _given(env, "OMPI_COMM_WORLD_RANK") or _given(env, "OMPI_COMM_WORLD_SIZE"):
-        return _openmpi(env)
-    if _given(env, "SLURM_PROCID") and _given(env, "SLURM_STEP_ID"):
-        return _slurm(env)
-    return Launcher("none", 0, 1, 0, 1, env)
+    for launcher in LAUNCHERS:
+        if launcher.is_present(env):
+            return launcher.from_env(env)
+    raise AssertionError("`NoLauncher` is always present")  # unreachable: the catch-all is registered

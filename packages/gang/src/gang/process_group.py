@@ -33,10 +33,12 @@ from gang.errors import GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_device, check_timeout, guard
 from gang.gang import Gang, ReduceOperation
 
-__all__ = ["DEFAULT_TIMEOUT", "ProcessGroupGang"]
+__all__ = ["DEFAULT_COLLECTIVE_TIMEOUT", "ProcessGroupGang"]
 
-DEFAULT_TIMEOUT = timedelta(minutes=15)
-"""The collective timeout of :meth:`ProcessGroupGang.create_default_process_group` when none is given."""
+DEFAULT_COLLECTIVE_TIMEOUT = timedelta(minutes=15)
+"""How long a :class:`ProcessGroupGang`'s rendezvous and each of its collectives wait for the other
+ranks, when :meth:`~ProcessGroupGang.create_default_process_group` (or
+:meth:`~ProcessGroupGang.from_process_group` with a ``timeout``) is given ``None``."""
 
 _REDUCE_OPS = {
     ReduceOperation.SUM: dist.ReduceOp.SUM,
@@ -196,7 +198,7 @@ class ProcessGroupGang(Gang):
             backend = "nccl"
         else:
             raise ValueError(f"`device` must be of type `cpu` or `cuda`, but is of type `{device.type}` instead.")
-        timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
+        timeout = check_timeout(timeout, default=DEFAULT_COLLECTIVE_TIMEOUT)
         if not dist.is_available():
             raise NotSupportedError("`torch.distributed` is not available in this build of PyTorch.")
         if dist.is_initialized():
@@ -263,7 +265,7 @@ class ProcessGroupGang(Gang):
         if timeout is None:
             timeout = group_timeout(pg, device)
         else:
-            timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
+            timeout = check_timeout(timeout, default=DEFAULT_COLLECTIVE_TIMEOUT)
         return cls(pg, device, timeout=timeout, owns_group=False, is_default=pg is dist.group.WORLD, debug=debug)
 
     @property

@@ -37,7 +37,7 @@ from typing import Any, NoReturn
 import pytest
 
 from gang import testing
-from gang.testing import DEFAULT_TIMEOUT, RemoteTraceback, WorkerDiedError, close_shared_worlds, shared_world
+from gang.testing import DEFAULT_RUN_TIMEOUT, RemoteTraceback, WorkerDiedError, close_shared_worlds, shared_world
 
 __all__ = ["GangSlot"]
 
@@ -73,8 +73,8 @@ class _Skipped:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     """Add ``--gang-timeout`` and the ``gang_timeout`` ini option."""
-    help_text = f"default seconds a @pytest.mark.gang test body may run (default {DEFAULT_TIMEOUT:g})"
-    parser.addini("gang_timeout", help_text, default=str(DEFAULT_TIMEOUT))
+    help_text = f"default seconds a @pytest.mark.gang test body may run (default {DEFAULT_RUN_TIMEOUT:g})"
+    parser.addini("gang_timeout", help_text, default=str(DEFAULT_RUN_TIMEOUT))
     group = parser.getgroup("gang", "distributed tests on real local processes")
     group.addoption("--gang-timeout", type=float, default=None, dest="gang_timeout", help=help_text)
 

@@ -3,15 +3,19 @@
 Processes find each other through keys in a store and through the names of the groups they
 create. A key or name must be the same on every process that takes part, and must not be reused
 by a later round (after :meth:`Gang.close <gang.Gang.close>` and a new initialisation, a stale
-key would be read as fresh). This module is the one place that makes them, for the core and for
-:mod:`gang_mesh` and :mod:`gang_jax`:
+key would be read as fresh). This module makes the core's, and holds the rules and tools that
+:mod:`gang_mesh` and :mod:`gang_jax` build theirs with (``gang_mesh`` adds a digest of the mesh and
+of the members to a :func:`next_call` count, then creates the group with :func:`new_named_group`).
+:mod:`gang.ft` is the exception: it names each replica group after the quorum its members agreed
+on, under its own store prefix, since its membership changes at every step:
 
 * :func:`store` keeps one TCP store per rendezvous address for the life of the process;
 * :func:`next_generation` starts a new round of the default group, whose keys live under
   :func:`store_prefix` and whose root gang is called :func:`root_name`;
 * :func:`wrapped_name` and :func:`sub_name` name the gangs made from a user's group and the
   sub-gangs of a gang, from what every member shares (the parent's name and how often the parent
-  was split), never from per-process state such as the number of groups alive;
+  was split, a count each gang keeps of its own splits), never from per-process state such as
+  the number of groups alive;
 * :func:`next_call` counts the calls of a kind (a mesh conversion, a JAX rendezvous) that every
   process makes in the same order, so a name made from the count is the same everywhere;
 * :func:`new_named_group` creates a torch group of some processes under such a name.

@@ -39,6 +39,8 @@ from gang.extend import check_device, check_int, check_rank
 from gang.process_group import ProcessGroupGang
 
 __all__ = [
+    "DEFAULT_GANG_TIMEOUT",
+    "DEFAULT_RUN_TIMEOUT",
     "RemoteTraceback",
     "World",
     "WorkerDiedError",
@@ -49,8 +51,11 @@ __all__ = [
     "spawn",
 ]
 
-DEFAULT_TIMEOUT = 120.0
-"""Seconds a single :meth:`World.run` (or :func:`spawn`) may take before every rank is stopped."""
+DEFAULT_RUN_TIMEOUT = 120.0
+"""Seconds a single :meth:`World.run` (or :func:`spawn`, :func:`launch`) may take before every rank is stopped."""
+
+DEFAULT_GANG_TIMEOUT = 60.0
+"""Seconds each collective of a test gang (:class:`World`, :func:`spawn`, :func:`shared_world`) waits for its peers."""
 
 
 class RemoteTraceback(Exception):
@@ -161,21 +166,22 @@ class World:
     :param init_gang: Whether each process creates the default gang.
     :param start_timeout: Seconds the processes may take to start.
     :param env: Extra environment variables for the processes.
-    :raises ValueError: If ``world_size`` or a timeout is not positive.
+    :raises ValueError: If ``world_size``, ``gang_timeout`` or ``start_timeout`` is not positive.
     """
 
     def __init__(
         self,
         world_size: int,
         *,
-        gang_timeout: float = 60.0,
+        gang_timeout: float = DEFAULT_GANG_TIMEOUT,
         init_gang: bool = True,
         start_timeout: float = 120.0,
         env: dict[str, str] | None = None,
     ) -> None:
         world_size = check_int("world_size", world_size, minimum=1)
-        if gang_timeout <= 0:
-            raise ValueError(f"`gang_timeout` must be positive, but is {gang_timeout} instead.")
+        for name, seconds in (("gang_timeout", gang_timeout), ("start_timeout", start_timeout)):
+            if seconds <= 0:
+                raise ValueError(f"`{name}` must be positive, but is {seconds} instead.")
         self.world_size = world_size
         self.init_gang = init_gang
         self._gang_timeout = gang_timeout
@@ -219,7 +225,7 @@ class World:
         """The port of the rendezvous store this world's processes use."""
         return int(self._store.port)
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = DEFAULT_TIMEOUT) -> list[Any]:
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = DEFAULT_RUN_TIMEOUT) -> list[Any]:
         """Run ``fn(gang, *args)`` (``fn(*args)`` without a gang) on every rank; return results in rank order.
 
         :raises ValueError: If ``fn`` or ``args`` cannot be pickled.
@@ -271,11 +277,12 @@ class World:
         if errors:
             self.close(force=True)
             rank, (name, message, blob, text) = errors[0]
-            ex: BaseException
+            ex: BaseException = RuntimeError(f"{name}: {message}")
             if blob:
-                ex = pickle.loads(blob)
-            else:
-                ex = RuntimeError(f"{name}: {message}")
+                try:
+                    ex = pickle.loads(blob)
+                except Exception as unpickling:  # e.g. its class cannot be imported here
+                    _add_note(ex, f"(the original `{name}` could not be unpickled here: {unpickling!r})")
             _add_note(ex, f"(raised on rank {rank} of {self.world_size} while running {what})")
             raise ex from RemoteTraceback(rank, text)
         if died:
@@ -333,7 +340,7 @@ def shared_world(size: int) -> World:
     """
     world = _SHARED.get(size)
     if world is None or not world.alive:
-        world = World(size, gang_timeout=60.0)
+        world = World(size, gang_timeout=DEFAULT_GANG_TIMEOUT)
         _SHARED[size] = world
     return world
 
@@ -346,7 +353,11 @@ def close_shared_worlds() -> None:
 
 
 def spawn(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_TIMEOUT, gang_timeout: float = 60.0
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = DEFAULT_RUN_TIMEOUT,
+    gang_timeout: float = DEFAULT_GANG_TIMEOUT,
 ) -> list[Any]:
     """Run ``fn(gang, *args)`` on ``world_size`` new local processes and return the results in rank order.
 
@@ -363,7 +374,7 @@ def spawn(
         return world.run(fn, *args, timeout=timeout)
 
 
-def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_TIMEOUT) -> list[Any]:
+def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_RUN_TIMEOUT) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` new processes with torchrun's environment but no gang.
 
     For code that creates its own gang, e.g. with :func:`gang.create_default_gang`. The

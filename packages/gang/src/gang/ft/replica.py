@@ -31,8 +31,9 @@ from gang.ft.quorum import ROOT, IdentityError, QuorumClient, QuorumTimeoutError
 from gang.gang import Gang, ReduceOperation
 from gang.process_group import reduce_op
 
-DEFAULT_TIMEOUT = timedelta(seconds=60)
-"""The timeout of :meth:`ReplicaGang.join` when none is given."""
+DEFAULT_REPLICA_TIMEOUT = timedelta(seconds=60)
+"""The ``timeout`` of :meth:`ReplicaGang.join` when none is given: the bound on one of the
+replicas' collectives, on a heal and on the commit vote."""
 
 DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
 """The ``heartbeat_timeout`` of :meth:`ReplicaGang.join` when none is given."""
@@ -208,7 +209,7 @@ class ReplicaGang(Gang):
                 raise TypeError(f"`{name}` must be callable, but is {fn!r} instead.")
         rank, size = _check_replica_rank(replica_rank, replica_size)
         min_replicas = check_int("min_replicas", min_replicas, minimum=1)
-        timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
+        timeout = check_timeout(timeout, default=DEFAULT_REPLICA_TIMEOUT)
         if not isinstance(init_sync, bool):
             raise TypeError(f"`init_sync` must be a `bool`, but is {init_sync!r} instead.")
         if max_retries is not None:
@@ -873,4 +874,4 @@ def _check_device(device: object) -> torch.device:
     return device
 
 
-__all__ = ["DEFAULT_TIMEOUT", "ReplicaGang", "ReplicaStatus"]
+__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT", "DEFAULT_REPLICA_TIMEOUT", "ReplicaGang", "ReplicaStatus"]

@@ -1,4 +1,4 @@
-"""A tiny decoder-only transformer and an FSDP2 (+ tensor parallel) training loop, to check meshes.
+"""A tiny decoder-only transformer and an FSDP2 (+ tensor parallel) training loop, to check meshes by parity.
 
 Train the model on a mesh from :func:`gang_mesh.to_device_mesh` and on the equivalent
 ``init_device_mesh`` mesh (:func:`equivalent_init_mesh`) and compare the losses bit for bit: the
