@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gang import Gang, NotSupportedError, ReduceOperation
-from gang.extend import check_open, check_rank, guard
+from gang.extend import check_op, check_open, check_rank, guard
 from gang_jax.gang import JaxGang
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
@@ -50,13 +50,7 @@ def _check_rows(gang: JaxGang, x: jax.Array) -> None:
 
 
 def _check_op(op: object, x: jax.Array) -> ReduceOperation:
-    if not isinstance(op, ReduceOperation):
-        raise TypeError(f"`op` must be a `ReduceOperation`, but is {op!r} instead.")
-    if op is ReduceOperation.MEAN and not np.issubdtype(np.dtype(x.dtype), np.inexact):
-        raise ValueError(
-            f"`op` is `ReduceOperation.MEAN`, which needs a floating-point array, but `x` has dtype {x.dtype} instead."
-        )
-    return op
+    return check_op("op", op, np.dtype(x.dtype).name, of="`x`")
 
 
 def _run(gang: JaxGang, operation: str, fn: Any, *args: Any) -> jax.Array:
