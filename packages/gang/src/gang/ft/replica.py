@@ -38,7 +38,6 @@ replicas' collectives, on a heal and on the commit vote."""
 DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
 """The ``heartbeat_timeout`` of :meth:`ReplicaGang.join` when none is given."""
 
-_logger = logging.getLogger("gang.ft")
 
 _BEAT_ERRORS: tuple[type[Exception], ...] = (IdentityError, *BACKEND_ERRORS)
 """What stops the heartbeat: the store failed, or another process took this identity over."""
@@ -377,15 +376,19 @@ class ReplicaGang(Gang):
         if self._commit:
             self._aborts.clear()
             return
-        reason = "another member failed or never voted" if self._error is None else str(self._error)
+        reason = _abort_reason(self._error)
         self._aborts.append(f"step {self._step_number + 1}: {reason}")
-        _logger.info(
-            "gang.ft: step %d aborted on replica %r: %s",
-            self._step_number + 1,
-            self._replica_id,
-            reason,
-            extra={"replica_id": self._replica_id, "step": self._step_number + 1, "reason": reason},
-        )
+        if self._quorum is not None:
+            log_event(
+                "abort",
+                f"step {self._step_number + 1} of replica {self._replica_id!r} in {self._quorum.describe()} "
+                f"was not committed: {reason}",
+                level=logging.WARNING,
+                replica=self._replica_id,
+                round=self._quorum.round,
+                step=self._step_number + 1,
+                reason=reason,
+            )
         if self._max_retries is not None and len(self._aborts) >= self._max_retries:
             reasons = "; ".join(self._aborts)
             raise GangError(
@@ -522,8 +525,6 @@ class ReplicaGang(Gang):
         self._commit = bool(decision)
         if self._commit:
             self._step_number += 1
-        else:
-            _log_abort(self._replica_id, self._quorum, self._step_number + 1, self._error)
 
     # -- collectives ----------------------------------------------------------------------------------
 
@@ -837,17 +838,8 @@ def _log_quorum(replica_id: str, old: Quorum | None, new: Quorum) -> None:
         )
 
 
-def _log_abort(replica_id: str, quorum: Quorum, step: int, error: GangError | None) -> None:
-    reason = "a member failed or did not vote in time" if error is None else str(error)
-    log_event(
-        "abort",
-        f"step {step} of replica {replica_id!r} in {quorum.describe()} was not committed: {reason}",
-        level=logging.WARNING,
-        replica=replica_id,
-        round=quorum.round,
-        step=step,
-        reason=reason,
-    )
+def _abort_reason(error: GangError | None) -> str:
+    return "a member failed or did not vote in time" if error is None else str(error)
 
 
 def _check_store(store: object) -> tuple[str, int]:
