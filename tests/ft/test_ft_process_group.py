@@ -50,14 +50,14 @@ class PGCluster(Cluster):
         schedule = [by_step[s]["0"][0]["members"] for s in range(1, STEPS + 1)]
         replay = reference(self.mode, schedule)
         for step, processes in by_step.items():
-            for process, events in processes.items():
-                expected = replay[step - 1][int(process)]
+            for key, events in processes.items():
+                expected = replay[step - 1][int(key)]
                 for e in events:
-                    assert e["members"] == schedule[step - 1], (step, process, e["members"])
+                    assert e["members"] == schedule[step - 1], (step, key, e["members"])
                     got = torch.tensor(e["params"])
-                    assert torch.equal(got, expected), f"step {step} process {process}: parameters differ from replay"
+                    assert torch.equal(got, expected), f"step {step} process {key}: parameters differ from replay"
                 # every replica committed the step on every one of its processes
-                assert len(events) == len(schedule[step - 1]), (step, process, len(events))
+                assert len(events) == len(schedule[step - 1]), (step, key, len(events))
         return {s: [e for es in by_step[s].values() for e in es] for s in by_step}
 
 
