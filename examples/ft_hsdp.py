@@ -40,6 +40,7 @@ from gang_mesh import fsdp_mesh
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ft_launch import LocalJob, matching
+from fault_tolerance import _step_of  # the step number of a loss line
 
 REPLICAS, PROCESSES = 3, 2
 GLOBAL_BATCH = 48
@@ -157,21 +158,12 @@ def run_local_job(*, steps: int = 12, kill_at: int = 4, restart_at: int = 7, pac
     print(f"=== every replica finished with the same shards: {sorted(set(finals))}")
 
 
-def _step_of(text: str) -> int:
-    parts = text.split()
-    return int(parts[1]) if len(parts) > 1 and parts[0] == "step" and parts[1].isdigit() else -1
-
-
-def main() -> None:
+if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--pace", type=float, default=0.02, help="seconds of simulated compute per step")
     args = parser.parse_args()
-    if "GANG_FT_STORE" in os.environ:
+    if "GANG_FT_STORE" in os.environ:  # a process under a replica's torchrun
         train(args.steps, args.pace)
     else:
         run_local_job(steps=args.steps, pace=args.pace)
-
-
-if __name__ == "__main__":
-    main()
