@@ -21,6 +21,7 @@ import hashlib
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from contextlib import suppress
@@ -64,8 +65,12 @@ def local_shards(model: nn.Module) -> dict[str, Tensor]:
     return shards
 
 
-def train(steps: int, pace: float) -> None:
-    """Train until ``steps`` steps are committed and every replica is back in the quorum."""
+def train(steps: int, pace: float, go: Path | None) -> None:
+    """Train until ``steps`` steps are committed and every replica is back in the quorum.
+
+    With ``go``, wait for that file before joining (so that replicas whose torchruns start at
+    different speeds take their first step together).
+    """
     mesh = fsdp_mesh(create_fsdp_gangs(create_parallel_gangs(create_default_gang(torch.device("cpu")))))
     me = f"replica {os.environ['GANG_FT_REPLICA_ID']} rank {get_local_rank()}"
     print(f"{me} pid {os.getpid()}")
@@ -80,6 +85,8 @@ def train(steps: int, pace: float) -> None:
             for name, shard in local_shards(model).items():
                 shard.copy_(state[name])
 
+    while go is not None and not go.exists():
+        time.sleep(0.05)
     gang = ReplicaGang.join(
         state_dict=lambda: local_shards(model),
         load_state_dict=load_state_dict,
@@ -118,13 +125,14 @@ def train(steps: int, pace: float) -> None:
 def run_local_job(*, steps: int = 12, kill_at: int = 4, restart_at: int = 7, pace: float = 0.02) -> None:
     """Run the store and 3 replicas of 2 processes; kill one process of replica 2 at step ``kill_at``
     and start replica 2 again at ``restart_at``."""
+    go = Path(tempfile.mkdtemp(prefix="ft_hsdp.")) / "go"
     pids: dict[tuple[int, int], int] = {}  # (replica, rank) -> the latest process's pid
     killed: list[int] = []
     try:
         with LocalJob() as job:
             store = job.start_store()
             args = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={PROCESSES}"]
-            args += [__file__, "--steps", str(steps), "--pace", str(pace)]
+            args += [__file__, "--steps", str(steps), "--pace", str(pace), "--go", str(go)]
 
             def start(replica: int) -> None:
                 job.start(f"replica {replica}", args, {"GANG_FT_STORE": store, "GANG_FT_REPLICA_ID": str(replica)})
@@ -137,6 +145,8 @@ def run_local_job(*, steps: int = 12, kill_at: int = 4, restart_at: int = 7, pac
 
             for replica in range(REPLICAS):
                 start(replica)
+            go.touch()  # every replica has built its model: start together
+            job.expect(matching(r"replica 0 rank 0: quorum \['0', '1', '2'\]"), timeout=120)  # all 3 train
             reached(kill_at)
             job.say("=== SIGKILL process 1 of replica 2 (its torchrun ends the replica)")
             os.kill(pids[2, 1], signal.SIGKILL)
@@ -162,8 +172,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--pace", type=float, default=0.02, help="seconds of simulated compute per step")
+    parser.add_argument("--go", type=Path, help="a file to wait for before joining")
     args = parser.parse_args()
     if "GANG_FT_STORE" in os.environ:  # a process under a replica's torchrun
-        train(args.steps, args.pace)
+        train(args.steps, args.pace, args.go)
     else:
         run_local_job(steps=args.steps, pace=args.pace)
