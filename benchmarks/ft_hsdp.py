@@ -99,7 +99,7 @@ def worker(args: argparse.Namespace) -> None:
                 for name, shard in shards().items():
                     shard.copy_(state[name])
 
-        gang = ReplicaGang.join(state_dict=shards, load_state_dict=load, timeout=timedelta(seconds=5))
+        gang = ReplicaGang.join(state_dict=shards, load_state_dict=load, timeout=timedelta(seconds=10))
         gang.replicate_fsdp(model)
         replica = int(os.environ["GANG_FT_REPLICA_ID"])
         while gang.step_number < args.steps:
