@@ -190,6 +190,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.run", *session.posargs, env={"OMP_NUM_THREADS": "1"})
     # Fault tolerance (3 replica processes + the store); TORCHFT_PYTHON adds the torchft comparison.
     session.run("python", "-m", "benchmarks.ft", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    # The gang.ft quorum with 4 to 256 replicas against one store.
+    session.run("python", "-m", "benchmarks.ft_quorum", *session.posargs, env={"OMP_NUM_THREADS": "1"})
     # HSDP across fault-tolerant replicas against a static mesh (2 replicas of 2 processes).
     session.run("python", "-m", "benchmarks.ft_hsdp", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 

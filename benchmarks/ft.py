@@ -15,10 +15,12 @@ each, gloo on CPU, and the coordination store (``python -m gang.ft.store``). Two
 * **Recovery** (ops ``ft_kill_to_commit`` and ``ft_restart_to_commit``): the replicas train with the
   50 ms step; replica 2 is ``SIGKILL``\\ ed at a random moment of a step, and the time from the
   signal to the survivors' first committed step without it is measured (the later of the two
-  survivors); then replica 2 is started again and the time from its launch (``Popen``) to its
-  first committed step (after healing from a peer) is measured, with the moments it had imported
-  torch (``imported``), built its model and optimizer (``built``: torch's first optimizer imports
-  ``torch._dynamo``, about 1.2 s on an idle core here) and joined. Every time is a wall-clock
+  survivors), with gang.ft's ``timeout`` at 1 s and again at 60 s (impl ``gang.ft@60s``; both with
+  the default ``heartbeat_timeout``, whose silence drops the dead replica); then replica 2 is
+  started again and the time from its launch (``Popen``) to its first committed step (after
+  healing from a peer) is measured, with the moments it had imported torch (``imported``), built
+  its model and optimizer (``built``: torch's first optimizer imports ``torch._dynamo``, about
+  1.2 s on an idle core here) and joined. Every time is a wall-clock
   timestamp taken in the process where the event happened.
 
 With ``--torchft-python`` or ``TORCHFT_PYTHON`` (the interpreter of a separate virtual environment
@@ -60,9 +62,12 @@ MICRO_BATCH = 64
 STEP_TIMEOUT_S = 5.0
 """The timeout of both fault-tolerant implementations while their per-step cost is measured."""
 RECOVERY_TIMEOUT_S = 1.0
-"""The timeout of both while their recovery is measured: gang.ft's ``timeout`` (a replica whose
-heartbeat is older is dead; a quorum waits that long for a live replica), torchft's Lighthouse join
+"""The timeout of both while their recovery is measured: gang.ft's ``timeout`` (and so its
+``quorum_timeout``; its ``heartbeat_timeout`` is the default), torchft's Lighthouse join
 and heartbeat timeouts (its Manager's own timeouts stay at 5 s, see ``benchmarks/ft_torchft.py``)."""
+
+LONG_TIMEOUT_S = 60.0
+"""gang.ft's ``timeout`` in the second recovery measurement (``heartbeat_timeout`` left at its default)."""
 
 # --------------------------------------------------------------------------------------------------
 # One replica (a worker process)
@@ -458,12 +463,12 @@ def overhead_rows(impl: str, op: str, result: dict[str, Any], rounds: int) -> li
     ]
 
 
-def recovery_rows(impl: str, samples: list[dict[str, float]]) -> list[Row]:
+def recovery_rows(impl: str, samples: list[dict[str, float]], timeout_s: float = RECOVERY_TIMEOUT_S) -> list[Row]:
     """Return the rows of the recovery measurement (median over cycles, every cycle in ``samples``)."""
     rows = []
     for key in ("kill_to_commit", "restart_to_commit"):
         values = [s[key] for s in samples]
-        extra: dict[str, Any] = {"samples": values, "timeout_s": RECOVERY_TIMEOUT_S}
+        extra: dict[str, Any] = {"samples": values, "timeout_s": timeout_s}
         if key == "restart_to_commit":
             extra["imported_s"] = median(s["restart_to_imported"] for s in samples)
             extra["built_s"] = median(s["restart_to_built"] for s in samples)
@@ -550,6 +555,14 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"# {impl} recovery failed: {error}", flush=True)
                 continue
             rows += recovery_rows("gang.ft" if impl == "gang" else "torchft", samples)
+        # A long collective timeout: a SIGKILLed replica must be dropped on its heartbeat silence
+        # (the default `heartbeat_timeout`), not on the collective timeout.
+        try:
+            samples = measure_recovery(Runner("gang", None, LONG_TIMEOUT_S), cycles, micro_batches.get(50.0) or 20)
+        except RuntimeError as error:
+            print(f"# gang recovery with a {LONG_TIMEOUT_S:g} s timeout failed: {error}", flush=True)
+        else:
+            rows += recovery_rows(f"gang.ft@{LONG_TIMEOUT_S:g}s", samples, LONG_TIMEOUT_S)
     out = Path(args.out).resolve()
     out = out.with_name(out.stem + "_ft.json")
     out.parent.mkdir(parents=True, exist_ok=True)

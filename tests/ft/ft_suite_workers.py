@@ -43,6 +43,8 @@ def replica_gang(g: Gang, store: str) -> ReplicaGang:
         try:
             gang = _GANG[store] = ReplicaGang.join(
                 replica_id=g.rank,
+                replica_rank=0,  # every rank of the World is a replica of its own
+                replica_size=1,
                 store=store,
                 state_dict=_state,
                 load_state_dict=_load,

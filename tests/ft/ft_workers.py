@@ -12,14 +12,17 @@ state, ``error`` when the gang raised, and ``done`` at the end. ``FT_PAUSE=<poin
 makes it log ``paused`` at that point (``enter`` before ``with gang.step()``, ``collective``
 inside the step, ``heal:-1`` inside ``state_dict()``) and wait until the file
 ``LOG.release.<point>.<step>`` exists (the harness kills or stops it there). Several pauses are
-separated by commas; ``FT_GATE=1`` adds ``enter:1`` on every local rank. ``FT_TIMEOUT`` and
-``FT_MIN_REPLICAS`` set the gang's timeout and ``min_replicas``.
+separated by commas; ``FT_GATE=1`` adds ``enter:1`` on every process. ``FT_TIMEOUT``,
+``FT_QUORUM_TIMEOUT``, ``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` set the gang's timeouts
+and ``min_replicas``.
 
-Under torchrun (a replica of several processes) each local rank trains its shard of the flat
-parameters: the replica's tensor-parallel gang (``create_parallel_gangs``) gathers the full
-parameters, every local rank computes the same gradient, and the ``ReplicaGang`` of local rank
-``k`` exchanges shard ``k`` of it across replicas. ``FT_PAUSE_LOCAL_RANK`` picks the local rank
-that pauses (default: all); each local rank logs to ``LOG.lr<k>``.
+Under torchrun (a replica of several processes, on one node or several) each replica rank
+``k`` (torchrun's ``RANK``) trains its shard of the flat parameters: the replica's
+tensor-parallel gang (``create_parallel_gangs``) gathers the full parameters, every process
+computes the same gradient, and the ``ReplicaGang`` of replica rank ``k`` exchanges shard ``k`` of
+it across replicas. ``FT_PAUSE_RANK`` picks the replica rank that pauses (default: all); each
+replica rank logs to ``LOG.rr<k>``. ``GANG_FT_REPLICA_RANK``/``_SIZE`` (a process that claims
+to be one rank of a larger replica) make a one-process run shard like that rank.
 """
 
 from __future__ import annotations
@@ -43,8 +46,8 @@ from gang import (
     ReduceOperation,
     create_default_gang,
     create_parallel_gangs,
-    get_local_rank,
-    get_local_world_size,
+    get_rank,
+    get_world_size,
 )
 from gang.ft import ReplicaGang
 
@@ -91,7 +94,7 @@ class Replica:
     def __init__(self, log: Path, shard: int, shards: int) -> None:
         self.log = log
         self.params = initial_params().chunk(shards)[shard].clone()
-        pauser = os.environ.get("FT_PAUSE_LOCAL_RANK")
+        pauser = os.environ.get("FT_PAUSE_RANK")
         pauses = os.environ.get("FT_PAUSE", "") if pauser is None or int(pauser) == shard else ""
         self.pauses = {(e, int(s)) for e, _, s in (p.partition(":") for p in pauses.split(",") if p)}
         if os.environ.get("FT_GATE") == "1":
@@ -129,19 +132,32 @@ def full_params(tp: Gang | None, shard: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     log, steps = Path(sys.argv[1]), int(sys.argv[2])
-    shard, shards = get_local_rank(), get_local_world_size()
+    shard = int(os.environ.get("GANG_FT_REPLICA_RANK", get_rank()))
+    shards = int(os.environ.get("GANG_FT_REPLICA_SIZE", get_world_size()))
     tp = None
-    if shards > 1:
+    if get_world_size() > 1:
         tp = create_parallel_gangs(create_default_gang(torch.device("cpu")), tp_size=shards).tp
-        log = Path(f"{log}.lr{shard}")
+    if shards > 1:
+        log = Path(f"{log}.rr{shard}")
     replica = Replica(log, shard, shards)
     rid = os.environ["GANG_FT_REPLICA_ID"]
-    gang = ReplicaGang.join(
-        state_dict=replica.state_dict,
-        load_state_dict=replica.load_state_dict,
-        timeout=timedelta(seconds=float(os.environ.get("FT_TIMEOUT", "3"))),
-        min_replicas=int(os.environ.get("FT_MIN_REPLICAS", "1")),
-    )
+
+    def seconds(name: str, default: str) -> timedelta | None:
+        value = os.environ.get(name, default)
+        return timedelta(seconds=float(value)) if value else None
+
+    try:
+        gang = ReplicaGang.join(
+            state_dict=replica.state_dict,
+            load_state_dict=replica.load_state_dict,
+            timeout=seconds("FT_TIMEOUT", "3"),
+            quorum_timeout=seconds("FT_QUORUM_TIMEOUT", ""),
+            heartbeat_timeout=seconds("FT_HEARTBEAT_TIMEOUT", ""),
+            min_replicas=int(os.environ.get("FT_MIN_REPLICAS", "1")),
+        )
+    except GangError as ex:
+        replica.emit("error", error=str(ex))
+        os._exit(3)
     replica.emit("joined")
     try:
         while gang.step_number < steps:

@@ -12,10 +12,10 @@ it also runs ``torch.distributed`` collectives with ``group=`` the same process 
 logs what they saw (its rank, size and identity), and it logs the error of a collective called
 outside a step.
 
-``fsdp``: each process of the replica shards the model with ``fully_shard`` on
-``gang_mesh.fsdp_mesh(gangs)`` (the replica's own 2 processes) and calls
-``gang.replicate_fsdp``; healing sends each process's local shards (``DTensor.to_local()``) to
-the process of equal rank in the healed replica. Plain SGD.
+``fsdp``: each process of the replica (a torchrun of 2 processes, on one or two agents) shards
+the model with ``fully_shard`` on ``gang_mesh.fsdp_mesh(gangs)`` (the replica's own 2 processes)
+and calls ``gang.replicate_fsdp``; healing sends each process's local shards to the process of
+equal replica rank in the healed replica. Plain SGD. Each process logs to ``LOG.rr<replica rank>``.
 
 :func:`reference` replays committed steps in one process without fault tolerance: the same
 model, data, reduction order and optimizer, so the test compares parameters bit for bit.
@@ -36,7 +36,7 @@ import torch.distributed as dist
 from ft_workers import Replica
 from torch import Tensor, nn
 
-from gang import GangError, create_default_gang, create_fsdp_gangs, create_parallel_gangs, get_local_rank
+from gang import GangError, create_default_gang, create_fsdp_gangs, create_parallel_gangs, get_rank
 from gang.ft import ReplicaGang
 
 IN, HIDDEN, OUT, BATCH = 8, 16, 4, 16
@@ -154,9 +154,9 @@ class Worker(Replica):
 
 def main() -> None:
     mode, log, steps = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    process = get_local_rank() if mode == "fsdp" else 0
+    process = get_rank() if mode == "fsdp" else 0  # the replica rank (its torchrun's RANK)
     if mode == "fsdp":
-        log = Path(f"{log}.lr{process}")
+        log = Path(f"{log}.rr{process}")
     worker = Worker(mode, log, process)
     rid = os.environ["GANG_FT_REPLICA_ID"]
     gang = ReplicaGang.join(

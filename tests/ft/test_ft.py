@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from ft_workers import reference
 WORKER = Path(__file__).parent / "ft_workers.py"
 STEPS = 8
 TIMEOUT = "3"  # seconds: the gang timeout of every replica
+HEARTBEAT_TIMEOUT = "3"  # seconds: their heartbeat timeout (above the default, for a loaded machine)
 WAIT = 180.0  # the harness's bound on waiting for one event (a loaded 2-core machine)
 
 
@@ -43,23 +46,24 @@ class Cluster:
         self.root = root
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: dict[str, list[Path]] = {}
-        port_file = root / "store.port"
-        self.store = self._popen(
-            [
-                sys.executable,
-                "-m",
-                "gang.ft.store",
-                "--port",
-                "0",
-                "--host",
-                "127.0.0.1",
-                "--port-file",
-                str(port_file),
-            ],
-            os.environ.copy(),
-        )
-        self._until(lambda: port_file.exists(), "the store to listen")
-        self.address = "127.0.0.1:" + port_file.read_text().strip().rpartition(":")[2]
+        self.store = self._serve("0")
+        self.address = "127.0.0.1:" + self._port_file.read_text().strip().rpartition(":")[2]
+
+    def _serve(self, port: str) -> subprocess.Popen[bytes]:
+        """Start ``python -m gang.ft.store`` on ``port`` and wait until it listens."""
+        self._port_file = self.root / f"store.{len(self.procs)}.port"
+        cmd = [sys.executable, "-m", "gang.ft.store", "--port", port, "--host", "127.0.0.1"]
+        proc = self._popen([*cmd, "--port-file", str(self._port_file)], os.environ.copy())
+        self._until(lambda: self._port_file.exists(), "the store to listen")
+        return proc
+
+    def restart_store(self) -> None:
+        """Kill the store (SIGKILL) and start a new one on the same port."""
+        self.store.kill()
+        self.store.wait()
+        self.procs.remove(self.store)
+        self.store = self._serve(self.address.rpartition(":")[2])
+        self.procs.insert(0, self.procs.pop())
 
     def _popen(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
@@ -72,41 +76,63 @@ class Cluster:
         *,
         pause: str = "",
         nproc: int = 1,
-        pause_local_rank: int | None = None,
+        nnodes: int = 1,
+        pause_rank: int | None = None,
         min_replicas: int = 1,
         steps: int = STEPS,
         timeout: str = TIMEOUT,
+        name: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start one incarnation of replica ``rid`` (a torchrun of ``nproc`` processes if ``nproc > 1``)."""
-        incarnation = len(self.logs.setdefault(rid, []))
-        log = self.root / f"{rid}.{incarnation}.log"
-        env = os.environ | {
-            "GANG_FT_REPLICA_ID": rid,
-            "GANG_FT_STORE": self.address,
-            "FT_TIMEOUT": timeout,
-            "FT_MIN_REPLICAS": str(min_replicas),
-            "FT_PAUSE": pause,
-            "FT_GATE": "1",
-            "OMP_NUM_THREADS": "1",
-        }
-        if pause_local_rank is not None:
-            env["FT_PAUSE_LOCAL_RANK"] = str(pause_local_rank)
+        """Start one incarnation of replica ``rid``: a torchrun of ``nproc`` processes if
+        ``nproc > 1``, split over ``nnodes`` torchrun agents (nodes, static rendezvous on
+        loopback). ``name`` logs under another name than ``rid`` (a process that is not one of
+        the replica's incarnations, such as a duplicate); ``env`` adds variables."""
+        key = name or rid
+        incarnation = len(self.logs.setdefault(key, []))
+        log = self.root / f"{key}.{incarnation}.log"
+        env = (
+            os.environ
+            | {
+                "GANG_FT_REPLICA_ID": rid,
+                "GANG_FT_STORE": self.address,
+                "FT_TIMEOUT": timeout,
+                "FT_HEARTBEAT_TIMEOUT": HEARTBEAT_TIMEOUT,
+                "FT_MIN_REPLICAS": str(min_replicas),
+                "FT_PAUSE": pause,
+                "FT_GATE": "1",
+                "OMP_NUM_THREADS": "1",
+            }
+            | (env or {})
+        )
+        if pause_rank is not None:
+            env["FT_PAUSE_RANK"] = str(pause_rank)
         if nproc == 1:
-            self.logs[rid].append(log)
+            size = int(env.get("GANG_FT_REPLICA_SIZE", "1"))
+            self.logs[key].append(log if size == 1 else Path(f"{log}.rr{env['GANG_FT_REPLICA_RANK']}"))
             return self._popen([sys.executable, str(WORKER), str(log), str(steps)], env)
-        self.logs[rid].extend(Path(f"{log}.lr{k}") for k in range(nproc))
-        cmd = [
+        self.logs[key].extend(Path(f"{log}.rr{k}") for k in range(nproc))
+        if nnodes == 1:
+            return self._popen(self._torchrun(["--standalone", f"--nproc-per-node={nproc}"], log, steps), env)
+        port = str(_free_port())
+        for node in range(nnodes):
+            nodes = [f"--nnodes={nnodes}", f"--node-rank={node}", f"--nproc-per-node={nproc // nnodes}"]
+            nodes += ["--master-addr=127.0.0.1", f"--master-port={port}"]
+            proc = self._popen(self._torchrun(nodes, log, steps), env)
+        return proc
+
+    @staticmethod
+    def _torchrun(args: list[str], log: Path, steps: int) -> list[str]:
+        return [
             sys.executable,
             "-m",
             "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
+            *args,
             "--max-restarts=0",
             str(WORKER),
             str(log),
             str(steps),
         ]
-        return self._popen(cmd, env)
 
     # -- observing -----------------------------------------------------------------------------
 
@@ -117,15 +143,15 @@ class Cluster:
         return [json.loads(line) for line in log.read_text().splitlines() if line.endswith("}")]
 
     def current(self, rid: str) -> list[Path]:
-        """The logs of the latest incarnation of ``rid`` (one per local rank)."""
+        """The logs of the latest incarnation of ``rid`` (one per replica rank)."""
         logs = self.logs[rid]
         latest = logs[-1].name.split(".")[1]
         return [p for p in logs if p.name.split(".")[1] == latest]
 
-    def wait(self, rid: str, event: str, step: int | None = None, local_rank: int | None = None) -> dict[str, Any]:
-        """Wait until ``local_rank`` (default: every local rank) of ``rid``'s latest incarnation logged ``event``."""
+    def wait(self, rid: str, event: str, step: int | None = None, rank: int | None = None) -> dict[str, Any]:
+        """Wait until ``rank`` (default: every replica rank) of ``rid``'s latest incarnation logged ``event``."""
         found: list[dict[str, Any]] = []
-        logs = self.current(rid) if local_rank is None else [self.current(rid)[local_rank]]
+        logs = self.current(rid) if rank is None else [self.current(rid)[rank]]
 
         def seen() -> bool:
             found.clear()
@@ -154,11 +180,11 @@ class Cluster:
         for rid in rids:
             self.release(rid, "enter", 1)
 
-    def pid(self, rid: str, local_rank: int = 0) -> int:
-        return int(self.wait(rid, "joined", local_rank=local_rank)["pid"])
+    def pid(self, rid: str, rank: int = 0) -> int:
+        return int(self.wait(rid, "joined", rank=rank)["pid"])
 
-    def signal(self, rid: str, sig: signal.Signals, local_rank: int = 0) -> None:
-        os.kill(self.pid(rid, local_rank), sig)
+    def signal(self, rid: str, sig: signal.Signals, rank: int = 0) -> None:
+        os.kill(self.pid(rid, rank), sig)
 
     def _until(self, condition: Any, what: str) -> None:
         deadline = time.monotonic() + WAIT
@@ -180,6 +206,20 @@ class Cluster:
             last = [e for log in self.current(rid) for e in self.events(log) if e["event"] in ("done", "error")]
             kinds = {e["event"] for e in last}
             assert kinds == ({"done"} if code == 0 else {"error"}), f"replica {rid}: {last}\n{self.dump()}"
+
+    def logged_pids(self) -> set[int]:
+        """Every process a replica logged from (torchrun's workers included)."""
+        return {e["pid"] for logs in self.logs.values() for log in logs for e in self.events(log)}
+
+    def leftovers(self) -> list[int]:
+        """The replica processes still running (or stopped): launched ones and every logged one."""
+        launched = {p.pid: p for p in self.procs[1:]}
+        left = [pid for pid, p in launched.items() if p.poll() is None]
+        for pid in self.logged_pids() - launched.keys():
+            with suppress(FileNotFoundError):  # a gone process has no /proc entry; a zombie is gone too
+                if Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                    left.append(pid)
+        return left
 
     def close(self) -> None:
         # torchrun's workers live in their own process groups: kill every pid a replica logged.
@@ -219,7 +259,7 @@ class Cluster:
         shards: dict[int, int] = {}
         for logs in self.logs.values():
             for log in logs:
-                shard = int(log.name.rpartition(".lr")[2]) if ".lr" in log.name else 0
+                shard = int(log.name.rpartition(".rr")[2]) if ".rr" in log.name else 0
                 shards[shard] = 1
                 for e in self.events(log):
                     if e["event"] != "commit":
@@ -239,15 +279,23 @@ class Cluster:
         return dict(enumerate(schedule, start=1))
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster(tmp_path)
     try:
         yield c
+        # Before the cleanup below kills everything: every process the test started or a
+        # replica logged (torchrun's workers too) must have ended by itself.
+        leftovers = c.leftovers()
     finally:
         c.close()
-    leftovers = [p.pid for p in c.procs if p.poll() is None]
-    assert not leftovers, leftovers
+    assert not leftovers, f"processes left running: {leftovers}"
 
 
 ALL = ["0", "1", "2", "3"]
@@ -261,8 +309,11 @@ def _members_after(schedule: dict[int, list[str]], step: int) -> set[tuple[str, 
 def test_one_of_four_killed(cluster: Cluster, point: str) -> None:
     # `collective`: replica 2 is killed inside step 3, before the gradient exchange the others
     # are waiting in. `enter`: it is killed before step 3, while the others wait for it in the
-    # quorum until its heartbeat goes stale. Either way step 3 commits without it.
-    cluster.start_all({"0": "", "1": "", "2": f"{point}:3", "3": ""})
+    # quorum until its heartbeat goes stale. Either way step 3 commits without it. With `enter`
+    # the gang timeout is 10 minutes: the dead replica must be dropped on its heartbeat silence
+    # (`heartbeat_timeout`), not on the gang timeout (the harness would give up first).
+    timeout = "600" if point == "enter" else TIMEOUT
+    cluster.start_all({"0": "", "1": "", "2": f"{point}:3", "3": ""}, timeout=timeout)
     cluster.wait("2", "paused", 3)
     cluster.signal("2", signal.SIGKILL)
     cluster.finish({"0": 0, "1": 0, "3": 0})
@@ -389,9 +440,9 @@ def test_store_dies_every_replica_raises(cluster: Cluster) -> None:
 def test_multi_process_replicas_one_process_killed(cluster: Cluster) -> None:
     # Three replicas of 2 processes (one torchrun each, a tensor-parallel gang inside). Local
     # rank 1 of replica 1 is killed mid-step: torchrun ends its replica, which is dropped whole.
-    cluster.start_all({"0": "", "1": "collective:3", "2": ""}, nproc=2, pause_local_rank=1)
-    cluster.wait("1", "paused", 3, local_rank=1)
-    cluster.signal("1", signal.SIGKILL, local_rank=1)
+    cluster.start_all({"0": "", "1": "collective:3", "2": ""}, nproc=2, pause_rank=1)
+    cluster.wait("1", "paused", 3, rank=1)
+    cluster.signal("1", signal.SIGKILL, rank=1)
     cluster.finish({"0": 0, "2": 0})
     schedule = cluster.check_training(["0", "2"])
     assert schedule[2] == ["0", "1", "2"]
@@ -406,3 +457,42 @@ def test_closed_replica_leaves_the_quorum_at_once(cluster: Cluster) -> None:
     schedule = cluster.check_training(["0", "1"])
     assert schedule[4] == ["0", "1", "2"]
     assert _members_after(schedule, 5) == {("0", "1")}
+
+
+def test_identity_two_node_replica_duplicate_and_a_process_that_never_joins(cluster: Cluster) -> None:
+    # Replica 0 is one torchrun of 2 processes; replica 1 is two torchrun agents (`--nnodes 2`,
+    # one process each, so both have LOCAL_RANK 0: they must still be replica ranks 0 and 1).
+    # While they wait to begin step 1: a duplicate of replica 0's rank 1 is refused (and replica
+    # 0 goes on), and replica 2 claims 2 processes but only its rank 0 ever joins: it must not
+    # block the others, and is left out until it gives up.
+    cluster.start("0", nproc=2)
+    cluster.start("1", nproc=2, nnodes=2)
+    lonely = {"GANG_FT_REPLICA_RANK": "0", "GANG_FT_REPLICA_SIZE": "2"}
+    cluster.start("2", env=lonely | {"FT_QUORUM_TIMEOUT": "1"})
+    for rid in ("0", "1", "2"):
+        cluster.wait(rid, "paused", 1)
+    cluster.start("0", name="dup", env={"GANG_FT_REPLICA_RANK": "1", "GANG_FT_REPLICA_SIZE": "2"})
+    refused = cluster.wait("dup", "error")["error"]
+    owner = cluster.pid("0", rank=1)
+    assert "replica '0' rank 1 is already taken by a live process at" in refused and f":{owner};" in refused, refused
+    for rid in ("0", "1", "2"):
+        cluster.release(rid, "enter", 1)
+    cluster.finish({"0": 0, "1": 0, "2": 3})
+    schedule = cluster.check_training(["0", "1"])
+    assert set(map(tuple, schedule.values())) == {("0", "1")}, schedule
+    # Left out of every quorum while 0 and 1 trained, or alone after they finished: either way it
+    # gives up with a GangError instead of waiting for its missing process for ever.
+    left_out = cluster.wait("2", "error")["error"]
+    assert "replica '2'" in left_out and ("was left out of every quorum" in left_out or "`min_replicas`=1" in left_out)
+
+
+def test_store_killed_and_restarted_on_the_same_port_training_goes_on(cluster: Cluster) -> None:
+    cluster.start_all({"0": "enter:4", "1": "enter:4", "2": "enter:4"}, env={"FT_QUORUM_TIMEOUT": "60"})
+    for rid in ("0", "1", "2"):
+        cluster.wait(rid, "paused", 4)
+    cluster.restart_store()
+    for rid in ("0", "1", "2"):
+        cluster.release(rid, "enter", 4)
+    cluster.finish({"0": 0, "1": 0, "2": 0})
+    schedule = cluster.check_training(["0", "1", "2"])
+    assert schedule[3] == ["0", "1", "2"]

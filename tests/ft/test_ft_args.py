@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from gang import InvalidOperationError, NotSupportedError, ReduceOperation
+from gang import GangError, InvalidOperationError, NotSupportedError, ReduceOperation
 from gang._torch_groups import TCPStore
 from gang.ft import ReplicaGang
 
@@ -44,6 +45,18 @@ GOOD: dict[str, Any] = {"replica_id": "r0", "store": "127.0.0.1:1", "state_dict"
         ({"min_replicas": True}, TypeError, "`min_replicas` must be an `int`, but is True of type `bool` instead"),
         ({"timeout": 3}, TypeError, "`timeout` must be a `datetime.timedelta`, but is 3 instead"),
         ({"timeout": timedelta(0)}, ValueError, "`timeout` must be positive"),
+        ({"quorum_timeout": 3}, TypeError, "`quorum_timeout` must be a `datetime.timedelta`, but is 3 instead"),
+        ({"quorum_timeout": timedelta(seconds=-1)}, ValueError, "`quorum_timeout` must be positive, but is"),
+        ({"heartbeat_timeout": "5s"}, TypeError, "`heartbeat_timeout` must be a `datetime.timedelta`, but is '5s'"),
+        ({"heartbeat_timeout": timedelta(0)}, ValueError, "`heartbeat_timeout` must be positive, but is 0:00:00"),
+        ({"replica_rank": -1}, ValueError, "`replica_rank` must be at least 0, but is -1 instead"),
+        ({"replica_rank": 1.0}, TypeError, "`replica_rank` must be an `int`"),
+        ({"replica_size": 0}, ValueError, "`replica_size` must be at least 1, but is 0 instead"),
+        (
+            {"replica_rank": 2, "replica_size": 2},
+            ValueError,
+            "`replica_rank` must be smaller than `replica_size` (2), but is 2 instead",
+        ),
     ],
 )
 def test_bad_arguments(changes: dict[str, Any], error: type[Exception], text: str) -> None:
@@ -61,6 +74,14 @@ def test_missing_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         ReplicaGang.join(state_dict=_state, load_state_dict=_load)
     monkeypatch.setenv("GANG_FT_STORE", "bad")
     with pytest.raises(ValueError, match="`GANG_FT_STORE` must have the form 'host:port', but is 'bad' instead"):
+        ReplicaGang.join(state_dict=_state, load_state_dict=_load)
+    monkeypatch.setenv("GANG_FT_STORE", "h:1")
+    monkeypatch.setenv("GANG_FT_REPLICA_RANK", "x")
+    with pytest.raises(ValueError, match="`GANG_FT_REPLICA_RANK` must be an integer of at least 0, but is 'x' instead"):
+        ReplicaGang.join(state_dict=_state, load_state_dict=_load)
+    monkeypatch.setenv("GANG_FT_REPLICA_RANK", "1")
+    monkeypatch.setenv("GANG_FT_REPLICA_SIZE", "1")
+    with pytest.raises(ValueError, match=re.escape("`replica_rank` must be smaller than `replica_size` (1), but is 1")):
         ReplicaGang.join(state_dict=_state, load_state_dict=_load)
 
 
@@ -80,7 +101,8 @@ def gang() -> Iterator[ReplicaGang]:
         g.close()
 
 
-def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang) -> None:
+def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gang.ft")
     t = torch.ones(3)
     with pytest.raises(InvalidOperationError, match=re.escape("inside `with gang.step():`")):
         gang.all_reduce(t, ReduceOperation.SUM)
@@ -88,7 +110,10 @@ def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang) -> No
         gang.should_commit()
     with pytest.raises(NotSupportedError):
         gang.create_gang([0])
-    for expected in (1, 2):
+    host, port = gang._address
+    with pytest.raises(GangError, match=r"`join` failed: replica 'solo' rank 0 is already taken by a live process at "):
+        ReplicaGang.join(replica_id="solo", store=f"{host}:{port}", state_dict=_state, load_state_dict=_load)
+    for expected in (1, 2):  # the first process goes on
         with gang.step():
             assert (gang.rank, gang.size, gang.quorum) == (0, 1, ("solo",))
             gang.all_reduce(t, ReduceOperation.SUM)
@@ -102,6 +127,18 @@ def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang) -> No
     with gang.step():
         pass  # never asked to commit: not committed
     assert gang.step_number == 2
+    events = [getattr(r, "gang_ft") for r in caplog.records if r.name == "gang.ft"]  # noqa: B009
+    assert events[0] == {
+        "event": "quorum",
+        "replica": "solo",
+        "round": 1,
+        "members": ["solo"],
+        "steps": [0],
+        "heal": {},
+        "stalled": [],
+    }
+    assert [e["event"] for e in events] == ["quorum", "abort"] and events[1]["step"] == 3, events
+    assert gang.current_quorum is not None and gang.current_quorum.members == ("solo",)
     assert torch.equal(t, torch.ones(3))
     gang.close()
     with pytest.raises(InvalidOperationError, match="closed gang"), gang.step():
@@ -110,7 +147,7 @@ def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang) -> No
 
 def test_old_rounds_are_deleted_from_the_store(gang: ReplicaGang) -> None:
     # Round n's keys go once round n + KEEP_ROUNDS closed: the store does not grow with the steps.
-    from gang.ft.quorum import KEEP_ROUNDS, ROOT
+    from gang.ft.quorum import KEEP_ROUNDS, ROOT, ROUND_KEYS
 
     host, port = gang._address
     client = TCPStore(host, port, is_master=False, wait_for_workers=False)
@@ -119,7 +156,7 @@ def test_old_rounds_are_deleted_from_the_store(gang: ReplicaGang) -> None:
             assert gang.should_commit()
 
     def round_keys(n: int) -> list[str]:
-        return [f"{ROOT}r/{n}/{part}" for part in ("joins", "result", "votes", "decision")]
+        return [f"{ROOT}r/{n}/{part}" for part in ROUND_KEYS]
 
     last = 12
     deadline = time.monotonic() + 30  # the heartbeat thread deletes them within a beat or two

@@ -42,7 +42,7 @@ class PGCluster(Cluster):
         by_step: dict[int, dict[str, list[dict[str, Any]]]] = {}
         for logs in self.logs.values():
             for log in logs:
-                process = int(log.name.rpartition(".lr")[2]) if ".lr" in log.name else 0
+                process = int(log.name.rpartition(".rr")[2]) if ".rr" in log.name else 0
                 for e in self.events(log):
                     if e["event"] == "commit":
                         by_step.setdefault(e["step"], {}).setdefault(str(process), []).append(e)
@@ -79,17 +79,19 @@ def make_cluster(tmp_path: Path) -> Iterator[Any]:
 
 
 def _kill_restart_and_add(cluster: PGCluster, *, nproc: int) -> None:
-    """Replica 1 is SIGKILLed inside step 3 (local rank ``nproc - 1``); survivors 0 and 2 go on to
-    step 6, where replica 1 restarted and brand-new replica 3 join them (both heal)."""
+    """Replica 1 is SIGKILLed inside step 3 (replica rank ``nproc - 1``); survivors 0 and 2 go on
+    to step 6, where replica 1 restarted and brand-new replica 3 join them (both heal). With
+    ``nproc=2``, replica 2 is launched as two torchrun agents (``--nnodes 2``)."""
     pauses = {"0": "enter:6", "1": "collective:3", "2": "enter:6"}
-    for rid, pause in pauses.items():  # replica 1 pauses on its last local rank only
-        cluster.start(rid, pause=pause, nproc=nproc, pause_local_rank=nproc - 1 if rid == "1" else None)
+    for rid, pause in pauses.items():  # replica 1 pauses on its last replica rank only
+        nodes = 2 if rid == "2" and nproc == 2 else 1
+        cluster.start(rid, pause=pause, nproc=nproc, nnodes=nodes, pause_rank=nproc - 1 if rid == "1" else None)
     for rid in pauses:
         cluster.wait(rid, "paused", 1)
     for rid in pauses:
         cluster.release(rid, "enter", 1)
-    cluster.wait("1", "paused", 3, local_rank=nproc - 1)
-    cluster.signal("1", signal.SIGKILL, local_rank=nproc - 1)
+    cluster.wait("1", "paused", 3, rank=nproc - 1)
+    cluster.signal("1", signal.SIGKILL, rank=nproc - 1)
     for rid in ("0", "2"):
         cluster.wait(rid, "paused", 6)
     for rid in ("1", "3"):
@@ -136,10 +138,11 @@ def test_ddp_across_replicas_kill_restart_and_new_replica(make_cluster: Any) -> 
 
 
 def test_fsdp2_hsdp_across_replicas_kill_restart_and_new_replica(make_cluster: Any) -> None:
-    # Three replicas of 2 processes (one torchrun each) shard the model with fully_shard on
-    # gang_mesh.fsdp_mesh and average shards across replicas through gang.replicate_fsdp. Local
-    # rank 1 of replica 1 is killed inside step 3 (its torchrun ends the replica), the replica is
-    # restarted (each process heals from the process of equal rank), and replica 3 is new.
+    # Three replicas of 2 processes (one torchrun each; replica 2's is two agents, --nnodes 2)
+    # shard the model with fully_shard on gang_mesh.fsdp_mesh and average shards across replicas
+    # through gang.replicate_fsdp. Replica rank 1 of replica 1 is killed inside step 3 (its
+    # torchrun ends the replica), the replica is restarted (each process heals from the process
+    # of equal replica rank), and replica 3 is new.
     cluster = make_cluster("fsdp")
     _kill_restart_and_add(cluster, nproc=2)
     _check_schedule(cluster, cluster.check_steps())

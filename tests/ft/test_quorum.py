@@ -1,22 +1,71 @@
-"""The store protocol of gang.ft on a real TCPStore, driven directly (two replicas as two threads).
+"""The store protocol of gang.ft on a real TCPStore, driven directly (replicas as threads).
 
 The multi-process scenarios (tests/ft/test_ft.py) cover the protocol end to end; these cases set
 up store states that are hard to reach there on purpose, such as a process that comes back from a
-pause after the rounds it knew were deleted.
+pause after the rounds it knew were deleted, or a process that registers and never joins.
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
+from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
+from typing import Any, TypeVar
 
 import pytest
 
 from gang._torch_groups import TCPStore
-from gang.ft.quorum import KEEP_ROUNDS, ROOT, Protocol, Quorum, collect
+from gang.ft.policy import Policy, Quorum
+from gang.ft.quorum import (
+    KEEP_ROUNDS,
+    ROOT,
+    ROUND_KEYS,
+    IdentityError,
+    QuorumClient,
+    QuorumTimeoutError,
+    StoreClient,
+    collect,
+)
 
-TIMEOUT = timedelta(seconds=20)
-"""Long enough that the heartbeats written once at registration stay fresh on a busy machine."""
+SECONDS = 20.0
+"""Heartbeat and quorum timeouts long enough that heartbeats written once stay fresh on a busy machine."""
+
+_T = TypeVar("_T")
+
+
+class CountingClient(StoreClient):
+    """A store client that records every request it sends: ``read <keys>`` or ``write <key>``."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__("127.0.0.1", port, retry=1.0, timeout=timedelta(seconds=SECONDS))
+        self.keys: list[str] = []
+        self._current = ""
+
+    def _call(self, request: Callable[[TCPStore], _T]) -> _T:
+        self.keys.append(self._current)
+        return super()._call(request)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        self._current = f"read {key}" if expected == desired else f"write {key}"
+        return super().compare_set(key, expected, desired)
+
+    def set(self, key: str, value: str) -> None:
+        self._current = f"write {key}"
+        super().set(key, value)
+
+    def append(self, key: str, value: str) -> None:
+        self._current = f"write {key}"
+        super().append(key, value)
+
+    def add(self, key: str, amount: int) -> int:
+        self._current = f"write {key}"
+        return super().add(key, amount)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self._current = "read " + " ".join(keys)
+        return super().multi_get(keys)
 
 
 @pytest.fixture
@@ -24,84 +73,212 @@ def server() -> TCPStore:
     return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
-def _client(server: TCPStore) -> TCPStore:
-    return TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False)
+def _client(
+    server: TCPStore,
+    replica_id: str,
+    *,
+    rank: int = 0,
+    size: int = 1,
+    min_replicas: int = 1,
+    quorum: float = SECONDS,
+    heartbeat: float = SECONDS,
+) -> QuorumClient:
+    policy = Policy(min_replicas, quorum, heartbeat)
+    return QuorumClient(CountingClient(server.port), replica_id, rank, size, uuid.uuid4().hex[:16], policy)
 
 
-def _protocol(server: TCPStore, replica_id: str, timeout: timedelta = TIMEOUT) -> Protocol:
-    return Protocol(_client(server), replica_id, 0, 1, timeout)
+def _in_threads(calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Run ``calls`` at once, one thread each; return their results (or the exceptions they raised)."""
+    got: dict[str, Any] = {}
+
+    def run(name: str, fn: Callable[[], Any]) -> None:
+        try:
+            got[name] = fn()
+        except Exception as ex:
+            got[name] = ex
+
+    threads = [threading.Thread(target=run, args=item) for item in calls.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
+    assert all(not t.is_alive() for t in threads), "a protocol call hung"
+    return got
 
 
 def test_a_paused_process_skips_the_rounds_deleted_meanwhile(server: TCPStore) -> None:
-    a = _protocol(server, "a")
+    a = _client(server, "a")
     a.register(0)
     last = 0
     for step in range(5):  # replica a trains alone: rounds 1 to 5
-        quorum = a.form(last, step, 1)
+        quorum = a.form(last, step)
         assert quorum.members == ("a",)
-        assert a.vote(quorum, True)
+        assert a.vote(quorum, True, SECONDS)
         last = quorum.round
     for n in range(1, last + 1):
-        collect(server, n)
+        collect(a.client, n)
     assert not server.check([f"{ROOT}r/2/result"]) and server.check([f"{ROOT}r/{last - KEEP_ROUNDS + 1}/result"])
 
     # Replica b now acts as a process that took part in round 1 and was paused since: it comes
     # back to round 2, which closed long ago and whose keys were deleted.
-    b = _protocol(server, "b")
+    b = _client(server, "b")
     b.register(0)
-    got: dict[str, Quorum] = {}
-    thread = threading.Thread(target=lambda: got.setdefault("b", b.form(1, 0, 1)))
-    thread.start()
-    got["a"] = a.form(last, 5, 1)
-    thread.join(timeout=4 * TIMEOUT.total_seconds())
-    assert not thread.is_alive()
-    # Both are in round 6; round 2 was not closed again by b (without the checks for deleted
-    # rounds, b closes it alone once a's heartbeat is older than the timeout).
+    got = _in_threads({"b": lambda: b.form(1, 0), "a": lambda: a.form(last, 5)})
+    # Both are in round 6; round 2 was not closed again by b.
     assert got["a"] == got["b"]
     assert got["b"].round == last + 1 and got["b"].members == ("a", "b")
+    assert got["b"].heal == {"b": "a"}
     assert not server.check([f"{ROOT}r/2/result"])
 
 
 def test_collect_keeps_the_rounds_still_read(server: TCPStore) -> None:
-    a = _protocol(server, "a")
+    a = _client(server, "a")
     a.register(0)
     last = 0
     for step in range(4):
-        quorum = a.form(last, step, 1)
-        assert a.vote(quorum, True)
+        quorum = a.form(last, step)
+        assert a.vote(quorum, True, SECONDS)
         last = quorum.round
-    collect(server, last)
-    parts = ("joins", "result", "votes", "decision")
-    assert not any(server.check([f"{ROOT}r/{last - KEEP_ROUNDS}/{p}"]) for p in parts)
+    collect(a.client, last)
+    assert not any(server.check([f"{ROOT}r/{last - KEEP_ROUNDS}/{p}"]) for p in ROUND_KEYS)
     for n in range(last - KEEP_ROUNDS + 1, last + 1):
-        assert all(server.check([f"{ROOT}r/{n}/{p}"]) for p in parts), n
+        assert all(server.check([f"{ROOT}r/{n}/{p}"]) for p in ROUND_KEYS), n
 
 
 def test_a_vote_read_after_its_round_was_deleted_is_lost_not_invented(server: TCPStore) -> None:
-    a, x = _protocol(server, "a"), _protocol(server, "x", timedelta(seconds=1))
+    a, x = _client(server, "a", min_replicas=2), _client(server, "x", min_replicas=2)
     a.register(0)
     x.register(0)
-    got: dict[str, Quorum] = {}
-    thread = threading.Thread(target=lambda: got.setdefault("x", x.form(0, 0, 2)))
-    thread.start()
-    first = a.form(0, 0, 2)
-    thread.join(timeout=TIMEOUT.total_seconds())
+    got = _in_threads({"x": lambda: x.form(0, 0), "a": lambda: a.form(0, 0)})
+    first = got["a"]
     assert got["x"] == first and first.members == ("a", "x")
-    votes: dict[str, bool | None] = {}
-    thread = threading.Thread(target=lambda: votes.setdefault("x", x.vote(first, True)))
-    thread.start()
-    votes["a"] = a.vote(first, True)
-    thread.join(timeout=TIMEOUT.total_seconds())
+    votes = _in_threads({"x": lambda: x.vote(first, True, SECONDS), "a": lambda: a.vote(first, True, SECONDS)})
     assert votes == {"a": True, "x": True}
     # x pauses; a goes on alone for two more rounds and round 1's keys are deleted.
     x.leave()
+    a.policy = Policy(1, SECONDS, SECONDS)
     last = first.round
     for step in (1, 2):
-        quorum = a.form(last, step, 1)
-        assert quorum.members == ("a",) and a.vote(quorum, True)
+        quorum = a.form(last, step)
+        assert quorum.members == ("a",) and a.vote(quorum, True, SECONDS)
         last = quorum.round
-    collect(server, last)
+    collect(a.client, last)
     assert not server.check([f"{ROOT}r/{first.round}/decision"])
     # x comes back and votes again in round 1: the decision is gone; x must not write one.
-    assert x.vote(first, True) is None
+    assert x.vote(first, True, SECONDS) is None
     assert not server.check([f"{ROOT}r/{first.round}/decision"])
+
+
+def test_a_failed_vote_aborts_for_everyone(server: TCPStore) -> None:
+    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
+    a.register(0)
+    b.register(0)
+    quorum = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    votes = _in_threads({"a": lambda: a.vote(quorum, True, SECONDS), "b": lambda: b.vote(quorum, False, SECONDS)})
+    assert votes == {"a": False, "b": False}
+
+
+def test_a_duplicate_is_refused_naming_both_and_the_first_goes_on(server: TCPStore) -> None:
+    first = _client(server, "r", rank=1, size=2)
+    first.register(0)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.05):
+            first.beat(0)
+
+    beater = threading.Thread(target=beat)
+    beater.start()
+    duplicate = _client(server, "r", rank=1, size=2)
+    try:
+        with pytest.raises(IdentityError, match=r"replica 'r' rank 1 is already taken by a live process at .*:\d+; "):
+            duplicate.register(0)
+    finally:
+        stop.set()
+        beater.join()
+    first.beat(1)  # still the owner: no error
+
+
+def test_a_restart_right_after_a_death_takes_the_identity_over(server: TCPStore) -> None:
+    # The dead incarnation's heartbeat is still fresh, but it never changes again: the new one
+    # waits for it to grow older than `heartbeat_timeout` and takes over (no false duplicate).
+    dead = _client(server, "r", heartbeat=0.5)
+    dead.register(0)
+    restarted = _client(server, "r", heartbeat=0.5)
+    restarted.register(0)
+    with pytest.raises(IdentityError, match="taken over by a new incarnation"):
+        dead.beat(1)
+
+
+def test_a_silent_incarnation_is_replaced_and_learns_it(server: TCPStore) -> None:
+    old = _client(server, "r", heartbeat=0.05)
+    old.register(0)
+    new = _client(server, "r", heartbeat=0.05)
+    _wait_until(lambda: _registers(new))  # once old's heartbeat is older than 50 ms, new takes over
+    with pytest.raises(IdentityError, match="taken over by a new incarnation"):
+        old.beat(1)
+
+
+def _registers(client: QuorumClient) -> bool:
+    try:
+        client.register(0)
+    except IdentityError:
+        return False
+    return True
+
+
+def _wait_until(condition: Callable[[], bool]) -> None:
+    for _ in range(10_000):
+        if condition():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError("condition never held")
+
+
+def test_a_process_that_never_joins_does_not_block_the_others(server: TCPStore) -> None:
+    # Replica b has 2 processes; rank 1 never reaches `join` (no heartbeat key at all). Replica a
+    # forms its quorum without waiting: before the fix, reading b's missing heartbeat key blocked
+    # every round for the store timeout.
+    a = _client(server, "a")
+    a.register(0)
+    b0 = _client(server, "b", rank=0, size=2)
+    b0.register(0)
+    quorum = _in_threads({"a": lambda: a.form(0, 0)})["a"]
+    assert isinstance(quorum, Quorum) and quorum.members == ("a",)
+
+
+def test_fewer_than_min_replicas_joined_gives_up_naming_the_quorum(server: TCPStore) -> None:
+    # Replica b heartbeats but never joins: with min_replicas=2 nobody can go on. Both a and a
+    # second process of a's round raise with the leader's reason, not hang.
+    a = _client(server, "a", min_replicas=2, quorum=0.3)
+    b = _client(server, "b", min_replicas=2, quorum=0.3)
+    a.register(0)
+    b.register(0)
+    got = _in_threads({"a": lambda: a.form(0, 0)})
+    assert isinstance(got["a"], QuorumTimeoutError), got
+    assert "quorum 1" in str(got["a"]) and "`min_replicas`=2" in str(got["a"]) and "['a']" in str(got["a"])
+
+
+def test_a_non_leaders_traffic_does_not_read_the_other_replicas(server: TCPStore) -> None:
+    # Eight replicas form quorums and vote: only the round's leader reads the joins, the registry
+    # and the heartbeats; every other process touches its own keys and one key per wait.
+    clients = [_client(server, str(i), min_replicas=8) for i in range(8)]
+    for c in clients:
+        c.register(0)
+    last = 0
+    for step in range(3):
+        quorums = _in_threads({c.replica_id: partial(c.form, last, step) for c in clients})
+        quorum = quorums["0"]
+        assert all(q == quorum for q in quorums.values()) and len(quorum.members) == 8
+        votes = _in_threads({c.replica_id: partial(c.vote, quorum, True, SECONDS) for c in clients})
+        assert votes == {c.replica_id: True for c in clients}
+        last = quorum.round
+    leaders = {server.get(f"{ROOT}r/{n}/leader").decode().split("|")[0] for n in range(1, last + 1)}
+    assert len(leaders) < 8
+    for c in clients:
+        counting = c.client
+        assert isinstance(counting, CountingClient)
+        joined = counting.keys.index(f"write {ROOT}r/1/joins")
+        reads = [k.removeprefix("read ") for k in counting.keys[joined:] if k.startswith("read ")]
+        if c.replica_id not in leaders:
+            assert not any(k.startswith(f"{ROOT}hb/") or k.endswith(("/joins", "/reg")) for k in reads), reads

@@ -161,8 +161,8 @@ def check_op(name: str, op: object, dtype: torch.dtype) -> ReduceOperation:
     return op
 
 
-def check_timeout(timeout: object, *, default: timedelta) -> timedelta:
-    """Return ``timeout``, or ``default`` when it is ``None``.
+def check_timeout(timeout: object, *, default: timedelta, name: str = "timeout") -> timedelta:
+    """Return ``timeout``, or ``default`` when it is ``None``; ``name`` names it in errors.
 
     :raises TypeError: If ``timeout`` is neither ``None`` nor a ``datetime.timedelta``.
     :raises ValueError: If ``timeout`` is not positive.
@@ -170,9 +170,9 @@ def check_timeout(timeout: object, *, default: timedelta) -> timedelta:
     if timeout is None:
         return default
     if not isinstance(timeout, timedelta):
-        raise TypeError(f"`timeout` must be a `datetime.timedelta`, but is {timeout!r} instead.")
+        raise TypeError(f"`{name}` must be a `datetime.timedelta`, but is {timeout!r} instead.")
     if timeout.total_seconds() <= 0:
-        raise ValueError(f"`timeout` must be positive, but is {timeout} instead.")
+        raise ValueError(f"`{name}` must be positive, but is {timeout} instead.")
     return timeout
 
 

@@ -10,6 +10,6 @@ step counts. Replicas meet through ``python -m gang.ft.store`` (see :mod:`gang.f
 
 from __future__ import annotations
 
-from gang.ft.replica import DEFAULT_TIMEOUT, ReplicaGang
+from gang.ft.replica import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_TIMEOUT, ReplicaGang
 
-__all__ = ["DEFAULT_TIMEOUT", "ReplicaGang"]
+__all__ = ["DEFAULT_HEARTBEAT_TIMEOUT", "DEFAULT_TIMEOUT", "ReplicaGang"]

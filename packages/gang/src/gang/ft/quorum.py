@@ -1,359 +1,453 @@
-"""The store-side protocol of :mod:`gang.ft`: liveness, quorum rounds and the commit vote.
+"""The store side of :mod:`gang.ft`: registration, heartbeats, quorum rounds and the commit vote.
 
-Everything lives in the coordination store (torch's ``TCPStore``) under :data:`ROOT`:
+The decisions (who is live, who heals from whom, when to give up) are :class:`gang.ft.policy.Policy`'s;
+this module only reads and writes the coordination store (torch's ``TCPStore``), under :data:`ROOT`:
 
-- ``reg``: every process appends ``replica|local_rank|local_world_size`` once, when it joins.
-- ``hb/<replica>/<local_rank>``: a heartbeat, ``"<unix time> <step>"`` written by a background
-  thread of every process (``"left"`` once it closed). A replica is *live* while the heartbeat of
-  each of its local ranks is younger than the timeout; in the round being formed, a replica all
-  of whose processes joined counts as live without its heartbeats being read.
-- ``r/<n>/joins``: round ``n`` of the quorum; each process appends ``replica|local_rank|step``.
-  The first process that sees the round complete publishes ``r/<n>/result`` with an atomic
-  ``compare_set`` (so every process reads the same member list), and ``closed`` = ``n``.
-  A round is complete when every live replica joined (all its local ranks), or when twice the
-  timeout passed (a live replica may be finishing a collective that fails at the timeout) and the
-  joined live replicas include one at the highest step.
-- ``r/<n>/votes`` and ``r/<n>/decision``: the commit vote of round ``n``. Each process appends
-  ``replica|local_rank|ok`` (or ``fail``); the first process that sees every member's vote, a
-  ``fail`` or its deadline writes the decision with ``compare_set``; everyone reads that one.
-- Round ``n``'s keys are deleted once round ``n + 2`` closed (by the heartbeat thread of a
-  process that closed round ``n + 2`` or a later one), so the store does not grow with the
-  number of steps. A process that comes back from a pause to a deleted round reads ``closed``
-  and joins the next open round (it never publishes a result for a round that closed); the vote
-  of a deleted round is lost for it (see :meth:`Protocol.vote`). Such a process leaves the one
-  or two keys it appended to the deleted round behind.
+- ``id/<replica>/<rank>``: the incarnation that owns process (replica id, replica rank):
+  ``"<token> <host>:<pid> <unix time>"``. Every ``join`` makes a new token; a process claims the
+  key with ``compare_set`` and is refused while the owner heartbeats (a duplicate).
+- ``hb/<replica>/<rank>``: its heartbeat ``"<unix time> <step> <token>"`` (``"left <token>"``
+  once it closed), written by a background thread that first checks it still owns the claim.
+- ``reg``: every incarnation appends ``replica|rank|size`` once.
+- ``started``: the time ``python -m gang.ft.store`` started. A leader closes no round until
+  ``heartbeat_timeout`` after it: a restarted store learns the live processes only as each
+  registers again.
+- ``r/<n>/joins``, ``r/<n>/count``, ``r/<n>/leader``, ``r/<n>/result``: round ``n`` of the quorum.
+  A process appends ``replica|rank|token|step`` and adds one to ``count``; the process that makes
+  it 1 is the round's *leader*. Only the leader reads the round's joins, the registry and the
+  heartbeats (when ``count`` changes, and every 50 ms), asks the policy and publishes the result
+  (a :class:`Quorum`, or a reason to give up) with an atomic ``compare_set``; everyone else
+  polls ``result`` (one key), and takes the lead over with ``compare_set`` when the leader's
+  heartbeat goes silent. So one process's requests per step do not grow with the number of
+  replicas. A published round sets ``closed`` = ``n``.
+- ``r/<n>/ok`` and ``r/<n>/decision``: the commit vote. A process votes "fail" by writing the
+  decision ``abort`` with ``compare_set``, "ok" by adding one to ``ok``; the process whose add
+  completes the count writes ``commit``. Everyone polls ``decision`` until the vote's deadline.
+- Round ``n``'s keys are deleted once round ``n + 2`` closed (by the heartbeat thread of its
+  leader). A process that comes back from a pause to a deleted round joins the next open round;
+  the vote of a deleted round is lost for it (see :meth:`QuorumClient.vote`).
 
-Waiting processes poll: each read returns at once whether or not the key exists (one round trip;
-``TCPStore.get`` waits for a missing key and costs two), with sleeps of 0.1 ms doubling up to
-1 ms for the first 50 ms of a wait, then doubling on up to 10 ms.
+:class:`StoreClient` retries a store that stopped answering for ``retry`` seconds, reconnecting
+to the same address: a store restarted there holds none of the keys above (they are soft state),
+so a process re-registers (its heartbeat thread, on finding its claim gone) and re-joins the round
+it waits in (on seeing :attr:`StoreClient.generation` change); a vote in flight is lost.
 
 Heartbeat ages compare wall clocks of different hosts, so the hosts' clocks must agree to well
-within the timeout (NTP does).
+within ``heartbeat_timeout`` (NTP does).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from gang._torch_groups import TCPStore
+from gang.ft.policy import Beat, Join, Policy, Process, Quorum, View
 
 ROOT = "gang.ft/"
 """The prefix of every key :mod:`gang.ft` writes in the coordination store."""
+
+KEEP_ROUNDS = 2
+"""Round ``n``'s keys are deleted when round ``n + KEEP_ROUNDS`` closes."""
+
+STARTED = ROOT + "started"
+"""The key where ``python -m gang.ft.store`` writes the time it started (a restarted store is empty)."""
+
+ROUND_KEYS = ("joins", "count", "leader", "result", "ok", "decision")
+"""The keys of one round, under ``r/<n>/``."""
 
 _POLL_MIN = 0.0001
 _POLL_MAX = 0.001  # while a wait is young (`_FAST` seconds): a step's members arrive close together
 _POLL_SLOW = 0.01  # afterwards: waiting for a slow or dead replica should not load the store
 _FAST = 0.05
-_RECHECK = 0.02  # seconds between liveness checks while the joins of a round do not change
+_RECHECK = 0.05  # seconds between the leader's reads of the round while its count does not change
 _ABSENT = "\x00"  # never a value of ours: `compare_set` returns it for a key that does not exist
-KEEP_ROUNDS = 2
-"""Round ``n``'s keys are deleted when round ``n + KEEP_ROUNDS`` closes."""
-
-
-def replica_sort_key(replica_id: str) -> tuple[int, int, str]:
-    """Order replica ids numerically when they are numbers, else by text (numbers first)."""
-    return (0, int(replica_id), "") if replica_id.isdigit() else (1, 0, replica_id)
-
-
-@dataclass(frozen=True)
-class Quorum:
-    """The published result of one quorum round.
-
-    :ivar round: The round number (the quorum id).
-    :ivar members: Replica ids in rank order.
-    :ivar steps: The step number each member had when it joined.
-    :ivar sizes: The number of processes of each member.
-    :ivar group: The round whose process group the members use (a new one when membership or
-        health changed, else the previous quorum's).
-    """
-
-    round: int
-    members: tuple[str, ...]
-    steps: tuple[int, ...]
-    sizes: tuple[int, ...]
-    group: int
-
-    @property
-    def max_step(self) -> int:
-        """The highest step number among the members."""
-        return max(self.steps)
-
-    @property
-    def heal_source(self) -> int:
-        """The rank of the member that sends its state to members that are behind."""
-        return self.steps.index(self.max_step)
-
-    def describe(self) -> str:
-        """A short text naming the quorum, for error messages."""
-        return f"quorum {self.round} of replicas {list(self.members)}"
-
-    def to_json(self) -> str:
-        """Serialise for the store."""
-        fields = {"round": self.round, "members": self.members, "steps": self.steps, "sizes": self.sizes}
-        return json.dumps(fields | {"group": self.group})
-
-    @staticmethod
-    def from_json(text: bytes | str) -> Quorum:
-        """Parse what :meth:`to_json` wrote."""
-        d = json.loads(text)
-        return Quorum(
-            int(d["round"]),
-            tuple(d["members"]),
-            tuple(int(s) for s in d["steps"]),
-            tuple(int(s) for s in d["sizes"]),
-            int(d["group"]),
-        )
+_T = TypeVar("_T")
+_STORE_ERRORS = (RuntimeError, OSError, ValueError)
 
 
 class QuorumTimeoutError(Exception):
-    """Forming a quorum did not succeed in time; the message says why."""
+    """Forming a quorum did not succeed; the message says why."""
+
+
+class IdentityError(Exception):
+    """Another live process owns this process's (replica id, replica rank); the message names both."""
+
+
+class StoreUnreachableError(RuntimeError):
+    """The coordination store did not answer for the whole retry time."""
 
 
 def _key(*parts: object) -> str:
     return ROOT + "/".join(str(p) for p in parts)
 
 
-def _lines(raw: bytes) -> list[list[str]]:
-    return [line.split("|") for line in raw.decode().splitlines() if line]
+def _lines(raw: bytes | None) -> list[list[str]]:
+    return [line.split("|") for line in (raw or b"").decode().splitlines() if line]
 
 
-class Protocol:
-    """The store protocol of one process of one replica.
+class StoreClient:
+    """A client of the coordination store that retries and reconnects when the store stops answering.
 
-    :param store: A client of the coordination store used by the calling thread only.
-    :param replica_id: This replica's id.
-    :param local_rank: This process's rank inside its replica.
-    :param local_world_size: The number of processes of the replica.
-    :param timeout: The heartbeat age after which a replica counts as dead, and the wait bound.
+    Used by one thread. Every request goes through :meth:`_call` (a benchmark counts them there).
+
+    :param host: The store's host.
+    :param port: The store's port.
+    :param retry: Seconds to keep reconnecting before a request raises :class:`StoreUnreachableError`.
+    :param timeout: The timeout of one request.
     """
 
-    def __init__(self, store: TCPStore, replica_id: str, local_rank: int, local_world_size: int, timeout: timedelta):
-        self.store = store
-        self.replica_id = replica_id
-        self.local_rank = local_rank
-        self.local_world_size = local_world_size
-        self.timeout = timeout.total_seconds()
-        self.closed_round = 0
-        """The last round whose result this process published (its keys' collection is due)."""
+    def __init__(self, host: str, port: int, *, retry: float, timeout: timedelta) -> None:
+        self.host, self.port, self.retry, self.timeout = host, port, retry, timeout
+        self.generation = 0
+        """How many times the client reconnected (a store restarted meanwhile lost every key)."""
+        self._store = self._connect(timeout)
 
-    # -- membership -------------------------------------------------------------------------
+    @property
+    def raw(self) -> TCPStore:
+        """The current connection (a new one after a reconnect), for torch's own use of the store."""
+        return self._store
+
+    def _connect(self, timeout: timedelta) -> TCPStore:
+        return TCPStore(self.host, self.port, is_master=False, timeout=timeout, wait_for_workers=False)
+
+    def _call(self, request: Callable[[TCPStore], _T]) -> _T:
+        try:
+            return request(self._store)
+        except _STORE_ERRORS as first:
+            deadline = time.monotonic() + self.retry
+            pause = 0.05
+            while True:
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
+                try:
+                    self._store = self._connect(timedelta(seconds=min(1.0, self.timeout.total_seconds())))
+                    self._store.set_timeout(self.timeout)
+                    self.generation += 1
+                    return request(self._store)
+                except _STORE_ERRORS as ex:
+                    if time.monotonic() > deadline:
+                        raise StoreUnreachableError(f"{first}; retried for {self.retry:g} s: {ex}") from ex
+
+    def set(self, key: str, value: str) -> None:
+        """Set ``key``."""
+        self._call(lambda s: s.set(key, value))
+
+    def peek(self, key: str) -> bytes | None:
+        """The value of ``key``, or ``None`` if it does not exist, in one round trip.
+
+        ``compare_set`` with an expected value that is never stored returns the current value and
+        changes nothing (or, for a missing key, returns the expected value and creates nothing).
+        """
+        value = self.compare_set(key, _ABSENT, _ABSENT)
+        return None if value == _ABSENT.encode() else value
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        """``TCPStore.compare_set``: set ``key`` to ``desired`` if it holds ``expected`` (or is
+        missing and ``expected`` is empty); return the value it holds afterwards."""
+        return self._call(lambda s: s.compare_set(key, expected, desired))
+
+    def append(self, key: str, value: str) -> None:
+        """Append ``value`` to ``key`` atomically (``TCPStore.append``; torch's stubs omit it)."""
+
+        def request(store: TCPStore) -> None:
+            appender: Any = store
+            appender.append(key, value)
+
+        self._call(request)
+
+    def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the counter ``key``; return its new value."""
+        return self._call(lambda s: s.add(key, amount))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        """The values of ``keys``, which must exist (a missing one waits for the timeout)."""
+        return self._call(lambda s: s.multi_get(keys)) if keys else []
+
+    def delete(self, key: str) -> None:
+        """Delete ``key``."""
+        self._call(lambda s: s.delete_key(key))
+
+
+class QuorumClient:
+    """The store protocol of one process (replica id, replica rank) of one incarnation.
+
+    :param client: A store client used by the calling thread only.
+    :param replica_id: This replica's id.
+    :param replica_rank: This process's rank inside its replica.
+    :param replica_size: The number of processes of the replica.
+    :param token: This incarnation's token (unique per ``join``).
+    :param policy: The quorum decisions.
+    """
+
+    def __init__(
+        self, client: StoreClient, replica_id: str, replica_rank: int, replica_size: int, token: str, policy: Policy
+    ) -> None:
+        self.client = client
+        self.replica_id, self.replica_rank, self.replica_size = replica_id, replica_rank, replica_size
+        self.token = token
+        self.policy = policy
+        self.closed_round = 0
+        """The last round this process published as leader (its keys' collection is due)."""
+        self._me = f"{replica_id}|{replica_rank}|{token}"
+
+    def describe(self) -> str:
+        """Name this process for messages."""
+        return f"replica {self.replica_id!r} rank {self.replica_rank}"
+
+    # -- identity and heartbeats ------------------------------------------------------------------
 
     def register(self, step: int) -> None:
-        """Write a first heartbeat and add this process to the registry."""
-        write_heartbeat(self.store, self.replica_id, self.local_rank, step)
-        _append(self.store, _key("reg"), f"{self.replica_id}|{self.local_rank}|{self.local_world_size}\n")
+        """Claim this process's identity, write a first heartbeat and enter the registry.
 
-    def live_replicas(self, joined: dict[str, dict[int, int]] | None = None) -> tuple[set[str], dict[str, int]]:
-        """Return the live replica ids and the number of processes of every registered replica.
-
-        :param joined: The local ranks (and steps) of each replica that joined the current round:
-            a replica all of whose processes joined is live without reading its heartbeats.
+        :raises IdentityError: If a live process of another incarnation owns the identity.
         """
-        sizes = _sizes(_lines(peek(self.store, _key("reg")) or b""))
-        joined = joined or {}
-        live = {rid for rid, size in sizes.items() if len(joined.get(rid, ())) >= size}
-        keys = [(rid, lr) for rid, size in sizes.items() if rid not in live for lr in range(size)]
-        if not keys:
-            return live, sizes
-        # A process writes its heartbeat before it registers, so every registered key exists.
-        values = dict(zip(keys, self.store.multi_get([_key("hb", *k) for k in keys]), strict=True))
-        now = time.time()
-        for rid, size in sizes.items():
-            beats = [values.get((rid, lr)) for lr in range(size)]
-            if all(b is not None and b != b"left" and now - float(b.split()[0]) < self.timeout for b in beats):
-                live.add(rid)
-        return live, sizes
+        claim = _key("id", self.replica_id, self.replica_rank)
+        mine = f"{self.token} {socket.gethostname()}:{os.getpid()} {time.time():.6f}"
+        current = self.client.peek(claim)
+        while True:
+            if current is not None and self._owner_alive(current.decode()):
+                _, who, _ = current.decode().split(" ")
+                raise IdentityError(
+                    f"{self.describe()} is already taken by a live process at {who}; "
+                    f"this process at {socket.gethostname()}:{os.getpid()} is a duplicate"
+                )
+            got = self.client.compare_set(claim, "" if current is None else current.decode(), mine)
+            if got == mine.encode():
+                break
+            current = got
+        self.beat(step)
+        self.client.append(_key("reg"), f"{self.replica_id}|{self.replica_rank}|{self.replica_size}\n")
 
-    # -- quorum rounds --------------------------------------------------------------------------
+    def _owner_alive(self, claim: str) -> bool:
+        """Whether the incarnation that claimed this identity still heartbeats: it writes a new
+        heartbeat while it lives (every 0.1 s), so a fresh one that never changes is a process
+        that just died (restarted at once by its launcher) or is stopped; wait for it to change
+        or to grow older than ``heartbeat_timeout``."""
+        token, _, since = claim.split(" ")
+        key = _key("hb", self.replica_id, self.replica_rank)
+        first = self.client.peek(key)
+        while True:
+            value = self.client.peek(key)
+            beat = _parse_beat(value, time.time())
+            if beat is None or beat.token != token:  # claimed, first heartbeat not written yet
+                if time.time() - float(since) >= self.policy.heartbeat_timeout:
+                    return False
+            elif not self.policy.alive(beat):
+                return False
+            elif value != first:
+                return True
+            time.sleep(0.02)
 
-    def first_round(self, last_round: int) -> int:
-        """The round to join next: after the last one this process took part in and the last closed one."""
-        closed = peek(self.store, _key("closed"))
-        return max(last_round, 0 if closed is None else int(closed)) + 1
+    def beat(self, step: int) -> None:
+        """Write this process's heartbeat, first checking that it still owns its identity.
 
-    def form(
-        self, last_round: int, step: int, min_replicas: int, previous: tuple[Quorum, bool] | None = None
-    ) -> Quorum:
+        A claim that is gone (the store was restarted) is claimed and registered again.
+
+        :raises IdentityError: If another incarnation took the identity over (this one was
+            silent for longer than ``heartbeat_timeout``).
+        """
+        claim = self.client.peek(_key("id", self.replica_id, self.replica_rank))
+        if claim is None:
+            self.register(step)
+            return
+        owner, who, _ = claim.decode().split(" ")
+        if owner != self.token:
+            raise IdentityError(
+                f"{self.describe()} was taken over by a new incarnation at {who} after this process "
+                f"was silent for longer than `heartbeat_timeout` ({self.policy.heartbeat_timeout:g} s)"
+            )
+        self.client.set(_key("hb", self.replica_id, self.replica_rank), f"{time.time():.6f} {step} {self.token}")
+
+    def leave(self) -> None:
+        """Mark this process as gone, so the next round does not wait for its replica."""
+        self.client.set(_key("hb", self.replica_id, self.replica_rank), f"left {self.token}")
+
+    # -- quorum rounds ------------------------------------------------------------------------------
+
+    def first_round(self) -> int:
+        """The first round that is not closed yet."""
+        closed = self.client.peek(_key("closed"))
+        return (0 if closed is None else int(closed)) + 1
+
+    def form(self, last_round: int, step: int, previous: tuple[Quorum, bool] | None = None) -> Quorum:
         """Join rounds from ``last_round + 1`` on until one publishes a quorum holding this replica.
 
         :param previous: The last quorum this process was a member of and whether its step was
-            committed (saves reading them back when this process closes the next round).
-        :raises QuorumTimeoutError: If fewer than ``min_replicas`` replicas stay live for the
-            timeout, or this replica itself loses a process before that process joined.
+            committed (saves reading them back when this process leads the next round).
+        :raises QuorumTimeoutError: If the round's leader gave up (the policy's reason), or this
+            replica was left out of every round for ``quorum_timeout`` (one of its processes did
+            not join), or no round was published for twice ``quorum_timeout`` plus ``heartbeat_timeout``.
         """
-        # After a round it took part in, a process joins the next one (the loop below moves on if
-        # that one closed without it); a new process starts after the last closed round.
-        n = self._join(last_round + 1 if last_round > 0 else self.first_round(0), step)
         start = time.monotonic()
-        poll = _POLL_MIN
-        seen: bytes | None = None
-        checked = 0.0
+        timeout = self.policy.quorum_timeout
+        # `append` is not acknowledged: one sent to a store that just died is lost unnoticed, and
+        # the reconnect of the next request tells it. So the generation is read before joining.
+        generation, poll = self.client.generation, _POLL_MIN
+        n, leader = self._join(last_round + 1 if last_round > 0 else self.first_round(), step)
+        round_start, count, evaluated, checked = start, -1, 0.0, start
         while True:
-            result = peek(self.store, _key("r", n, "result"))
+            now = time.monotonic()
+            if self.client.generation != generation:  # the store was restarted: its rounds are gone
+                generation = self.client.generation
+                (n, leader), round_start, count = self._join(max(n, self.first_round()), step), now, -1
+            result = self.client.peek(_key("r", n, "result"))
             if result is not None:
-                quorum = Quorum.from_json(result)
+                quorum = _parse_result(result)
                 if self.replica_id in quorum.members:
                     return quorum
-                n = self._join(max(n + 1, self.first_round(0)), step)  # closed without us: the next round
-                seen, checked = None, 0.0
-                continue
-            # One cheap poll (two reads) while nothing changes; liveness is re-read when the joins
-            # change and every `_RECHECK` seconds.
-            joins = peek(self.store, _key("r", n, "joins")) or b""
-            now = time.monotonic()
-            if joins == seen and now - checked < _RECHECK:
-                poll = _backoff(poll, start)
-                continue
-            if joins == seen and self._deleted(n):
-                # The round closed long ago and its keys were deleted (this process was paused).
-                n = self._join(self.first_round(0), step)
-                seen, checked = None, 0.0
-                continue
-            seen, checked = joins, now
-            joined = _joined(joins)
-            live, sizes = self.live_replicas(joined)
-            waited = now - start
-            if waited > self.timeout:
-                if self.replica_id not in live:
+                if now - start > timeout + self.policy.heartbeat_timeout:
                     raise QuorumTimeoutError(
-                        f"replica {self.replica_id!r} lost one of its {self.local_world_size} processes "
-                        f"(no heartbeat for {self.timeout:g} s) while forming quorum {n}"
+                        f"{self.describe()} was left out of every quorum for {now - start:.3g} s: not every "
+                        f"process of the replica joined (quorum {n} is of replicas {list(quorum.members)})"
                     )
-                if len(live) < min_replicas:
-                    raise QuorumTimeoutError(
-                        f"only {len(live)} live replica(s) {sorted(live, key=replica_sort_key)} for "
-                        f"{self.timeout:g} s while forming quorum {n}, fewer than `min_replicas`={min_replicas}"
-                    )
-            # A live replica that has not joined may still be inside a collective that fails only
-            # at the timeout: wait twice as long before going on without it.
-            timed_out = waited > 2 * self.timeout
-            proposal = self._try_close(
-                n, joined, live, sizes, timed_out=timed_out, min_replicas=min_replicas, previous=previous
-            )
-            if proposal is not None:
-                if self._deleted(n):  # closed long ago (this process was paused): never publish it again
-                    n = self._join(self.first_round(0), step)
-                    seen, checked = None, 0.0
+                # Closed without us: the next round.
+                (n, leader), round_start, count = self._join(max(n + 1, self.first_round()), step), now, -1
+                continue
+            if now - start > 2 * timeout + self.policy.heartbeat_timeout:
+                raise QuorumTimeoutError(f"no quorum was published for {now - start:.3g} s while forming quorum {n}")
+            if now - checked > min(0.5, self.policy.heartbeat_timeout / 4):
+                checked = now
+                if self._deleted(n):  # the round closed long ago (this process was paused)
+                    (n, leader), round_start, count = self._join(self.first_round(), step), now, -1
                     continue
-                published = self.store.compare_set(_key("r", n, "result"), "", proposal.to_json())
-                if published == proposal.to_json().encode():
-                    self.store.set(_key("closed"), str(n))
-                    self.closed_round = n
-                    return proposal
-                continue  # another process published first: read its result at the top of the loop
+                leader = leader or self._take_lead_if_silent(n)
+            if leader:
+                seen = self.client.add(_key("r", n, "count"), 0)
+                if seen != count or now - evaluated > _RECHECK:
+                    count, evaluated = seen, now
+                    if self._lead(n, now - round_start, previous):
+                        continue  # published: read it back at the top
             poll = _backoff(poll, start)
 
-    def _join(self, n: int, step: int) -> int:
-        """Join round ``n`` at ``step``; return ``n``."""
-        _append(self.store, _key("r", n, "joins"), f"{self.replica_id}|{self.local_rank}|{step}\n")
-        return n
+    def _join(self, n: int, step: int) -> tuple[int, bool]:
+        """Join round ``n`` at ``step``; return ``n`` and whether this process leads it (it joined first)."""
+        self.client.append(_key("r", n, "joins"), f"{self._me}|{step}\n")
+        if self.client.add(_key("r", n, "count"), 1) == 1:
+            return n, self.client.compare_set(_key("r", n, "leader"), "", self._me) == self._me.encode()
+        return n, False
+
+    def _take_lead_if_silent(self, n: int) -> bool:
+        """Whether this process leads round ``n`` (taking over from a leader that went silent)."""
+        key = _key("r", n, "leader")
+        leader = self.client.peek(key)
+        if leader is not None:
+            if leader.decode() == self._me:
+                return True
+            rid, rank, token = leader.decode().split("|")
+            beat = _parse_beat(self.client.peek(_key("hb", rid, rank)), time.time())
+            if beat is not None and beat.token == token and self.policy.alive(beat):
+                return False
+        return self.client.compare_set(key, "" if leader is None else leader.decode(), self._me) == self._me.encode()
+
+    def _lead(self, n: int, waited: float, previous: tuple[Quorum, bool] | None) -> bool:
+        """Read round ``n`` and publish the policy's decision if it has one; return whether published."""
+        prev, committed = self._previous(n, previous)
+        decision = self.policy.decide(n, self._view(n, waited), prev, committed)
+        if decision is None or self._deleted(n):  # never publish a round that closed long ago
+            return False
+        text = (
+            decision.to_json() if isinstance(decision, Quorum) else json.dumps({"round": n, "failed": decision.reason})
+        )
+        if self.client.compare_set(_key("r", n, "result"), "", text) == text.encode():
+            self.client.set(_key("closed"), str(n))
+            self.closed_round = n
+        return True
+
+    def _view(self, n: int, waited: float) -> View:
+        sizes: dict[str, int] = {}
+        registered: set[Process] = set()
+        for rid, rank, size in _lines(self.client.peek(_key("reg"))):
+            sizes[rid] = int(size)  # the latest incarnation's size counts
+            registered.add((rid, int(rank)))
+        processes = sorted(registered)
+        now = time.time()
+        values = self.client.multi_get([_key("hb", rid, rank) for rid, rank in processes])
+        beats = {p: b for p, v in zip(processes, values, strict=True) if (b := _parse_beat(v, now)) is not None}
+        joins = {
+            (rid, int(rank)): Join(token, int(step))
+            for rid, rank, token, step in _lines(self.client.peek(_key("r", n, "joins")))
+        }
+        started = self.client.peek(STARTED)
+        return View(sizes, beats, joins, waited, float("inf") if started is None else now - float(started))
+
+    def _previous(self, n: int, previous: tuple[Quorum, bool] | None) -> tuple[Quorum | None, bool]:
+        if previous is not None and previous[0].round == n - 1:
+            return previous
+        result, decision = self.client.peek(_key("r", n - 1, "result")), self.client.peek(_key("r", n - 1, "decision"))
+        if result is None:
+            return None, False
+        try:
+            return _parse_result(result), decision == b"commit"
+        except QuorumTimeoutError:
+            return None, False
 
     def _deleted(self, n: int) -> bool:
         """Whether round ``n`` closed and its keys were already deleted."""
         # A result is published before `closed` is set: a missing result after `closed` >= n is deleted.
-        return self.first_round(0) > n and peek(self.store, _key("r", n, "result")) is None
+        return self.first_round() > n and self.client.peek(_key("r", n, "result")) is None
 
-    def _try_close(
-        self,
-        n: int,
-        joined: dict[str, dict[int, int]],
-        live: set[str],
-        sizes: dict[str, int],
-        *,
-        timed_out: bool,
-        min_replicas: int,
-        previous: tuple[Quorum, bool] | None,
-    ) -> Quorum | None:
-        complete = {rid for rid, ranks in joined.items() if len(ranks) >= sizes.get(rid, 1)}
-        members = sorted(complete & live, key=replica_sort_key)
-        if len(members) < min_replicas:
-            return None
-        steps = [max(joined[rid].values()) for rid in members]
-        if not live <= complete:
-            # A live replica has not joined: close without it only after the timeout, and only
-            # when a replica at the highest live step can heal the others.
-            highest = max(self._steps_of(live))
-            if not timed_out or max(steps) < highest:
-                return None
-        member_sizes = tuple(sizes.get(rid, 1) for rid in members)
-        group = self._group_round(n, tuple(members), previous)
-        return Quorum(n, tuple(members), tuple(steps), member_sizes, group)
+    # -- the commit vote ------------------------------------------------------------------------------
 
-    def _steps_of(self, replicas: set[str]) -> list[int]:
-        keys = [_key("hb", rid, 0) for rid in replicas]
-        values = self.store.multi_get(keys) if keys else []
-        return [int(v.split()[1]) for v in values if v != b"left"] or [0]
-
-    def _group_round(self, n: int, members: tuple[str, ...], previous: tuple[Quorum, bool] | None) -> int:
-        """Reuse the previous quorum's group when it has the same members and committed."""
-        if previous is not None and previous[0].round == n - 1:
-            prev, committed = previous
-        else:
-            result, decision = (
-                peek(self.store, _key("r", n - 1, "result")),
-                peek(self.store, _key("r", n - 1, "decision")),
-            )
-            if result is None or decision is None:
-                return n
-            prev, committed = Quorum.from_json(result), decision == b"commit"
-        return prev.group if prev.members == members and committed else n
-
-    # -- the commit vote -------------------------------------------------------------------------
-
-    def vote(self, quorum: Quorum, ok: bool) -> bool | None:
+    def vote(self, quorum: Quorum, ok: bool, deadline: float) -> bool | None:
         """Vote on committing the step of ``quorum``; return the decision shared by every member.
 
-        ``None`` when the decision is lost: this process was paused until the round's keys were
-        deleted (two rounds later), before it read the decision. It is then not committed here,
-        whatever the others decided, and nothing is written for the deleted round.
+        ``None`` when the decision is lost: the round's keys are gone (this process was paused
+        until they were deleted two rounds later, or the store was restarted) before it read the
+        decision. It is then not committed here, whatever the others decided, and nothing is
+        written for the lost round.
+
+        :param deadline: Seconds after which a vote still incomplete is decided ``abort``.
         """
-        votes_key, decision_key = _key("r", quorum.round, "votes"), _key("r", quorum.round, "decision")
-        _append(self.store, votes_key, f"{self.replica_id}|{self.local_rank}|{'ok' if ok else 'fail'}\n")
-        expected = {(rid, lr) for rid, size in zip(quorum.members, quorum.sizes, strict=True) for lr in range(size)}
+        result_key, decision_key = _key("r", quorum.round, "result"), _key("r", quorum.round, "decision")
+        generation = self.client.generation
+        if self.client.peek(result_key) is None:
+            return None
+        if not ok:
+            self.client.compare_set(decision_key, "", "abort")
+        elif self.client.add(_key("r", quorum.round, "ok"), 1) == sum(quorum.sizes):
+            self.client.compare_set(decision_key, "", "commit")
         start = time.monotonic()
-        deadline = start + self.timeout
         poll = _POLL_MIN
         while True:
-            votes = {(rid, int(lr)): v for rid, lr, v in _lines(peek(self.store, votes_key) or b"")}
-            decision = None
-            if "fail" in votes.values() or time.monotonic() > deadline:
-                decision = "abort"
-            elif expected <= votes.keys():
-                decision = "commit"
+            decision = self.client.peek(decision_key)
             if decision is not None:
-                if decision == "abort" and peek(self.store, _key("r", quorum.round, "result")) is None:
-                    return None  # the round was deleted: its votes and decision are gone
-                return self.store.compare_set(decision_key, "", decision) == b"commit"
+                return decision == b"commit"
+            if self.client.generation != generation or self.client.peek(result_key) is None:
+                return None
+            if time.monotonic() - start > deadline:
+                return self.client.compare_set(decision_key, "", "abort") == b"commit"
             poll = _backoff(poll, start)
-            published = peek(self.store, decision_key)
-            if published is not None:
-                return published == b"commit"
-
-    def leave(self) -> None:
-        """Mark this process as gone, so the next round does not wait for its replica."""
-        self.store.set(_key("hb", self.replica_id, self.local_rank), "left")
 
 
-def collect(store: TCPStore, closed_round: int) -> None:
+def collect(client: StoreClient, closed_round: int) -> None:
     """Delete the keys of the round ``KEEP_ROUNDS`` before ``closed_round`` (call once per closed round)."""
     old = closed_round - KEEP_ROUNDS
     if old > 0:
-        for part in ("joins", "result", "votes", "decision"):
-            store.delete_key(_key("r", old, part))
+        for part in ROUND_KEYS:
+            client.delete(_key("r", old, part))
 
 
-def peek(store: TCPStore, key: str) -> bytes | None:
-    """Return the value of ``key``, or ``None`` if it does not exist, in one round trip.
+def _parse_beat(value: bytes | None, now: float) -> Beat | None:
+    if value is None:
+        return None
+    parts = value.decode().split(" ")
+    if parts[0] == "left":
+        return Beat(parts[1], 0.0, 0, left=True)
+    return Beat(parts[2], now - float(parts[0]), int(parts[1]))
 
-    ``compare_set`` with an expected value that is never stored returns the current value and
-    changes nothing (or, for a missing key, returns the expected value and creates nothing).
-    """
-    value = store.compare_set(key, _ABSENT, _ABSENT)
-    return None if value == _ABSENT.encode() else value
+
+def _parse_result(text: bytes) -> Quorum:
+    """The published quorum; :class:`QuorumTimeoutError` with the leader's reason if it gave up."""
+    failed = json.loads(text).get("failed")
+    if failed is not None:
+        raise QuorumTimeoutError(str(failed))
+    return Quorum.from_json(text)
 
 
 def _backoff(poll: float, start: float) -> float:
@@ -362,28 +456,14 @@ def _backoff(poll: float, start: float) -> float:
     return min(poll * 2, _POLL_MAX if time.monotonic() - start < _FAST else _POLL_SLOW)
 
 
-def _joined(joins: bytes) -> dict[str, dict[int, int]]:
-    """The step of every joined process of a round, by replica id and local rank."""
-    joined: dict[str, dict[int, int]] = {}
-    for rid, lr, step in _lines(joins):
-        joined.setdefault(rid, {})[int(lr)] = int(step)
-    return joined
-
-
-def _sizes(registry: list[list[str]]) -> dict[str, int]:
-    """The number of processes of each registered replica."""
-    sizes: dict[str, int] = {}
-    for rid, _, lws in registry:
-        sizes[rid] = max(sizes.get(rid, 1), int(lws))
-    return sizes
-
-
-def _append(store: TCPStore, key: str, value: str) -> None:
-    """Append ``value`` to ``key`` atomically (``TCPStore.append``; torch's stubs omit it)."""
-    appender: Any = store
-    appender.append(key, value)
-
-
-def write_heartbeat(store: TCPStore, replica_id: str, local_rank: int, step: int) -> None:
-    """Write the heartbeat of one process: the current time and its step number."""
-    store.set(_key("hb", replica_id, local_rank), f"{time.time():.6f} {step}")
+__all__ = [
+    "KEEP_ROUNDS",
+    "ROOT",
+    "ROUND_KEYS",
+    "IdentityError",
+    "Quorum",
+    "QuorumClient",
+    "QuorumTimeoutError",
+    "StoreClient",
+    "StoreUnreachableError",
+]

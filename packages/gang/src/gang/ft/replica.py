@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pickle
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from datetime import timedelta
@@ -21,21 +24,25 @@ from typing_extensions import override
 from gang._torch_groups import (
     PrefixStore,
     StandaloneGroup,
-    TCPStore,
     new_standalone_group,
     register_python_group,
     unregister_python_group,
 )
-from gang.env import get_local_rank, get_local_world_size
+from gang.env import get_rank, get_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_device, check_int, check_open, check_timeout, operation_error
+from gang.ft.log import log_event
+from gang.ft.policy import Policy, Quorum
 from gang.ft.process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
-from gang.ft.quorum import ROOT, Protocol, Quorum, QuorumTimeoutError, collect, write_heartbeat
+from gang.ft.quorum import ROOT, IdentityError, QuorumClient, QuorumTimeoutError, StoreClient, collect
 from gang.gang import Gang, ReduceOperation
 from gang.process_group import reduce_op
 
 DEFAULT_TIMEOUT = timedelta(seconds=60)
 """The timeout of :meth:`ReplicaGang.join` when none is given."""
+
+DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
+"""The ``heartbeat_timeout`` of :meth:`ReplicaGang.join` when none is given."""
 
 _STORE_ERRORS = (RuntimeError, OSError, ValueError)
 
@@ -57,12 +64,16 @@ class ReplicaGang(Gang):
         self,
         *,
         replica_id: str,
+        replica_rank: int,
+        replica_size: int,
         address: tuple[str, int],
         device: torch.device,
         state_dict: Callable[[], Mapping[str, Any]],
         load_state_dict: Callable[[Mapping[str, Any]], None],
         min_replicas: int,
         timeout: timedelta,
+        quorum_timeout: timedelta,
+        heartbeat_timeout: timedelta,
     ) -> None:
         super().__init__(rank=0, size=1, device=device, debug=False)
         self._replica_id = replica_id
@@ -71,8 +82,11 @@ class ReplicaGang(Gang):
         self._load_state_dict = load_state_dict
         self._min_replicas = min_replicas
         self._timeout = timeout
-        self._local_rank = get_local_rank()
-        self._local_world_size = get_local_world_size()
+        self._quorum_timeout = quorum_timeout
+        self._heartbeat_timeout = heartbeat_timeout
+        self._replica_rank = replica_rank
+        self._replica_size = replica_size
+        self._token = uuid.uuid4().hex[:16]  # this incarnation
         self._step_number = 0
         self._round = 0
         self._quorum: Quorum | None = None
@@ -82,15 +96,18 @@ class ReplicaGang(Gang):
         self._in_step = False
         self._error: GangError | None = None
         self._commit: bool | None = None
+        policy = Policy(min_replicas, quorum_timeout.total_seconds(), heartbeat_timeout.total_seconds())
         self._store = self._connect()
-        self._protocol = Protocol(self._store, replica_id, self._local_rank, self._local_world_size, timeout)
+        self._protocol = QuorumClient(self._store, replica_id, replica_rank, replica_size, self._token, policy)
         self._stop = threading.Event()
         self._beat_error: Exception | None = None
         try:
             self._protocol.register(0)
+        except IdentityError as ex:
+            raise GangError(f"`join` failed: {ex}.") from ex
         except _STORE_ERRORS as ex:
             raise self._store_error("join", ex) from ex
-        self._beat_store = self._connect()
+        self._beat_protocol = QuorumClient(self._connect(), replica_id, replica_rank, replica_size, self._token, policy)
         self._beat = threading.Thread(target=self._heartbeat, name=f"gang.ft heartbeat {replica_id}", daemon=True)
         self._beat.start()
 
@@ -99,21 +116,31 @@ class ReplicaGang(Gang):
         cls,
         *,
         replica_id: str | int | None = None,
+        replica_rank: int | None = None,
+        replica_size: int | None = None,
         store: str | None = None,
         device: torch.device | None = None,
         state_dict: Callable[[], Mapping[str, Any]],
         load_state_dict: Callable[[Mapping[str, Any]], None],
         min_replicas: int = 1,
         timeout: timedelta | None = None,
+        quorum_timeout: timedelta | None = None,
+        heartbeat_timeout: timedelta | None = None,
     ) -> ReplicaGang:
         """Join the replicas that train together through the coordination store.
 
-        Every process of a replica (each local rank under torchrun) joins with the same
-        ``replica_id``; the gang links the processes of equal local rank across replicas.
+        Every process of a replica (each rank of the replica's own torchrun, which may span
+        several nodes) joins with the same ``replica_id``; a process is (replica id, replica
+        rank), and the gang links the processes of equal replica rank across replicas. Every
+        join is a new incarnation: nothing a dead process left in the store counts for this one.
         Joining only registers this process; the first ``with gang.step():`` forms a quorum.
 
         :param replica_id: This replica's id (``GANG_FT_REPLICA_ID`` when ``None``); letters,
             digits, ``-``, ``_`` and ``.``. A restarted replica keeps its id.
+        :param replica_rank: This process's rank in its replica (``GANG_FT_REPLICA_RANK`` when
+            ``None``, else the launcher's ``RANK``; never the node-local rank).
+        :param replica_size: The number of processes of the replica (``GANG_FT_REPLICA_SIZE``
+            when ``None``, else the launcher's ``WORLD_SIZE``).
         :param store: ``"host:port"`` of ``python -m gang.ft.store`` (``GANG_FT_STORE`` when ``None``).
         :param device: ``cpu`` (gloo) or ``cuda[:N]`` (NCCL); ``None`` is ``cpu``.
         :param state_dict: Returns what a replica that is behind needs (model and optimizer
@@ -121,14 +148,17 @@ class ReplicaGang(Gang):
         :param load_state_dict: Loads what ``state_dict`` returned, on the replica that heals (it
             travels through ``torch.save``/``torch.load(weights_only=False)``: replicas trust each other).
         :param min_replicas: The fewest replicas a step runs with.
-        :param timeout: Bounds a stuck collective and healing, and is the heartbeat age after which
-            a replica counts as dead (default 60 seconds). Forming a quorum waits for a dead
-            replica until its heartbeat is that old, for a live one that does not join up to
-            twice as long (it may be in a collective that fails at the timeout), and raises after
-            ``timeout`` with fewer than ``min_replicas`` live replicas.
+        :param timeout: Bounds a stuck collective, healing and the commit vote (default 60 seconds).
+        :param quorum_timeout: Bounds forming a quorum (default ``timeout``): a live replica that
+            does not join is waited for that long once (then left out until it joins again);
+            fewer than ``min_replicas`` replicas joined for that long raises. A store that stops
+            answering is retried for that long.
+        :param heartbeat_timeout: The silence after which a process, and so its replica, counts
+            as dead (default :data:`DEFAULT_HEARTBEAT_TIMEOUT`).
         :raises ValueError: If an argument has a bad value or an environment variable is missing.
         :raises TypeError: If an argument has the wrong type.
-        :raises GangError: If the store cannot be reached.
+        :raises GangError: If the store cannot be reached, or another live process is this
+            (replica id, replica rank) (the message names both; the other one goes on).
         """
         rid = _check_replica_id(replica_id)
         address = _check_store(store)
@@ -136,16 +166,23 @@ class ReplicaGang(Gang):
         for name, fn in (("state_dict", state_dict), ("load_state_dict", load_state_dict)):
             if not callable(fn):
                 raise TypeError(f"`{name}` must be callable, but is {fn!r} instead.")
+        rank, size = _check_replica_rank(replica_rank, replica_size)
         min_replicas = check_int("min_replicas", min_replicas, minimum=1)
         timeout = check_timeout(timeout, default=DEFAULT_TIMEOUT)
         return cls(
             replica_id=rid,
+            replica_rank=rank,
+            replica_size=size,
             address=address,
             device=device,
             state_dict=state_dict,
             load_state_dict=load_state_dict,
             min_replicas=min_replicas,
             timeout=timeout,
+            quorum_timeout=check_timeout(quorum_timeout, default=timeout, name="quorum_timeout"),
+            heartbeat_timeout=check_timeout(
+                heartbeat_timeout, default=DEFAULT_HEARTBEAT_TIMEOUT, name="heartbeat_timeout"
+            ),
         )
 
     # -- properties -----------------------------------------------------------------------------
@@ -172,8 +209,33 @@ class ReplicaGang(Gang):
 
     @property
     def timeout(self) -> timedelta:
-        """The bound on a stuck collective and on healing; the heartbeat age of a dead replica (see :meth:`join`)."""
+        """The bound on a stuck collective, on healing and on the commit vote (see :meth:`join`)."""
         return self._timeout
+
+    @property
+    def quorum_timeout(self) -> timedelta:
+        """The bound on forming a quorum and on retrying the store (see :meth:`join`)."""
+        return self._quorum_timeout
+
+    @property
+    def heartbeat_timeout(self) -> timedelta:
+        """The silence after which a process counts as dead (see :meth:`join`)."""
+        return self._heartbeat_timeout
+
+    @property
+    def replica_rank(self) -> int:
+        """This process's rank in its replica."""
+        return self._replica_rank
+
+    @property
+    def replica_size(self) -> int:
+        """The number of processes of this replica."""
+        return self._replica_size
+
+    @property
+    def current_quorum(self) -> Quorum | None:
+        """The quorum of the current (or last) step, with its heal plan; ``None`` before the first step."""
+        return self._quorum
 
     # -- the step ---------------------------------------------------------------------------------
 
@@ -243,26 +305,40 @@ class ReplicaGang(Gang):
         self._error = None
         self._commit = None
         try:
-            quorum = self._protocol.form(self._round, self._step_number, self._min_replicas, previous)
+            quorum = self._protocol.form(self._round, self._step_number, previous)
         except QuorumTimeoutError as ex:
             raise GangError(
                 f"`step` failed on replica {self._replica_id!r} before step {self._step_number + 1}: {ex}."
             ) from ex
         except _STORE_ERRORS as ex:
             raise self._store_error("step", ex) from ex
+        _log_quorum(self._replica_id, self._quorum, quorum)
         self._quorum = quorum
         self._round = quorum.round
         self._rank, self._size = quorum.members.index(self._replica_id), len(quorum.members)
         if self._pg_round != quorum.group:
             self._rebuild(quorum)
         if self._error is None and quorum.max_step > min(quorum.steps):
+            start, before = time.monotonic(), self._step_number
             self._heal(quorum)
+            if self._replica_id in quorum.heal:
+                log_event(
+                    "heal",
+                    f"replica {self._replica_id!r} rank {self._replica_rank} healed from replica "
+                    f"{quorum.heal[self._replica_id]!r}: step {before} -> {self._step_number}",
+                    replica=self._replica_id,
+                    replica_rank=self._replica_rank,
+                    source=quorum.heal[self._replica_id],
+                    seconds=round(time.monotonic() - start, 6),
+                    ok=self._error is None,
+                    step=self._step_number,
+                )
 
     def _rebuild(self, quorum: Quorum) -> None:
         self._drop_group()
-        prefix = f"{ROOT}g/{quorum.group}/lr{self._local_rank}"
+        prefix = f"{ROOT}g/{quorum.group}/rr{self._replica_rank}"  # one group per replica rank
         try:
-            store = PrefixStore(prefix, self._store)
+            store = PrefixStore(prefix, self._store.raw)
             self._pg = new_standalone_group(store, self.rank, self.size, self._device, self._timeout)
             self._pg_round = quorum.group
         except _STORE_ERRORS as ex:
@@ -292,7 +368,7 @@ class ReplicaGang(Gang):
     def _vote(self, ok: bool) -> None:
         assert self._quorum is not None
         try:
-            decision = self._protocol.vote(self._quorum, ok)
+            decision = self._protocol.vote(self._quorum, ok, self._timeout.total_seconds())
         except _STORE_ERRORS as ex:
             self._commit = False
             raise self._store_error("should_commit", ex) from ex
@@ -307,6 +383,8 @@ class ReplicaGang(Gang):
         self._commit = bool(decision)
         if self._commit:
             self._step_number += 1
+        else:
+            _log_abort(self._replica_id, self._quorum, self._step_number + 1, self._error)
 
     # -- collectives ----------------------------------------------------------------------------------
 
@@ -437,7 +515,7 @@ class ReplicaGang(Gang):
     @override
     def _close(self) -> None:
         self._stop.set()
-        self._beat.join(timeout=self._timeout.total_seconds())
+        self._beat.join(timeout=self._quorum_timeout.total_seconds() + self._heartbeat_timeout.total_seconds())
         with suppress(*_STORE_ERRORS):  # if the store is gone, the others see the heartbeat stop
             self._protocol.leave()
         self._drop_group()
@@ -449,10 +527,10 @@ class ReplicaGang(Gang):
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _connect(self) -> TCPStore:
+    def _connect(self) -> StoreClient:
         host, port = self._address
         try:
-            return TCPStore(host, port, is_master=False, timeout=self._timeout, wait_for_workers=False)
+            return StoreClient(host, port, retry=self._quorum_timeout.total_seconds(), timeout=self._timeout)
         except _STORE_ERRORS as ex:
             raise self._store_error("join", ex) from ex
 
@@ -465,16 +543,18 @@ class ReplicaGang(Gang):
         )
 
     def _raise_beat_error(self, operation: str) -> None:
+        if isinstance(self._beat_error, IdentityError):
+            raise GangError(f"`{operation}` failed: {self._beat_error}.") from self._beat_error
         if self._beat_error is not None:
             raise self._store_error(operation, self._beat_error) from self._beat_error
 
     def _heartbeat(self) -> None:
-        interval = min(0.1, self._timeout.total_seconds() / 10)
+        interval = min(0.1, self._heartbeat_timeout.total_seconds() / 10)
         collected = 0
         while not self._stop.wait(interval):
             try:
-                write_heartbeat(self._beat_store, self._replica_id, self._local_rank, self._step_number)
-            except _STORE_ERRORS as ex:
+                self._beat_protocol.beat(self._step_number)
+            except (IdentityError, *_STORE_ERRORS) as ex:
                 self._beat_error = ex
                 return
             # This process closed round `closed`: delete every round up to two before it that
@@ -484,7 +564,7 @@ class ReplicaGang(Gang):
             if closed > collected:
                 with suppress(*_STORE_ERRORS):
                     for n in range(max(collected + 1, closed - 100), closed + 1):
-                        collect(self._beat_store, n)
+                        collect(self._beat_protocol.client, n)
                 collected = closed
 
     def _drop_group(self) -> None:
@@ -562,6 +642,66 @@ def _check_replica_id(replica_id: object) -> str:
             f"`{name}` must be a non-empty id of letters, digits, `-`, `_` and `.`, but is {replica_id!r} instead."
         )
     return replica_id
+
+
+def _check_replica_rank(rank: object, size: object) -> tuple[int, int]:
+    """The replica rank and size: the arguments, else ``GANG_FT_REPLICA_RANK``/``_SIZE``, else the launcher's."""
+    rank_value = _rank_or_size("replica_rank", rank, "GANG_FT_REPLICA_RANK", 0)
+    size_value = _rank_or_size("replica_size", size, "GANG_FT_REPLICA_SIZE", 1)
+    rank_value = get_rank() if rank_value is None else rank_value
+    size_value = get_world_size() if size_value is None else size_value
+    if rank_value >= size_value:
+        raise ValueError(
+            f"`replica_rank` must be smaller than `replica_size` ({size_value}), but is {rank_value} instead."
+        )
+    return rank_value, size_value
+
+
+def _rank_or_size(name: str, value: object, env: str, minimum: int) -> int | None:
+    if value is None:
+        text = os.environ.get(env)
+        if text is None:
+            return None
+        if not text.isdigit():
+            raise ValueError(f"`{env}` must be an integer of at least {minimum}, but is {text!r} instead.")
+        value, name = int(text), env
+    return check_int(name, value, minimum=minimum)
+
+
+def _log_quorum(replica_id: str, old: Quorum | None, new: Quorum) -> None:
+    """Log a quorum whose members differ from the last one's, and every replica it dropped."""
+    if old is not None and old.members == new.members:
+        return
+    log_event(
+        "quorum",
+        f"replica {replica_id!r} is in {new.describe()} at step {new.max_step}",
+        replica=replica_id,
+        round=new.round,
+        members=list(new.members),
+        steps=list(new.steps),
+        heal=dict(new.heal),
+        stalled=list(new.stalled),
+    )
+    for dropped in () if old is None else sorted(set(old.members) - set(new.members)):
+        log_event(
+            "drop",
+            f"replica {dropped!r} dropped from the quorum in round {new.round}",
+            replica=dropped,
+            round=new.round,
+        )
+
+
+def _log_abort(replica_id: str, quorum: Quorum, step: int, error: GangError | None) -> None:
+    reason = "a member failed or did not vote in time" if error is None else str(error)
+    log_event(
+        "abort",
+        f"step {step} of replica {replica_id!r} in {quorum.describe()} was not committed: {reason}",
+        level=logging.WARNING,
+        replica=replica_id,
+        round=quorum.round,
+        step=step,
+        reason=reason,
+    )
 
 
 def _check_store(store: object) -> tuple[str, int]:

@@ -1,7 +1,11 @@
 """The coordination store of :mod:`gang.ft`: ``python -m gang.ft.store --port P``.
 
 It serves torch's ``TCPStore`` (the server side only; no training process hosts it) until it is
-killed (``SIGTERM``/``SIGINT`` end it cleanly). Every replica reaches it at ``GANG_FT_STORE=host:P``.
+killed (``SIGTERM``/``SIGINT`` end it cleanly). It holds only soft state: killed and started again
+on the same port within the replicas' ``quorum_timeout``, it lets training go on (every process
+reconnects, registers again and re-joins its round; a step whose vote was in flight is not
+committed on the processes that had not read its decision, and they heal at the next step).
+Every replica reaches it at ``GANG_FT_STORE=host:P``.
 With ``--port 0`` the system picks a free port. Once the store listens, it prints one line
 ``GANG_FT_STORE=<host>:<port>`` to standard output (the host is the machine's name when it listens
 on every address) and writes ``<host>:<port>`` to ``--port-file`` if given, so a launcher can wait.
@@ -14,10 +18,12 @@ import signal
 import socket
 import sys
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
 from gang._torch_groups import TCPStore
+from gang.ft.quorum import STARTED
 
 
 def serve(port: int, *, host: str = "0.0.0.0", port_file: Path | None = None) -> None:
@@ -28,6 +34,7 @@ def serve(port: int, *, host: str = "0.0.0.0", port_file: Path | None = None) ->
     :param port_file: If given, the ``host:port`` line is also written to this file.
     """
     store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    store.set(STARTED, f"{time.time():.6f}")  # replicas wait for each other to register again after a restart
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,0 +1,266 @@
+"""The quorum decisions of :mod:`gang.ft`, apart from the store: who is live, who is up to date,
+who heals from whom, when a process group is reused and when to give up.
+
+:class:`Policy` is a pure function of a :class:`View` (what a round's leader read from the store
+at one moment) and the previous :class:`Quorum`; :mod:`gang.ft.quorum` reads the store, asks the
+policy and publishes what it decides. Nothing here talks to the store or reads a clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+
+def replica_sort_key(replica_id: str) -> tuple[int, int, str]:
+    """Order replica ids numerically when they are numbers, else by text (numbers first)."""
+    return (0, int(replica_id), "") if replica_id.isdigit() else (1, 0, replica_id)
+
+
+Process = tuple[str, int]
+"""A process of a replica: (replica id, replica rank)."""
+
+
+@dataclass(frozen=True)
+class Beat:
+    """The last heartbeat of one process.
+
+    :ivar token: The incarnation that wrote it (a new one at every ``join``).
+    :ivar age: Seconds since it was written.
+    :ivar step: The process's step number when it was written.
+    :ivar left: Whether the process closed its gang.
+    """
+
+    token: str
+    age: float
+    step: int
+    left: bool = False
+
+
+@dataclass(frozen=True)
+class Join:
+    """One process's join of a round: its incarnation and its step number."""
+
+    token: str
+    step: int
+
+
+@dataclass(frozen=True)
+class View:
+    """What the leader of a round read from the store.
+
+    :ivar sizes: The number of processes of every registered replica.
+    :ivar beats: The heartbeat of every registered process.
+    :ivar joins: The joins of the round, by process (a later join of a process replaces its earlier one).
+    :ivar waited: Seconds since the leader began to wait for the round.
+    :ivar store_age: Seconds since the store started (``inf`` when it does not say).
+    """
+
+    sizes: Mapping[str, int]
+    beats: Mapping[Process, Beat]
+    joins: Mapping[Process, Join]
+    waited: float
+    store_age: float = float("inf")
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """The published result of one quorum round.
+
+    :ivar round: The round number (the quorum id).
+    :ivar members: Replica ids in rank order.
+    :ivar steps: The step number of each member: the smallest over its processes (a replica is up
+        to date only when every one of its processes is).
+    :ivar sizes: The number of processes of each member.
+    :ivar group: The round whose process group the members use (a new one when membership,
+        an incarnation or health changed, else the previous quorum's).
+    :ivar incarnations: The incarnation tokens of each member's processes, by replica rank
+        (comma-separated).
+    :ivar heal: The heal plan: every member that is behind, mapped to the up-to-date member it
+        receives the state from (the sending is spread over the up-to-date members).
+    :ivar stalled: Live replicas that did not join a round within ``quorum_timeout``: later
+        rounds do not wait for them until they join again.
+    """
+
+    round: int
+    members: tuple[str, ...]
+    steps: tuple[int, ...]
+    sizes: tuple[int, ...]
+    group: int
+    incarnations: tuple[str, ...] = ()
+    heal: Mapping[str, str] = field(default_factory=dict)
+    stalled: tuple[str, ...] = ()
+
+    @property
+    def max_step(self) -> int:
+        """The highest step number among the members."""
+        return max(self.steps)
+
+    @property
+    def behind(self) -> tuple[str, ...]:
+        """The members that heal in this quorum (some process of theirs is behind)."""
+        return tuple(m for m in self.members if m in self.heal)
+
+    @property
+    def heal_source(self) -> int:
+        """The rank of the first up-to-date member (the one source of a single-sender heal)."""
+        return self.steps.index(self.max_step)
+
+    def describe(self) -> str:
+        """A short text naming the quorum, for error messages."""
+        return f"quorum {self.round} of replicas {list(self.members)}"
+
+    def to_json(self) -> str:
+        """Serialise for the store."""
+        return json.dumps(
+            {
+                "round": self.round,
+                "members": self.members,
+                "steps": self.steps,
+                "sizes": self.sizes,
+                "group": self.group,
+                "incarnations": self.incarnations,
+                "heal": dict(self.heal),
+                "stalled": self.stalled,
+            }
+        )
+
+    @staticmethod
+    def from_json(text: bytes | str) -> Quorum:
+        """Parse what :meth:`to_json` wrote."""
+        d = json.loads(text)
+        return Quorum(
+            int(d["round"]),
+            tuple(d["members"]),
+            tuple(int(s) for s in d["steps"]),
+            tuple(int(s) for s in d["sizes"]),
+            int(d["group"]),
+            tuple(d.get("incarnations", ())),
+            {str(k): str(v) for k, v in d.get("heal", {}).items()},
+            tuple(d.get("stalled", ())),
+        )
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """The decision to end a round without a quorum; every process of the round raises ``reason``."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The quorum decisions.
+
+    :param min_replicas: The fewest replicas a quorum holds.
+    :param quorum_timeout: Seconds a round waits for live replicas that do not join, and the
+        longest it waits for ``min_replicas`` joined replicas before giving up.
+    :param heartbeat_timeout: The heartbeat age (seconds) after which a process counts as dead.
+    """
+
+    min_replicas: int
+    quorum_timeout: float
+    heartbeat_timeout: float
+
+    def alive(self, beat: Beat | None) -> bool:
+        """Whether a process with this last heartbeat counts as live."""
+        return beat is not None and not beat.left and beat.age < self.heartbeat_timeout
+
+    def live(self, view: View) -> set[str]:
+        """The replicas every process of which is registered and heartbeats."""
+        return {
+            rid for rid, size in view.sizes.items() if all(self.alive(view.beats.get((rid, k))) for k in range(size))
+        }
+
+    def joined(self, view: View) -> dict[str, list[int]]:
+        """The step of every process of the replicas all of whose current incarnations joined."""
+        out: dict[str, list[int]] = {}
+        for rid, size in view.sizes.items():
+            steps = []
+            for k in range(size):
+                join, beat = view.joins.get((rid, k)), view.beats.get((rid, k))
+                if join is None or beat is None or join.token != beat.token:
+                    break  # a dead incarnation's join does not count for the live one
+                steps.append(join.step)
+            else:
+                out[rid] = steps
+        return out
+
+    def decide(self, n: int, view: View, previous: Quorum | None, committed: bool) -> Quorum | GiveUp | None:
+        """Decide round ``n``: the quorum to publish, a :class:`GiveUp`, or ``None`` to wait on.
+
+        :param previous: The result of round ``n - 1`` if known.
+        :param committed: Whether ``previous``'s step was committed.
+        """
+        if view.store_age < self.heartbeat_timeout:
+            # A store restarted this recently may not know every live process yet (each registers
+            # again at its next heartbeat): closing now could form two quorums at one step.
+            return None
+        live = self.live(view)
+        joined = {rid: steps for rid, steps in self.joined(view).items() if rid in live}
+        members = sorted(joined, key=replica_sort_key)
+        touched = {rid for rid, _ in view.joins}
+        stalled = set(() if previous is None else previous.stalled) - touched
+        waiting = live - set(joined) - stalled
+        if not waiting and len(members) >= self.min_replicas:
+            return self._quorum(n, view, members, joined, previous, committed, stalled)
+        if view.waited < self.quorum_timeout:
+            return None
+        where = f"quorum {n}"
+        if len(members) < self.min_replicas:
+            return GiveUp(
+                f"only {len(members)} replica(s) {members} joined {where} within `quorum_timeout` "
+                f"({self.quorum_timeout:g} s), fewer than `min_replicas`={self.min_replicas}"
+            )
+        highest = max((b.step for (rid, _), b in view.beats.items() if rid in waiting), default=0)
+        if max(min(s) for s in joined.values()) < highest:
+            return GiveUp(
+                f"replica(s) {sorted(waiting, key=replica_sort_key)} at step {highest} are live but did not join "
+                f"{where} within `quorum_timeout` ({self.quorum_timeout:g} s), and every joined replica "
+                f"{members} is behind them"
+            )
+        return self._quorum(n, view, members, joined, previous, committed, stalled | waiting)
+
+    def _quorum(
+        self,
+        n: int,
+        view: View,
+        members: list[str],
+        joined: Mapping[str, list[int]],
+        previous: Quorum | None,
+        committed: bool,
+        stalled: set[str],
+    ) -> Quorum:
+        steps = tuple(min(joined[rid]) for rid in members)
+        incarnations = tuple(",".join(view.joins[(rid, k)].token for k in range(view.sizes[rid])) for rid in members)
+        sizes = tuple(view.sizes[rid] for rid in members)
+        heal, left_out = heal_plan(members, steps), tuple(sorted(stalled, key=replica_sort_key))
+        quorum = Quorum(n, tuple(members), steps, sizes, n, incarnations, heal, left_out)
+        return replace(quorum, group=group_of(quorum, previous, committed))
+
+
+def heal_plan(members: list[str] | tuple[str, ...], steps: tuple[int, ...]) -> dict[str, str]:
+    """Map every member behind the highest step to the up-to-date member it heals from.
+
+    The members behind are dealt to the up-to-date ones in turn, so that several senders share
+    the work when several replicas are behind.
+    """
+    top = max(steps)
+    sources = [m for m, s in zip(members, steps, strict=True) if s == top]
+    behind = [m for m, s in zip(members, steps, strict=True) if s < top]
+    return {m: sources[i % len(sources)] for i, m in enumerate(behind)}
+
+
+def group_of(quorum: Quorum, previous: Quorum | None, committed: bool) -> int:
+    """The group round ``quorum`` uses: the previous quorum's when its members are the same
+    incarnations, it is the round just before, and it committed; else a new one (its own round)."""
+    if (
+        previous is not None
+        and previous.round == quorum.round - 1
+        and committed
+        and previous.members == quorum.members
+        and previous.incarnations == quorum.incarnations
+    ):
+        return previous.group
+    return quorum.round

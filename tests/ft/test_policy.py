@@ -1,0 +1,126 @@
+"""The store-free quorum decisions of gang.ft (gang.ft.policy): pure functions of what a leader read."""
+
+from __future__ import annotations
+
+from gang.ft.policy import Beat, GiveUp, Join, Policy, Quorum, View, group_of, heal_plan
+
+POLICY = Policy(min_replicas=2, quorum_timeout=10.0, heartbeat_timeout=5.0)
+
+
+def view(
+    replicas: dict[str, int],
+    joins: dict[tuple[str, int], int],
+    *,
+    waited: float = 0.0,
+    ages: dict[tuple[str, int], float] | None = None,
+    steps: dict[tuple[str, int], int] | None = None,
+    tokens: dict[tuple[str, int], str] | None = None,
+    join_tokens: dict[tuple[str, int], str] | None = None,
+    unregistered: tuple[tuple[str, int], ...] = (),
+) -> View:
+    """A view of replicas (id -> size) whose processes all heartbeat unless told otherwise."""
+    procs = [(rid, k) for rid, size in replicas.items() for k in range(size) if (rid, k) not in unregistered]
+    tok = {p: f"t{p[0]}{p[1]}" for p in procs} | (tokens or {})
+    beats = {p: Beat(tok[p], (ages or {}).get(p, 0.1), (steps or {}).get(p, 0)) for p in procs}
+    jt = tok | (join_tokens or {})
+    return View(replicas, beats, {p: Join(jt[p], s) for p, s in joins.items()}, waited)
+
+
+def test_waits_for_every_live_replica_then_closes() -> None:
+    v = view({"0": 1, "1": 1, "2": 1}, {("0", 0): 3, ("1", 0): 3})
+    assert POLICY.decide(1, v, None, False) is None
+    v = view({"0": 1, "1": 1, "2": 1}, {("0", 0): 3, ("1", 0): 3, ("2", 0): 3})
+    q = POLICY.decide(1, v, None, False)
+    assert isinstance(q, Quorum) and q.members == ("0", "1", "2") and q.heal == {} and q.group == 1
+
+
+def test_a_silent_replica_is_dead_and_not_waited_for() -> None:
+    v = view({"0": 1, "1": 1, "2": 1}, {("0", 0): 3, ("1", 0): 3}, ages={("2", 0): 5.5})
+    q = POLICY.decide(4, v, None, False)
+    assert isinstance(q, Quorum) and q.members == ("0", "1")
+
+
+def test_a_process_that_never_registered_blocks_only_its_own_replica() -> None:
+    # Replica 1 has 2 processes; rank 1 never reached join: 1 is not live, 0 and 2 go on at once.
+    v = view({"0": 1, "1": 2, "2": 1}, {("0", 0): 0, ("1", 0): 0, ("2", 0): 0}, unregistered=(("1", 1),))
+    q = POLICY.decide(1, v, None, False)
+    assert isinstance(q, Quorum) and q.members == ("0", "2")
+
+
+def test_up_to_date_means_every_process() -> None:
+    # Replica 1's rank 0 was healed to step 7, its rank 1 not (the healer died midway): it heals again.
+    v = view({"0": 2, "1": 2}, {("0", 0): 7, ("0", 1): 7, ("1", 0): 7, ("1", 1): 4})
+    q = POLICY.decide(9, v, None, False)
+    assert isinstance(q, Quorum) and q.steps == (7, 4) and q.heal == {"1": "0"} and q.behind == ("1",)
+    assert q.heal_source == 0
+
+
+def test_a_dead_incarnations_join_does_not_count() -> None:
+    # Replica 1 restarted: its new process heartbeats with token "new"; the join in the round is
+    # the dead one's, so replica 1 has not joined and is waited for.
+    v = view({"0": 1, "1": 1}, {("0", 0): 5, ("1", 0): 5}, tokens={("1", 0): "new"}, join_tokens={("1", 0): "old"})
+    assert POLICY.decide(3, v, None, False) is None
+
+
+def test_group_reuse_needs_the_same_incarnations() -> None:
+    v = view({"0": 1, "1": 1}, {("0", 0): 5, ("1", 0): 5})
+    first = POLICY.decide(3, v, None, False)
+    assert isinstance(first, Quorum) and first.group == 3
+    again = POLICY.decide(4, v, first, True)
+    assert isinstance(again, Quorum) and again.group == 3
+    assert group_of(again, first, committed=False) == 4  # an aborted step may have broken the group
+    restarted = view(
+        {"0": 1, "1": 1}, {("0", 0): 5, ("1", 0): 0}, tokens={("1", 0): "new"}, join_tokens={("1", 0): "new"}
+    )
+    q = POLICY.decide(4, restarted, first, True)
+    assert isinstance(q, Quorum) and q.group == 4 and q.heal == {"1": "0"}
+
+
+def test_a_stuck_replica_delays_one_quorum_then_is_left_out_until_it_joins() -> None:
+    # Replica 2 heartbeats but does not join.
+    joins = {("0", 0): 5, ("1", 0): 5}
+    assert POLICY.decide(6, view({"0": 1, "1": 1, "2": 1}, joins, waited=9.9), None, False) is None
+    q = POLICY.decide(6, view({"0": 1, "1": 1, "2": 1}, joins, waited=10.1), None, False)
+    assert isinstance(q, Quorum) and q.members == ("0", "1") and q.stalled == ("2",)
+    later = POLICY.decide(7, view({"0": 1, "1": 1, "2": 1}, {("0", 0): 6, ("1", 0): 6}), q, True)
+    assert isinstance(later, Quorum) and later.members == ("0", "1") and later.stalled == ("2",)
+    # Replica 2 joins again: it is waited for and taken in (and heals).
+    back = {("0", 0): 7, ("1", 0): 7, ("2", 0): 5}
+    again = POLICY.decide(8, view({"0": 1, "1": 1, "2": 1}, back), later, True)
+    assert isinstance(again, Quorum) and again.members == ("0", "1", "2") and again.stalled == ()
+    assert again.heal == {"2": "0"}
+
+
+def test_never_hangs_fewer_than_min_replicas_joined() -> None:
+    # Replica 1 heartbeats and never joins; min_replicas=2: give up after quorum_timeout, naming it.
+    v = view({"0": 1, "1": 1}, {("0", 0): 0}, waited=10.5)
+    decision = POLICY.decide(5, v, None, False)
+    assert isinstance(decision, GiveUp)
+    assert "quorum 5" in decision.reason and "`min_replicas`=2" in decision.reason and "['0']" in decision.reason
+
+
+def test_never_goes_on_without_the_only_replica_at_the_highest_step() -> None:
+    v = view({"0": 1, "1": 1, "2": 1}, {("0", 0): 4, ("1", 0): 4}, waited=10.5, steps={("2", 0): 5})
+    decision = POLICY.decide(5, v, None, False)
+    assert isinstance(decision, GiveUp) and "['2'] at step 5" in decision.reason
+
+
+def test_heal_plan_spreads_over_the_up_to_date_replicas() -> None:
+    plan = heal_plan(("0", "1", "2", "3", "4"), (9, 3, 9, 0, 8))
+    assert plan == {"1": "0", "3": "2", "4": "0"}
+    assert heal_plan(("a", "b"), (2, 2)) == {}
+
+
+def test_quorum_round_trips_through_json() -> None:
+    v = view({"0": 2, "1": 2}, {("0", 0): 7, ("0", 1): 7, ("1", 0): 7, ("1", 1): 4})
+    q = POLICY.decide(9, v, None, False)
+    assert isinstance(q, Quorum) and Quorum.from_json(q.to_json()) == q
+
+
+def test_a_restarted_store_closes_nothing_until_every_live_process_could_register_again() -> None:
+    v = view({"0": 1, "1": 1}, {("0", 0): 3, ("1", 0): 3})
+    fresh = View(v.sizes, v.beats, v.joins, waited=0.0, store_age=4.9)
+    assert POLICY.decide(4, fresh, None, False) is None
+    settled = View(v.sizes, v.beats, v.joins, waited=0.0, store_age=5.1)
+    q = POLICY.decide(4, settled, None, False)
+    assert isinstance(q, Quorum) and q.members == ("0", "1")
