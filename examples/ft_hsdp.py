@@ -65,8 +65,9 @@ def local_shards(model: nn.Module) -> dict[str, Tensor]:
     return shards
 
 
-def train(steps: int, pace: float, go: Path | None) -> None:
-    """Train until ``steps`` steps are committed and every replica is back in the quorum.
+def train(steps: int, pace: float, go: Path | None, done: Path | None) -> None:
+    """Train until ``steps`` steps are committed, every replica is in the quorum and (with
+    ``done``) that file exists on some member: the members decide it together in the step.
 
     With ``go``, wait for that file before joining (so that replicas whose torchruns start at
     different speeds take their first step together).
@@ -96,7 +97,8 @@ def train(steps: int, pace: float, go: Path | None) -> None:
     gang.replicate_fsdp(model)
     quorum: tuple[str, ...] = ()
     with gang:
-        while gang.step_number < steps or gang.size < REPLICAS:
+        finished = False
+        while not finished:
             before = gang.step_number
             with gang.step():  # forms the quorum; heals this process from its peer if it is behind
                 if gang.step_number != before:
@@ -111,9 +113,12 @@ def train(steps: int, pace: float, go: Path | None) -> None:
                 time.sleep(pace)  # the rest of a real model's forward and backward
                 mean_loss = loss.detach().reshape(1)
                 gang.all_reduce(mean_loss, ReduceOperation.MEAN)
+                stop = torch.tensor([float(done is None or done.exists())])
+                gang.all_reduce(stop, ReduceOperation.MAX)  # the same answer on every member
                 committed = gang.should_commit()  # False on every member if any collective failed
                 if committed:
                     optimizer.step()
+                    finished = bool(stop) and gang.step_number >= steps and gang.size == REPLICAS
             if committed and gang.rank == 0 and get_local_rank() == 0:
                 print(f"step {gang.step_number:3d}  loss {mean_loss.item():.4f}  quorum {list(gang.quorum)}")
             elif not committed:
@@ -125,14 +130,14 @@ def train(steps: int, pace: float, go: Path | None) -> None:
 def run_local_job(*, steps: int = 12, kill_at: int = 4, restart_at: int = 7, pace: float = 0.02) -> None:
     """Run the store and 3 replicas of 2 processes; kill one process of replica 2 at step ``kill_at``
     and start replica 2 again at ``restart_at``."""
-    go = Path(tempfile.mkdtemp(prefix="ft_hsdp.")) / "go"
+    go, done = (Path(tempfile.mkdtemp(prefix="ft_hsdp.")) / name for name in ("go", "done"))
     pids: dict[tuple[int, int], int] = {}  # (replica, rank) -> the latest process's pid
     killed: list[int] = []
     try:
         with LocalJob() as job:
             store = job.start_store()
             args = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={PROCESSES}"]
-            args += [__file__, "--steps", str(steps), "--pace", str(pace), "--go", str(go)]
+            args += [__file__, "--steps", str(steps), "--pace", str(pace), "--go", str(go), "--done", str(done)]
 
             def start(replica: int) -> None:
                 job.start(f"replica {replica}", args, {"GANG_FT_STORE": store, "GANG_FT_REPLICA_ID": str(replica)})
@@ -155,6 +160,8 @@ def run_local_job(*, steps: int = 12, kill_at: int = 4, restart_at: int = 7, pac
             reached(restart_at)
             job.say("=== starting replica 2 again")
             start(2)
+            job.expect(matching(r"replica 2 rank 0: quorum \['0', '1', '2'\]"), timeout=120)  # healed, back
+            done.touch()
             finals = [job.expect(matching("final step"), timeout=120).text for _ in range(REPLICAS * PROCESSES)]
             for replica in range(REPLICAS):
                 if job.wait(f"replica {replica}", timeout=60) != 0:
@@ -173,8 +180,9 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--pace", type=float, default=0.02, help="seconds of simulated compute per step")
     parser.add_argument("--go", type=Path, help="a file to wait for before joining")
+    parser.add_argument("--done", type=Path, help="a file that ends the training once every replica trains")
     args = parser.parse_args()
     if "GANG_FT_STORE" in os.environ:  # a process under a replica's torchrun
-        train(args.steps, args.pace, args.go)
+        train(args.steps, args.pace, args.go, args.done)
     else:
         run_local_job(steps=args.steps, pace=args.pace)
