@@ -194,13 +194,16 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.ft_heal", *session.posargs, env={"OMP_NUM_THREADS": "1"})
     # The gang.ft quorum with 4 to 256 replicas against one store.
     session.run("python", "-m", "benchmarks.ft_quorum", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    # HSDP across fault-tolerant replicas against a static mesh (2 replicas of 2 processes).
+    session.run("python", "-m", "benchmarks.ft_hsdp", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job, on 4 local CPU ranks launched by torchrun: a tour of the gangs and every
     collective, FSDP2 + tensor-parallel training through ``to_device_mesh``, and torch vs JAX; then
-    fault-tolerant training on 3 replica processes, one killed and restarted."""
+    fault-tolerant training on 3 replica processes, one killed and restarted, and the same with HSDP
+    (3 replicas of 2 processes)."""
     install(session)
     for script in ("demo/tour.py", "fsdp_tp_training.py", "jax_vs_torch.py"):
         session.run(
@@ -212,5 +215,6 @@ def demo(session: nox.Session) -> None:
             env={"OMP_NUM_THREADS": "1"},
             external=False,
         )
-    # Fault tolerance: 3 replica processes and the store; one replica is killed and restarted.
+    # Fault tolerance: 3 replica processes and the store, one replica killed and restarted; then
+    # HSDP over 3 replicas of 2 processes, one process killed and its replica restarted.
     session.run("python", str(ROOT / "examples" / "demo" / "fault_tolerance.py"), env={"OMP_NUM_THREADS": "1"})

@@ -13,14 +13,17 @@ torch's private API (that constructor, a backend's ``supports_splitting`` and ``
 every such use has a fallback: the public ``new_group`` (with a warning, since it can deadlock),
 "cannot split", "timeout unknown".
 
-It also builds the standalone groups of :mod:`gang.ft` (:func:`new_standalone_group`) and
-re-exports torch's store classes (``TCPStore``, ``PrefixStore``, ``Store``), which torch's stubs
-only declare in the private ``torch._C`` module.
+It also builds the standalone groups of :mod:`gang.ft` (:func:`new_standalone_group`), enters
+its Python process group in torch's group registry (:func:`register_python_group`), fixes DDP's
+gradient buckets for it (:func:`fix_ddp_buckets`) and
+re-exports torch's store classes (``TCPStore``, ``PrefixStore``, ``Store``) and DDP's ``GradBucket``,
+which torch's stubs only declare in the private ``torch._C`` module.
 """
 
 from __future__ import annotations
 
 import warnings
+from contextlib import suppress
 from datetime import timedelta
 from typing import Any
 
@@ -33,6 +36,7 @@ from torch._C._distributed_c10d import (  # the options a process group's own me
     AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
+    GradBucket,
     PrefixStore,
     ReduceScatterOptions,
     Store,
@@ -46,18 +50,22 @@ __all__ = [
     "AllreduceOptions",
     "BarrierOptions",
     "BroadcastOptions",
+    "GradBucket",
     "PrefixStore",
     "ReduceScatterOptions",
     "StandaloneGroup",
     "Store",
     "TCPStore",
     "can_split",
+    "fix_ddp_buckets",
     "group_timeout",
     "init_fake_process_group",
     "is_fake_backend",
     "is_non_member",
     "new_named_group",
     "new_standalone_group",
+    "register_python_group",
+    "unregister_python_group",
 ]
 
 StandaloneGroup = Any
@@ -203,3 +211,68 @@ def new_standalone_group(
         options.config.blocking = 0
         return dist.ProcessGroupNCCL(store, rank, size, options)
     return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def register_python_group(pg: ProcessGroup, backend: str) -> None:
+    """Enter ``pg``, a process group written in Python, in torch's registry of groups.
+
+    ``torch.distributed``'s functions look a ``group=`` up in that registry when the default
+    group is initialized: to log a failed collective (without an entry, the failure is replaced
+    by a ``ValueError`` that the group is not initialized), for ``get_backend`` and for
+    ``get_rank(group)``. The entry maps this process's global rank to ``pg.rank()`` read at each
+    look-up, so it follows a group whose rank changes. Does nothing if torch's registry changed.
+
+    :param pg: The group.
+    :param backend: The name ``get_backend(pg)`` returns.
+    """
+    world: Any = getattr(c10d, "_world", None)
+    try:
+        world.pg_map[pg] = (backend, None)
+        world.pg_group_ranks[pg] = _OwnRank(pg)
+    except (AttributeError, TypeError):  # a renamed or changed private API
+        pass
+
+
+def unregister_python_group(pg: ProcessGroup) -> None:
+    """Remove what :func:`register_python_group` entered for ``pg``."""
+    world: Any = getattr(c10d, "_world", None)
+    for table in ("pg_map", "pg_group_ranks"):
+        with suppress(AttributeError, TypeError):  # a renamed or changed private API
+            getattr(world, table).pop(pg, None)
+
+
+class _OwnRank(dict[int, int]):
+    """The global-to-group rank map of a Python group: only this process, at its current rank."""
+
+    def __init__(self, pg: ProcessGroup) -> None:
+        super().__init__()
+        self._pg = pg
+
+    def __contains__(self, global_rank: object) -> bool:
+        return dist.is_initialized() and global_rank == dist.get_rank()
+
+    def __getitem__(self, global_rank: int) -> int:
+        if global_rank not in self:
+            raise KeyError(global_rank)
+        return self._pg.rank()
+
+
+def fix_ddp_buckets(ddp_model: Any) -> bool:
+    """Assign the gradient buckets of ``ddp_model`` now, in parameter order, for good.
+
+    DDP's reducer reassigns its buckets once, at the second forward pass, in the order the
+    gradients became ready in the first backward pass, and broadcasts the new assignment from
+    rank 0. Replicas that start at different times would then hold different bucket layouts, and
+    a replica restarted later would broadcast it in a step where no one else does. Rebuilding
+    the buckets at once from the parameters in order (the reducer's ``_push_all_rebuilt_params``
+    and ``_rebuild_buckets``) gives every process the same layout and leaves nothing to
+    rebuild. The reducer broadcasts the assignment through the model's group while doing so.
+
+    :returns: ``False`` if torch's reducer changed and the buckets could not be fixed.
+    """
+    try:
+        reducer = ddp_model.reducer
+        reducer._push_all_rebuilt_params()
+        return bool(reducer._rebuild_buckets())
+    except (AttributeError, RuntimeError, TypeError):  # a renamed or changed private API
+        return False

@@ -18,15 +18,23 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
+from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from gang._torch_groups import PrefixStore, StandaloneGroup, new_standalone_group
+from gang._torch_groups import (
+    PrefixStore,
+    StandaloneGroup,
+    new_standalone_group,
+    register_python_group,
+    unregister_python_group,
+)
 from gang.env import get_rank, get_world_size
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_device, check_int, check_open, check_timeout, operation_error
 from gang.ft.heal import receive_state, send_state
 from gang.ft.log import log_event
 from gang.ft.policy import Policy, Quorum
+from gang.ft.process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
 from gang.ft.quorum import ROOT, IdentityError, QuorumClient, QuorumTimeoutError, StoreClient, collect
 from gang.gang import Gang, ReduceOperation
 from gang.process_group import reduce_op
@@ -123,6 +131,7 @@ class ReplicaGang(Gang):
         self._quorum: Quorum | None = None
         self._pg: StandaloneGroup | None = None
         self._pg_round = -1
+        self._process_group: ReplicaProcessGroup | None = None
         self._in_step = False
         self._error: GangError | None = None
         self._commit: bool | None = None
@@ -236,7 +245,7 @@ class ReplicaGang(Gang):
     @property
     @override
     def supports_process_group(self) -> bool:
-        return False
+        return True
 
     @property
     def replica_id(self) -> str:
@@ -627,9 +636,53 @@ class ReplicaGang(Gang):
 
     @override
     def _as_process_group(self) -> ProcessGroup:
-        raise NotSupportedError(
-            "A `ReplicaGang` has no fixed process group: it is rebuilt whenever membership changes."
-        )
+        if self._process_group is None:
+            self._process_group = ReplicaProcessGroup(self)
+            register_python_group(self._process_group, BACKEND_NAME)
+        return self._process_group
+
+    # -- DDP and FSDP2 across replicas (gang.ft.process_group) -----------------------------------
+
+    def replicate_ddp(self, ddp_model: DistributedDataParallel) -> None:
+        """Make ``ddp_model`` average its gradients over the replicas of each step's quorum.
+
+        Registers a DDP communication hook that replaces each gradient bucket with its mean over
+        the current quorum (:func:`gang.ft.process_group.average`: an all-gather through this
+        gang, summed in rank order). DDP's own reduction divides by the size its group had when
+        DDP was built, which a changing quorum invalidates; the hook takes over instead. Build
+        ``ddp_model`` once, outside any step, as ``DistributedDataParallel(model,
+        process_group=gang.as_process_group(), init_sync=False)`` (replicas agree through the
+        gang's healing instead of DDP's start-up broadcast), call this before its first forward
+        pass, and run forward and backward inside ``with gang.step():``. The buckets are fixed
+        here in parameter order (DDP would otherwise reorder them after its first backward pass,
+        so a restarted replica's layout would differ from the others'). A failed exchange leaves
+        the bucket as it is and the step is not committed.
+
+        :raises TypeError: If ``ddp_model`` is not a ``DistributedDataParallel``.
+        :raises ValueError: If ``ddp_model`` was not built over :meth:`as_process_group` or has
+            run a forward pass already.
+        """
+        check_open(self, "replicate_ddp")
+        replicate_ddp(self, ddp_model)
+
+    def replicate_fsdp(self, module: torch.nn.Module) -> None:
+        """Average the gradient shards of an FSDP2 ``module`` over the replicas of each step's quorum (HSDP).
+
+        ``module`` is sharded with ``fully_shard`` over this replica's own processes (a 1-D mesh,
+        for example ``gang_mesh.fsdp_mesh(gangs)``). Installs FSDP2's all-reduce hook
+        (``FSDPModule.set_all_reduce_hook``) on every FSDP module in it: after the reduce-scatter
+        inside the replica, each gradient shard is replaced with its mean over the current quorum
+        (:func:`gang.ft.process_group.average`). Each process of a replica joins this gang with
+        its replica rank, so shard ``k`` is averaged with shard ``k`` of the other replicas, and a
+        healed process receives the state of the process of equal replica rank: ``state_dict``
+        returns the local shards (``DTensor.to_local()``).
+
+        :raises TypeError: If ``module`` is not a ``torch.nn.Module``.
+        :raises ValueError: If ``module`` has no FSDP module, or a parameter on a mesh of more
+            than one dimension (FSDP2's own HSDP would average a second time).
+        """
+        check_open(self, "replicate_fsdp")
+        replicate_fsdp(self, module)
 
     @override
     def _close(self) -> None:
@@ -638,6 +691,8 @@ class ReplicaGang(Gang):
         with suppress(*BACKEND_ERRORS):  # if the store is gone, the others see the heartbeat stop
             self._protocol.leave()
         self._drop_group()
+        if self._process_group is not None:
+            unregister_python_group(self._process_group)
         # Destroying a group while the interpreter exits aborts the process (a gloo thread still
         # runs), so a closed gang's groups are gone when `close()` returns.
         _reaper.wait(self._timeout.total_seconds())
