@@ -9,17 +9,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from datetime import timedelta
-from math import prod
 
 import torch
 
 from gang.env import get_default_device, get_world_size
-from gang.extend import check_open, check_values_exchangeable
+from gang.extend import check_open
 from gang.fake import FakeGang
 from gang.gang import Gang
 from gang.gangs import Gangs
 from gang.process_group import ProcessGroupGang
-from gang.roles import GRID_AXES, ROLES
+from gang.roles import ROLES
+from gang.split import split_groups, split_layout
 from gang.topology import Grid, Layout, parallel_layout, sharded_grid
 
 
@@ -37,20 +37,7 @@ def split_along(gang: Gang, grid: Grid, *names: str) -> Gang:
         raise ValueError(f"`grid` must have {gang.size} ranks (the gang size), but has {grid.size} instead.")
     if not names:
         return FakeGang(gang.device, rank=0, size=1)
-    return _split_groups(gang, grid.groups(*names))
-
-
-def _split_groups(gang: Gang, groups: list[list[int]]) -> Gang:
-    """The sub-gang of ``gang`` holding this process when ``groups`` (of equal sizes) partition it:
-    ``gang`` itself for one group, a :class:`FakeGang` for groups of one rank."""
-    if len(groups[0]) == gang.size:
-        return gang
-    if len(groups[0]) == 1:
-        return FakeGang(gang.device, rank=0, size=1)
-    sub = gang.split(groups)
-    if sub is None:  # Impossible: the groups partition the gang.
-        raise AssertionError(f"rank {gang.rank} is in no group of {groups}")
-    return sub
+    return split_groups(gang, grid.groups(*names))
 
 
 def create_parallel_gangs(
@@ -134,75 +121,6 @@ def _split_by_role(gang: Gang, layout: Layout, roles: Sequence[str] = ROLES) -> 
             made[key] = split_layout(gang, layout, (name,))
         result[name] = made[key]
     return result
-
-
-def split_layout(gang: Gang, layout: Layout, roles: Sequence[str]) -> Gang:
-    """Return the sub-gang of ``gang`` spanning ``roles`` of ``layout`` (which describes ``gang``'s ranks).
-
-    A group of one rank gives a :class:`FakeGang` and a group spanning all of ``gang`` is ``gang``
-    itself, so no needless process group is created. This process's group is computed in
-    O(group size); every group is listed only for a backend that splits with all of them.
-    Every member of ``gang`` must call it with the same arguments.
-
-    :raises ValueError: If ``layout.size != gang.size`` or ``roles`` are not roles that can be
-        spanned at once.
-    """
-    if layout.size != gang.size:
-        raise ValueError(f"`layout` must have {gang.size} ranks (the gang size), but has {layout.size} instead.")
-    roles = tuple(roles)
-    size = layout.size_of(*roles)
-    if size == gang.size:
-        return gang
-    if size == 1:
-        return FakeGang(gang.device, rank=0, size=1)
-    members = layout.members(gang.rank, *roles)
-
-    def every_group() -> list[list[int]]:
-        groups: list[list[int]] = layout.groups(*roles).tolist()
-        return groups
-
-    sub = gang.split_own_group(members, every_group)
-    if sub is None:  # Impossible: the groups partition the gang.
-        raise AssertionError(f"rank {gang.rank} is in no group of {roles}")
-    return sub
-
-
-def flatten_gangs(gangs: Gangs, axes: tuple[str, ...]) -> Gang:
-    """The gang of :meth:`Gangs.flatten` spanning the grid ``axes`` (at least two roles' worth).
-
-    With a layout the members are computed here; otherwise every process gathers, over ``root``,
-    every process's rank along each grid axis: ``len(GRID_AXES)`` integers per process.
-    """
-    layout = gangs.layout
-    if layout is not None:
-        key = layout.key(*axes)
-        for name, gang in gangs.items():
-            if layout.key(name) == key:
-                return gang
-        return split_layout(gangs.root, layout, axes)
-    root = gangs.root
-    check_values_exchangeable(root, "flatten (of gangs without a layout)")
-    along = {"pp": gangs.pp, "rdp": gangs.rdp, "sdp": gangs.sdp, "cp": gangs.cp, "tp": gangs.tp}
-    # A process's coordinates are its ranks along the axes; the flattened gang of a process is
-    # every process with its coordinates along the other axes.
-    row = [along[axis].rank for axis in GRID_AXES]
-    table = torch.empty((root.size, len(row)), dtype=torch.int64, device=root.device)
-    root.all_gather(table, torch.tensor(row, dtype=torch.int64, device=root.device))
-    rows = table.cpu().tolist()
-    inner = [i for i, axis in enumerate(GRID_AXES) if axis in axes]
-    outer = [i for i, axis in enumerate(GRID_AXES) if axis not in axes]
-    by_key: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
-    for rank, values in enumerate(rows):
-        by_key.setdefault(tuple(values[i] for i in outer), []).append((tuple(values[i] for i in inner), rank))
-    size = prod(along[axis].size for axis in axes)
-    groups = sorted([rank for _, rank in sorted(entries)] for entries in by_key.values())
-    positions = [{position for position, _ in entries} for entries in by_key.values()]
-    if any(len(group) != size for group in groups) or any(len(p) != size for p in positions):
-        raise ValueError(
-            f"`roles` must span gangs of {size} ranks, but the gangs of {axes} do not form a grid "
-            f"(groups of sizes {sorted({len(g) for g in groups})}) instead."
-        )
-    return _split_groups(root, groups)
 
 
 def create_fake_gangs(device: torch.device) -> Gangs:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from math import prod
 from types import TracebackType
 from typing import cast, final
 
-from gang.extend import check_open
+import torch
+
+from gang.extend import check_open, check_values_exchangeable
 from gang.fake import FakeGang
 from gang.gang import Gang
-from gang.roles import ROLES
+from gang.roles import GRID_AXES, ROLES
+from gang.split import split_groups, split_layout
 from gang.topology import Layout, flattened_axes
 
 
@@ -132,9 +136,7 @@ class Gangs:
         return cached
 
     def _flatten(self, axes: tuple[str, ...]) -> Gang:
-        from gang.factories import flatten_gangs  # the factories build on `Gangs`
-
-        return flatten_gangs(self, axes)
+        return _flatten_gangs(self, axes)
 
     def close(self) -> None:
         """Close every distinct gang (flattened ones included), sub-gangs before the root. Idempotent."""
@@ -173,3 +175,41 @@ def maybe_get_current_gangs() -> Gangs | None:
     """Return the innermost gangs entered with ``with gangs:`` in this thread, or ``None``."""
     stack = _stack()
     return stack[-1] if stack else None
+
+
+def _flatten_gangs(gangs: Gangs, axes: tuple[str, ...]) -> Gang:
+    """The gang of :meth:`Gangs.flatten` spanning the grid ``axes`` (at least two roles' worth).
+
+    With a layout the members are computed here; otherwise every process gathers, over ``root``,
+    every process's rank along each grid axis: ``len(GRID_AXES)`` integers per process.
+    """
+    layout = gangs.layout
+    if layout is not None:
+        key = layout.key(*axes)
+        for name, gang in gangs.items():
+            if layout.key(name) == key:
+                return gang
+        return split_layout(gangs.root, layout, axes)
+    root = gangs.root
+    check_values_exchangeable(root, "flatten (of gangs without a layout)")
+    along = {"pp": gangs.pp, "rdp": gangs.rdp, "sdp": gangs.sdp, "cp": gangs.cp, "tp": gangs.tp}
+    # A process's coordinates are its ranks along the axes; the flattened gang of a process is
+    # every process with its coordinates along the other axes.
+    row = [along[axis].rank for axis in GRID_AXES]
+    table = torch.empty((root.size, len(row)), dtype=torch.int64, device=root.device)
+    root.all_gather(table, torch.tensor(row, dtype=torch.int64, device=root.device))
+    rows = table.cpu().tolist()
+    inner = [i for i, axis in enumerate(GRID_AXES) if axis in axes]
+    outer = [i for i, axis in enumerate(GRID_AXES) if axis not in axes]
+    by_key: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
+    for rank, values in enumerate(rows):
+        by_key.setdefault(tuple(values[i] for i in outer), []).append((tuple(values[i] for i in inner), rank))
+    size = prod(along[axis].size for axis in axes)
+    groups = sorted([rank for _, rank in sorted(entries)] for entries in by_key.values())
+    positions = [{position for position, _ in entries} for entries in by_key.values()]
+    if any(len(group) != size for group in groups) or any(len(p) != size for p in positions):
+        raise ValueError(
+            f"`roles` must span gangs of {size} ranks, but the gangs of {axes} do not form a grid "
+            f"(groups of sizes {sorted({len(g) for g in groups})}) instead."
+        )
+    return split_groups(root, groups)

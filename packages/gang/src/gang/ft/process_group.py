@@ -18,7 +18,7 @@ picks for a reduction.
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, final
+from typing import Any, Protocol, final, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -29,11 +29,17 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from gang._torch_groups import GradBucket, fix_ddp_buckets
-from gang.errors import NotSupportedError
+from gang.errors import GangError, NotSupportedError
+from gang.gang import Gang
 from gang.ops import ReduceOperation
 
-if TYPE_CHECKING:
-    from gang.ft.replica import ReplicaGang
+
+@runtime_checkable
+class _Recorder(Protocol):
+    """A gang that records a failure inside a step instead of raising it (a ``ReplicaGang``)."""
+
+    def errored(self) -> GangError | None: ...
+
 
 BACKEND_NAME = "gang.ft"
 """What :meth:`ReplicaProcessGroup.getBackendName` and :meth:`ReplicaProcessGroup.name` return."""
@@ -61,7 +67,7 @@ class ReplicaProcessGroup(ProcessGroup):
     ``group=``. Other calls raise as torch's base class does.
     """
 
-    def __init__(self, gang: "ReplicaGang") -> None:
+    def __init__(self, gang: Gang) -> None:
         super().__init__(0, 1)  # type: ignore[call-arg]  # torch's stubs omit this constructor
         self._gang = gang
         self._alone = False
@@ -76,7 +82,7 @@ class ReplicaProcessGroup(ProcessGroup):
             self._alone = False
 
     @property
-    def gang(self) -> "ReplicaGang":
+    def gang(self) -> Gang:
         """The gang the collectives run on."""
         return self._gang
 
@@ -220,7 +226,7 @@ def _gang_op(op: object) -> ReduceOperation:
     raise NotSupportedError(f"A `ReplicaProcessGroup` cannot reduce with {op!r}.")
 
 
-def average(gang: "ReplicaGang", tensor: Tensor) -> None:
+def average(gang: Gang, tensor: Tensor) -> None:
     """Replace ``tensor`` with its mean over the current quorum of ``gang``, summed in rank order.
 
     All-gathers ``tensor`` and sums the rows in rank order before dividing by the quorum size, so
@@ -232,7 +238,7 @@ def average(gang: "ReplicaGang", tensor: Tensor) -> None:
     """
     table = tensor.new_empty((gang.size, *tensor.shape))
     gang.all_gather(table, tensor)
-    if gang.errored() is not None:
+    if isinstance(gang, _Recorder) and gang.errored() is not None:
         return
     tensor.copy_(table[0])
     for row in table[1:]:
@@ -240,7 +246,7 @@ def average(gang: "ReplicaGang", tensor: Tensor) -> None:
     tensor.div_(gang.size)
 
 
-def replicate_ddp(gang: "ReplicaGang", ddp_model: object) -> None:
+def replicate_ddp(gang: Gang, ddp_model: object) -> None:
     """Average each gradient bucket of ``ddp_model`` over the quorum (:meth:`ReplicaGang.replicate_ddp`)."""
     if not isinstance(ddp_model, DistributedDataParallel):
         raise TypeError(
@@ -270,7 +276,7 @@ def replicate_ddp(gang: "ReplicaGang", ddp_model: object) -> None:
     ddp_model.register_comm_hook(None, hook)
 
 
-def replicate_fsdp(gang: "ReplicaGang", module: object) -> None:
+def replicate_fsdp(gang: Gang, module: object) -> None:
     """Average every gradient shard of ``module`` over the quorum (:meth:`ReplicaGang.replicate_fsdp`)."""
     from torch.distributed.fsdp import FSDPModule
 
