@@ -35,7 +35,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn import functional
 
-from gang import ReduceOperation, create_default_gang, create_fsdp_gangs, create_parallel_gangs, get_local_rank
+from gang import ReduceOperation, create_default_gang, create_fsdp_gangs, create_parallel_gangs, get_rank
 from gang.ft import ReplicaGang
 from gang_mesh import fsdp_mesh
 
@@ -73,7 +73,7 @@ def train(steps: int, pace: float, go: Path | None, done: Path | None) -> None:
     different speeds take their first step together).
     """
     mesh = fsdp_mesh(create_fsdp_gangs(create_parallel_gangs(create_default_gang(torch.device("cpu")))))
-    me = f"replica {os.environ['GANG_FT_REPLICA_ID']} rank {get_local_rank()}"
+    me = f"replica {os.environ['GANG_FT_REPLICA_ID']} rank {get_rank()}"
     print(f"{me} pid {os.getpid()}")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
@@ -103,10 +103,10 @@ def train(steps: int, pace: float, go: Path | None, done: Path | None) -> None:
             with gang.step():  # forms the quorum; heals this process from its peer if it is behind
                 if gang.step_number != before:
                     print(f"{me} healed from a peer: step {before} -> {gang.step_number}")
-                if gang.quorum != quorum and get_local_rank() == 0:
+                if gang.quorum != quorum and get_rank() == 0:
                     print(f"{me}: quorum {list(gang.quorum)} at step {gang.step_number}")
                 quorum = gang.quorum
-                x, y = batch(gang.step_number, gang.rank * PROCESSES + get_local_rank(), gang.size * PROCESSES)
+                x, y = batch(gang.step_number, gang.rank * PROCESSES + get_rank(), gang.size * PROCESSES)
                 loss = functional.mse_loss(model(x), y)
                 optimizer.zero_grad()
                 loss.backward()  # type: ignore[no-untyped-call]  # the hook averages shards across replicas
@@ -119,12 +119,12 @@ def train(steps: int, pace: float, go: Path | None, done: Path | None) -> None:
                 if committed:
                     optimizer.step()
                     finished = bool(stop) and gang.step_number >= steps and gang.size == REPLICAS
-            if committed and gang.rank == 0 and get_local_rank() == 0:
+            if committed and gang.rank == 0 and get_rank() == 0:
                 print(f"step {gang.step_number:3d}  loss {mean_loss.item():.4f}  quorum {list(gang.quorum)}")
             elif not committed:
                 print(f"{me}: step {gang.step_number + 1} not committed: {gang.errored()}")
     digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in local_shards(model).values()))
-    print(f"final step {gang.step_number} shard {get_local_rank()} {digest.hexdigest()[:16]}")
+    print(f"final step {gang.step_number} shard {get_rank()} {digest.hexdigest()[:16]}")
 
 
 def run_local_job(*, steps: int = 12, kill_at: int = 4, restart_at: int = 7, pace: float = 0.02) -> None:

@@ -124,3 +124,22 @@ def test_a_restarted_store_closes_nothing_until_every_live_process_could_registe
     settled = View(v.sizes, v.beats, v.joins, waited=0.0, store_age=5.1)
     q = POLICY.decide(4, settled, None, False)
     assert isinstance(q, Quorum) and q.members == ("0", "1")
+
+
+def test_no_replica_wholly_at_the_highest_step_gives_up_rather_than_drift() -> None:
+    # A vote lost to a store restart: in every replica one process committed step 8, the other
+    # did not. No replica can heal the others; going on would leave one replica's processes at
+    # different steps for good, so the quorum gives up and says why.
+    v = view({"0": 2, "1": 2}, {("0", 0): 8, ("0", 1): 7, ("1", 0): 7, ("1", 1): 8})
+    decision = POLICY.decide(3, v, None, False)
+    assert isinstance(decision, GiveUp) and "has every process at the highest step 8" in decision.reason
+    # One replica wholly at step 8 heals the other, as usual.
+    v = view({"0": 2, "1": 2}, {("0", 0): 8, ("0", 1): 8, ("1", 0): 7, ("1", 1): 8})
+    q = POLICY.decide(3, v, None, False)
+    assert isinstance(q, Quorum) and q.heal == {"1": "0"}
+
+
+def test_replicas_of_different_sizes_give_up_naming_the_sizes() -> None:
+    v = view({"0": 2, "1": 1}, {("0", 0): 0, ("0", 1): 0, ("1", 0): 0})
+    decision = POLICY.decide(1, v, None, False)
+    assert isinstance(decision, GiveUp) and "{'0': 2, '1': 1}" in decision.reason

@@ -247,7 +247,7 @@ def _check_dims(gangs: Gangs, dims: Sequence[Dim]) -> tuple[tuple[str, ...], lis
     for axis, roles in enumerate(per_dim):
         size = prod(getattr(gangs, name).size for name in roles)
         gang: Gang = getattr(gangs, roles[0])
-        if size == 1 or (len(roles) == 1 and not gang.supports_process_group):
+        if size == 1 or not (gang if len(roles) == 1 else gangs.root).supports_process_group:
             shown = roles[0] if len(roles) == 1 else roles
             raise ValueError(
                 f"`dims` must name gangs that have a process group, but `dims[{axis}]` is {shown!r} and "

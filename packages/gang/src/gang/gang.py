@@ -130,8 +130,9 @@ class Gang(ABC):
     def split(self, groups: Sequence[Sequence[int]]) -> Gang | None:
         """Split this gang into disjoint sub-gangs at once and return the one holding this process.
 
-        Every member of this gang calls it with the same ``groups``. This is what the factories
-        use: one call builds every tensor-parallel (or data-parallel, …) gang of a layout.
+        Every member of this gang calls it with the same ``groups``: one call builds every
+        tensor-parallel (or data-parallel, …) gang of a layout. The factories use its scalable
+        form, :meth:`split_own_group`.
 
         :param groups: Disjoint lists of ranks of this gang.
         :returns: The sub-gang that holds this process, or ``None`` if no group holds it.

@@ -37,8 +37,8 @@ __all__ = ["DEFAULT_COLLECTIVE_TIMEOUT", "ProcessGroupGang"]
 
 DEFAULT_COLLECTIVE_TIMEOUT = timedelta(minutes=15)
 """How long a :class:`ProcessGroupGang`'s rendezvous and each of its collectives wait for the other
-ranks, when :meth:`~ProcessGroupGang.create_default_process_group` (or
-:meth:`~ProcessGroupGang.from_process_group` with a ``timeout``) is given ``None``."""
+ranks, when :meth:`~ProcessGroupGang.create_default_process_group` is given ``None`` (a gang from
+:meth:`~ProcessGroupGang.from_process_group` keeps its group's own timeout)."""
 
 _REDUCE_OPS = {
     ReduceOperation.SUM: dist.ReduceOp.SUM,

@@ -1,16 +1,17 @@
 """Pure rank arithmetic: named grids of ranks and the gangs they define.
 
-Nothing in this module communicates or touches ``torch.distributed``. Every layout in the
-monorepo comes from :class:`Grid`, so every package agrees on which rank sits where: the factories
-in :mod:`gang.factories` (through which every kind of gang is split, the JAX gang included) split
-gangs along :func:`parallel_grid` and :func:`sharded_grid`; the mesh bridge ``gang_mesh`` checks
-gathered gangs against the grid :func:`infer_grid` finds in them and reads a mesh as a
-:class:`Grid`; and :func:`role_spans` says, for all of them, which grid dimensions make up each
-gang of :class:`~gang.Gangs` (how ``dp`` relates to ``rdp`` and ``sdp``).
+Nothing in this module communicates or touches ``torch.distributed``. The factories in
+:mod:`gang.factories` (through which every kind of gang is split, the JAX gang included) split
+gangs along a :class:`Layout` (:func:`parallel_layout`), whose arithmetic is closed-form: a rank's
+group along any roles costs the size of that group, never the size of the world. The mesh bridge
+``gang_mesh`` builds meshes from a gang's :class:`Layout` and reads a mesh as a :class:`Grid`;
+:func:`role_spans` says which grid dimensions make up each gang of :class:`~gang.Gangs` when
+reading a mesh (how ``dp`` relates to ``rdp`` and ``sdp``). :func:`infer_grid` finds the grid in
+gathered member lists.
 
 Vocabulary: a grid's *dimensions* are ``(name, size)`` pairs; when the names are roles of
-:class:`~gang.Gangs` (``dp``, ``rdp``, ``sdp``, ``tp``, ``pp``) each dimension's groups are that
-role's gangs.
+:class:`~gang.Gangs` (the table in :mod:`gang.roles`) each dimension's groups are that role's
+gangs.
 """
 
 from __future__ import annotations

@@ -173,6 +173,11 @@ def layout_gang(root: gang.ProcessGroupGang, args: argparse.Namespace) -> gang.G
         return root
     gangs = gang.create_parallel_gangs(root, tp_size=args.tp, pp_size=args.pp, cp_size=args.cp, ep_size=args.ep)
     chosen: gang.Gang = getattr(gangs, args.gang)
+    if chosen.size == 1:
+        raise ValueError(
+            f"`--gang` must name a gang of more than one rank, but `{args.gang}` has 1 rank in this layout "
+            f"(world {root.size}, tp {args.tp}, pp {args.pp}, cp {args.cp}, ep {args.ep}) instead."
+        )
     return chosen
 
 

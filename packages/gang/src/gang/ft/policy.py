@@ -234,10 +234,23 @@ class Policy:
         previous: Quorum | None,
         committed: bool,
         stalled: set[str],
-    ) -> Quorum:
+    ) -> Quorum | GiveUp:
         steps = tuple(min(joined[rid]) for rid in members)
-        incarnations = tuple(",".join(view.joins[(rid, k)].token for k in range(view.sizes[rid])) for rid in members)
         sizes = tuple(view.sizes[rid] for rid in members)
+        if len(set(sizes)) > 1:
+            return GiveUp(
+                f"the replicas of quorum {n} must have the same number of processes (the gang links processes "
+                f"of equal replica rank), but {dict(zip(members, sizes, strict=True))} have different numbers"
+            )
+        highest = max(max(joined[rid]) for rid in members)
+        if max(steps) < highest:
+            # Some process is at `highest` but no replica has every process there: no replica can
+            # heal the others, and going on would leave processes of one replica at different steps.
+            return GiveUp(
+                f"no replica of quorum {n} has every process at the highest step {highest} "
+                f"(per process: {dict(joined)}); restore the replicas from a checkpoint"
+            )
+        incarnations = tuple(",".join(view.joins[(rid, k)].token for k in range(view.sizes[rid])) for rid in members)
         heal = heal_plan(members, steps, init_sync=self.init_sync)
         left_out = tuple(sorted(stalled, key=replica_sort_key))
         quorum = Quorum(n, tuple(members), steps, sizes, n, incarnations, heal, left_out)

@@ -109,7 +109,6 @@ class ReplicaGang(Gang):
         max_retries: int | None = None,
     ) -> None:
         super().__init__(rank=0, size=1, device=device, debug=False)
-        self._init_sync = init_sync
         self._max_retries = max_retries
         self._aborts: list[str] = []  # the reasons of the consecutive steps not committed
         self._last_error: GangError | None = None
@@ -330,6 +329,7 @@ class ReplicaGang(Gang):
         if self._in_step:
             raise InvalidOperationError("`load_state_dict` cannot be called inside `with gang.step():`.")
         self._step_number = step
+        self._dirty = False  # the caller restored the model's state with it
 
     # -- the step ---------------------------------------------------------------------------------
 
@@ -348,7 +348,7 @@ class ReplicaGang(Gang):
         too). The exception then propagates; the next step forms a new quorum and a new group.
 
         :raises InvalidOperationError: If the gang is closed or a step is already running.
-        :raises GangError: If fewer than ``min_replicas`` replicas stay live for the timeout, the
+        :raises GangError: If fewer than ``min_replicas`` replicas joined for ``quorum_timeout``, the
             coordination store is unreachable, this replica's state was partly overwritten by a
             heal that failed and no member is left to heal it, or (on leaving the block) this was
             the ``max_retries``-th consecutive step not committed.
@@ -372,13 +372,15 @@ class ReplicaGang(Gang):
             raise
         finally:
             self._in_step = False
-            if self._commit is None:
-                try:
-                    self._vote(False)
-                except GangError:
-                    if ok:
-                        raise
-            self._count_abort()
+            try:
+                if self._commit is None:
+                    try:
+                        self._vote(False)
+                    except GangError:
+                        if ok:
+                            raise
+            finally:
+                self._count_abort()
 
     def _count_abort(self) -> None:
         """Track consecutive uncommitted steps; raise once there are ``max_retries`` of them."""
@@ -467,11 +469,14 @@ class ReplicaGang(Gang):
         index = {m: r for r, m in enumerate(quorum.members)}
         plan = {index[m]: index[source] for m, source in quorum.heal.items()}
         if self._dirty and self.rank not in plan:
-            raise GangError(
+            error = GangError(
                 f"`step` failed on replica {self._replica_id!r} before step {self._step_number + 1} of "
                 f"{quorum.describe()}: a heal that failed midway left this replica's state partly "
-                "overwritten, and no member is ahead of it to heal it again; restore it from a checkpoint."
+                "overwritten, and no member is ahead of it to heal it again; restore it from a checkpoint "
+                "(`load_state_dict` of the model and of this gang)."
             )
+            self._record("heal", error)  # drops the group and votes against: the peers go on at once
+            raise error
         receivers = [r for r, s in plan.items() if s == self.rank]
         if self.rank not in plan and not receivers:
             return
@@ -619,6 +624,8 @@ class ReplicaGang(Gang):
     @override
     def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:
         # Header and payload must both arrive, or the list stays as it is.
+        if not self._in_step:
+            raise InvalidOperationError("`broadcast_objects` must be called inside `with gang.step():`.")
         if self._error is not None:
             return
         snapshot = list(objects)
