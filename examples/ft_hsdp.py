@@ -74,7 +74,7 @@ def train(steps: int, pace: float, go: Path | None, done: Path | None) -> None:
     """
     mesh = fsdp_mesh(create_fsdp_gangs(create_parallel_gangs(create_default_gang(torch.device("cpu")))))
     me = f"replica {os.environ['GANG_FT_REPLICA_ID']} rank {get_rank()}"
-    print(f"{me} pid {os.getpid()}")
+    _say(f"{me} pid {os.getpid()}")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
     for layer in (model[0], model[2], model):
@@ -102,9 +102,9 @@ def train(steps: int, pace: float, go: Path | None, done: Path | None) -> None:
             before = gang.step_number
             with gang.step():  # forms the quorum; heals this process from its peer if it is behind
                 if gang.step_number != before:
-                    print(f"{me} healed from a peer: step {before} -> {gang.step_number}")
+                    _say(f"{me} healed from a peer: step {before} -> {gang.step_number}")
                 if gang.quorum != quorum and get_rank() == 0:
-                    print(f"{me}: quorum {list(gang.quorum)} at step {gang.step_number}")
+                    _say(f"{me}: quorum {list(gang.quorum)} at step {gang.step_number}")
                 quorum = gang.quorum
                 x, y = batch(gang.step_number, gang.rank * PROCESSES + get_rank(), gang.size * PROCESSES)
                 loss = functional.mse_loss(model(x), y)
@@ -120,11 +120,18 @@ def train(steps: int, pace: float, go: Path | None, done: Path | None) -> None:
                     optimizer.step()
                     finished = bool(stop) and gang.step_number >= steps and gang.size == REPLICAS
             if committed and gang.rank == 0 and get_rank() == 0:
-                print(f"step {gang.step_number:3d}  loss {mean_loss.item():.4f}  quorum {list(gang.quorum)}")
+                _say(f"step {gang.step_number:3d}  loss {mean_loss.item():.4f}  quorum {list(gang.quorum)}")
             elif not committed:
-                print(f"{me}: step {gang.step_number + 1} not committed: {gang.errored()}")
+                _say(f"{me}: step {gang.step_number + 1} not committed: {gang.errored()}")
     digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in local_shards(model).values()))
-    print(f"final step {gang.step_number} shard {get_rank()} {digest.hexdigest()[:16]}")
+    _say(f"final step {gang.step_number} shard {get_rank()} {digest.hexdigest()[:16]}")
+
+
+def _say(text: str) -> None:
+    """Print one line with one write: the processes of a torchrun share its output pipe (unbuffered
+    under the launcher), and ``print`` writes the text and the newline separately."""
+    sys.stdout.write(f"{text}\n")
+    sys.stdout.flush()
 
 
 def run_local_job(*, steps: int = 12, kill_at: int = 4, restart_at: int = 7, pace: float = 0.02) -> None:
