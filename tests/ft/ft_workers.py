@@ -3,21 +3,22 @@
 The model, data and update rule are shared by the replicas and by :func:`reference`, which
 replays committed steps in one process so the test can compare parameters bit for bit.
 
-One process of one replica trains the shared model until a step count. Run as
-``python ft_workers.py LOG STEPS`` with ``GANG_FT_REPLICA_ID``/``GANG_FT_STORE`` set. It
-appends JSON lines to LOG: ``joined``, ``collective`` (with the step and the quorum) before the
-gradient exchange, ``commit`` with the members and the parameters after every committed step,
-``abort`` with the recorded error after an uncommitted one, ``healed`` when it loaded a peer's
-state, ``error`` when the gang raised, and ``done`` at the end. ``FT_PAUSE=<point>:<step>``
-makes it log ``paused`` at that point (``enter`` before ``with gang.step()``, ``collective``
-inside the step, ``heal`` inside ``state_dict()`` while healing another replica at that step) and wait until the file
-``LOG.release.<point>.<step>`` exists (the harness kills or stops it there). Several pauses are
-separated by commas; ``FT_GATE=1`` adds ``enter:<first step>`` on every process. ``FT_TIMEOUT``,
-``FT_QUORUM_TIMEOUT``, ``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` set the gang's timeouts
-and ``min_replicas``. ``FT_SEEDED=1`` starts every replica but ``0`` from its own random
-parameters (the gang's ``init_sync`` makes them adopt replica 0's). ``FT_CHECKPOINT=<dir>`` saves
-the parameters and ``gang.state_dict()`` after every commit to ``<dir>/<replica>.<replica rank>.pt``
-and restores them from there at start when the file exists.
+One process of one replica trains the shared model until a step count. Run as ``python ft_workers.py
+LOG STEPS`` with ``GANG_FT_REPLICA_ID``/``GANG_FT_STORE`` set. It appends JSON lines to LOG:
+``joined``, ``collective`` (with the step, the quorum and the replicas it left out as stalled)
+before the gradient exchange, ``commit`` with the members and the parameters after every committed
+step, ``abort`` with the recorded error after an uncommitted one, ``healed`` when it loaded a peer's
+state, ``error`` when the gang raised, and ``done`` at the end. ``FT_PAUSE=<point>:<step>`` makes it
+log ``paused`` at that point (``start:0`` before ``ReplicaGang.join``, ``enter`` before ``with
+gang.step()``, ``collective`` inside the step, ``heal`` inside ``state_dict()`` while healing
+another replica at that step) and wait until the file ``LOG.release.<point>.<step>`` exists (the
+harness kills or stops it there). Several pauses are separated by commas; ``<point>:<step>@<k>``
+pauses replica rank ``k`` only; ``FT_GATE=1`` adds ``enter:<first step>`` on every process.
+``FT_TIMEOUT``, ``FT_QUORUM_TIMEOUT``, ``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` set the
+gang's timeouts and ``min_replicas``. ``FT_SEEDED=1`` starts every replica but ``0`` from its own
+random parameters (the gang's ``init_sync`` makes them adopt replica 0's). ``FT_CHECKPOINT=<dir>``
+saves the parameters and ``gang.state_dict()`` after every commit to ``<dir>/<replica>.<replica
+rank>.pt`` and restores them from there at start when the file exists.
 
 Under torchrun (a replica of several processes, on one node or several) each replica rank
 ``k`` (torchrun's ``RANK``) trains its shard of the flat parameters: the replica's
@@ -102,7 +103,12 @@ class Replica:
         self.params = params.chunk(shards)[shard].clone()
         pauser = os.environ.get("FT_PAUSE_RANK")
         pauses = os.environ.get("FT_PAUSE", "") if pauser is None or int(pauser) == shard else ""
-        self.pauses = {(e, int(s)) for e, _, s in (p.partition(":") for p in pauses.split(",") if p)}
+        self.pauses: set[tuple[str, int]] = set()
+        for entry in pauses.split(","):
+            point, _, rank = entry.partition("@")  # `point:step@k`: only replica rank k pauses there
+            if point and (not rank or int(rank) == shard):
+                event, _, at = point.partition(":")
+                self.pauses.add((event, int(at)))
         self.gang: ReplicaGang | None = None
 
     def emit(self, event: str, **fields: Any) -> None:
@@ -153,6 +159,7 @@ def main() -> None:
         value = os.environ.get(name, default)
         return timedelta(seconds=float(value)) if value else None
 
+    replica.maybe_pause("start", 0)
     try:
         gang = ReplicaGang.join(
             state_dict=replica.state_dict,
@@ -181,7 +188,9 @@ def main() -> None:
             with gang.step():
                 step = gang.step_number + 1
                 replica.maybe_pause("collective", step)
-                replica.emit("collective", step=step, members=list(gang.quorum))
+                quorum = gang.current_quorum
+                assert quorum is not None
+                replica.emit("collective", step=step, members=list(gang.quorum), stalled=list(quorum.stalled))
                 grad = gradient(full_params(tp, replica.params), rid, step).chunk(shards)[shard]
                 table = torch.zeros(gang.size, grad.numel())
                 gang.all_gather(table, grad)

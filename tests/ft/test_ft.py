@@ -532,3 +532,80 @@ def test_store_killed_and_restarted_on_the_same_port_training_goes_on(cluster: C
     cluster.finish({"0": 0, "1": 0, "2": 0})
     schedule = cluster.check_training(["0", "1", "2"])
     assert schedule[3] == ["0", "1", "2"]
+
+
+def _events(cluster: Cluster, rid: str, event: str, rank: int = 0) -> list[dict[str, Any]]:
+    return [e for e in cluster.events(cluster.current(rid)[rank]) if e["event"] == event]
+
+
+def test_partial_heal_is_healed_again(cluster: Cluster) -> None:
+    # Replicas of 2 processes. A new replica 2 joins before step 4 and is healed by replica 0
+    # (the first up-to-date one). Replica 0's rank 0 sends its shard, but its rank 1 is still in
+    # `state_dict()` when it is SIGKILLed (torchrun ends its rank 0): replica 2's rank 0 is at
+    # step 3, its rank 1 at step 0. Up to date means every process: replica 2 must be healed
+    # again (by replica 1), never taken as up to date with rank 1's stale shard.
+    cluster.start_all({"0": "enter:4,heal:4@1", "1": "enter:4"}, nproc=2)
+    for rid in ("0", "1"):
+        cluster.wait(rid, "paused", 4)
+    cluster.start("2", nproc=2)
+    cluster.wait("2", "paused", 1)
+    cluster.release("2", "enter", 1)
+    for rid in ("0", "1"):
+        cluster.release(rid, "enter", 4)
+    cluster._until(lambda: any(e.get("at") == "heal" for e in _events(cluster, "0", "paused", 1)), "the heal pause")
+    cluster.wait("2", "healed", rank=0)
+    assert [e["behind"] for e in _events(cluster, "2", "healed", 0)] == [0]
+    assert not _events(cluster, "2", "healed", 1)
+    cluster.signal("0", signal.SIGKILL, rank=1)
+    cluster.finish({"1": 0, "2": 0})
+    schedule = cluster.check_training(["1", "2"])
+    assert schedule[3] == ["0", "1"]
+    assert all(members == ["1", "2"] for s, members in schedule.items() if s >= 4), schedule
+    assert [e["behind"] for e in _events(cluster, "2", "healed", 0)] == [0, 3]  # healed again, whole
+    assert [e["behind"] for e in _events(cluster, "2", "healed", 1)] == [0]
+
+
+def test_restart_within_timeouts_is_healed_and_a_stalled_replica_is_waited_for_once(cluster: Cluster) -> None:
+    # Replica 2 joins the quorum of step 3 (replica 1 leads it, replica 0 has not joined yet)
+    # and is SIGKILLed there; its next incarnation, started beforehand and waiting at `start:0`,
+    # joins the gang at once (it takes the identity over when the old heartbeat goes stale,
+    # while the round is still open). The dead incarnation's join of that round must not count
+    # for the new one: replica 2 must not be admitted at its old step 2 on its old group. Its
+    # new incarnation heartbeats but waits at `enter:1`: with `quorum_timeout` 8 s the others wait
+    # for it in one quorum (step 3), then leave it out (`stalled`) without waiting until it joins
+    # again (at step 6, or 7 if the others formed the quorum of step 6 first), healed from its new
+    # step 0.
+    options: dict[str, Any] = {"env": {"FT_QUORUM_TIMEOUT": "8"}}
+    cluster.start_all({"0": "enter:3,enter:6", "1": "enter:6", "2": "enter:3"}, **options)
+    old = cluster.pid("2")
+    cluster.start("2", pause="start:0", **options)
+    cluster.wait("2", "paused", 0)
+    cluster.wait("1", "commit", 2)
+    time.sleep(0.5)  # replica 1 opens (leads) the round of step 3
+    Path(f"{cluster.logs['2'][0]}.release.enter.3").touch()  # the old incarnation's pause
+    time.sleep(1.0)  # the old replica 2 joins it
+    os.kill(old, signal.SIGKILL)
+    cluster.release("2", "start", 0)
+    cluster.wait("2", "paused", 1)  # the new incarnation holds the identity and heartbeats
+    cluster.release("0", "enter", 3)
+    for rid in ("0", "1"):
+        cluster.wait(rid, "paused", 6)
+    cluster.release("2", "enter", 1)
+    time.sleep(1.0)  # it joins (and leads) the round of step 6: a left-out replica is not waited for
+    for rid in ("0", "1"):
+        cluster.release(rid, "enter", 6)
+    cluster.finish({"0": 0, "1": 0, "2": 0})
+    schedule = cluster.check_training(["0", "1", "2"])
+    # A left-out replica is not waited for: it rejoins at the first quorum formed after it joined.
+    back = min(s for s, members in schedule.items() if s >= 3 and "2" in members)
+    assert back in (6, 7), schedule
+    assert schedule[2] == ["0", "1", "2"] and all(schedule[s] == ["0", "1", "2"] for s in range(back, STEPS + 1))
+    assert all(schedule[s] == ["0", "1"] for s in range(3, back)), schedule
+    for rid in ("0", "1"):
+        assert not _events(cluster, rid, "abort"), _events(cluster, rid, "abort")  # no dead group reused
+        stalled = {e["step"]: e["stalled"] for e in _events(cluster, rid, "collective")}
+        expected = [["2"] if s < back else [] for s in range(3, STEPS + 1)]
+        assert [stalled[s] for s in range(3, STEPS + 1)] == expected, stalled
+    healed = cluster.wait("2", "healed")
+    first = _events(cluster, "2", "commit")[0]
+    assert healed["behind"] == 0 and first["step"] == back and healed["t"] <= first["t"]
