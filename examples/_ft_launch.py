@@ -10,6 +10,7 @@ read at, and echoed with the seconds since the job started and the process's nam
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -57,6 +58,10 @@ class Line:
     """``time.time()`` when the line was read."""
     text: str
     """The line, without its newline."""
+
+
+STOP_GRACE = 10.0
+"""Seconds :meth:`LocalJob.close` gives a process (and a torchrun its workers) after ``SIGTERM``."""
 
 
 class LocalJob:
@@ -178,8 +183,18 @@ class LocalJob:
         return [line.text for line in list(self._history) if line.name == name]
 
     def close(self) -> None:
-        """Kill every process still running (``SIGKILL``), wait for them and for their output."""
-        for proc in self._procs.values():
+        """Stop every process still running, wait for them and for their output.
+
+        Each gets ``SIGTERM`` first, so that a torchrun stops the workers it started (they run in
+        sessions of their own, out of reach of a signal to the torchrun's process group), then
+        ``SIGKILL`` after :data:`STOP_GRACE` seconds."""
+        running = [proc for proc in self._procs.values() if proc.poll() is None]
+        for proc in running:
+            proc.terminate()
+        deadline = time.monotonic() + STOP_GRACE
+        for proc in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             if proc.poll() is None:
                 proc.kill()
         for proc in self._procs.values():
