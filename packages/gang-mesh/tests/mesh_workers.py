@@ -408,8 +408,13 @@ def titan_layouts(root: Gang, config: tuple[int, int, int, int, int, int], spans
     return {name: check_titan_mesh(mesh, spans[name]) for name, mesh in meshes.items()}
 
 
-def torchtitan_layouts(root: Gang, config: tuple[int, int, int, int, int, int], spans: Mapping[str, Any]) -> Any:
+def torchtitan_layouts(
+    root: Gang, config: tuple[int, int, int, int, int, int], spans: Mapping[str, Any], backend: str = "spmd_types"
+) -> Any:
     """torchtitan's own ``ParallelDims`` meshes (where torchtitan is installed), each checked.
+
+    ``backend`` is torchtitan's ``spmd_backend`` (``"spmd_types"``, ``"full_dtensor"`` or
+    ``"partial_dtensor"``), which decides the names of its dense mesh.
 
     Every global mesh is checked by :func:`check_titan_mesh` with the spans of the mirror mesh of
     the same dimension names (:func:`titan_meshes`); every 1-D mesh converts without ``names=``, its
@@ -424,7 +429,14 @@ def torchtitan_layouts(root: Gang, config: tuple[int, int, int, int, int, int], 
     parallel_dims.device_type = "cpu"  # torchtitan assumes CUDA when it finds no accelerator
     dp_replicate, dp_shard, cp, tp, pp, ep = config
     dims = parallel_dims.ParallelDims(
-        dp_replicate=dp_replicate, dp_shard=dp_shard, cp=cp, tp=tp, pp=pp, ep=ep, world_size=dist.get_world_size()
+        dp_replicate=dp_replicate,
+        dp_shard=dp_shard,
+        cp=cp,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        world_size=dist.get_world_size(),
+        spmd_backend=backend,
     )
     dims.build_mesh()
     by_names = {mesh.mesh_dim_names: name for name, mesh in titan_meshes(*config).items()}

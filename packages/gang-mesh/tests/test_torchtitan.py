@@ -2,7 +2,9 @@
 
 torchtitan is not in the CI test environment (its install pulls in ``datasets``, ``wandb``,
 ``tensorboard`` and more); ``test_mesh.py`` builds the same meshes with torch's own calls. This
-file runs where torchtitan is installed: ``pip install -c constraints.txt torchtitan==0.3.0``.
+file runs where torchtitan is installed: ``pip install -c constraints.txt torchtitan==0.3.0`` (its
+newest release; its unreleased main builds the same meshes). Every mesh of its three
+``spmd_backend`` choices is checked, with experts within and across the tensor parallel ranks.
 """
 
 from __future__ import annotations
@@ -16,9 +18,14 @@ from gang.testing import World
 pytest.importorskip("torchtitan.distributed.parallel_dims")
 
 
-@pytest.mark.parametrize("config", [(1, 2, 2, 2, 1, 2), (2, 2, 2, 1, 1, 2), (1, 2, 1, 2, 2, 1)])
-def test_parallel_dims_meshes(world8: World, config: tuple[int, ...]) -> None:
-    for rank, report in enumerate(world8.run(w.torchtitan_layouts, config, TITAN_SPANS)):
+# (dp_replicate, dp_shard, cp, tp, pp, ep): with ep = 8 the experts span the tp ranks too.
+CONFIGS = [(1, 2, 2, 2, 1, 2), (2, 2, 2, 1, 1, 2), (1, 2, 1, 2, 2, 1), (1, 2, 1, 4, 1, 8), (2, 1, 1, 4, 1, 2)]
+
+
+@pytest.mark.parametrize("backend", ["spmd_types", "full_dtensor", "partial_dtensor"])
+@pytest.mark.parametrize("config", CONFIGS)
+def test_parallel_dims_meshes(world8: World, config: tuple[int, ...], backend: str) -> None:
+    for rank, report in enumerate(world8.run(w.torchtitan_layouts, config, TITAN_SPANS, backend)):
         for name, result in report.items():
             if isinstance(result, str):  # the unused sparse mesh without expert parallel
                 assert "'efsdp'" in result and "`fake` backend" in result, (rank, name)
