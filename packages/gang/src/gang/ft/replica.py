@@ -35,7 +35,15 @@ from gang.ft.heal import receive_state, send_state
 from gang.ft.log import log_event
 from gang.ft.policy import Policy, Quorum
 from gang.ft.process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
-from gang.ft.quorum import ROOT, IdentityError, QuorumClient, QuorumTimeoutError, StoreClient, collect
+from gang.ft.quorum import (
+    ROOT,
+    IdentityError,
+    QuorumClient,
+    QuorumTimeoutError,
+    StoreClient,
+    collect,
+    heartbeat_period,
+)
 from gang.gang import Gang, ReduceOperation
 from gang.process_group import reduce_op
 
@@ -49,6 +57,7 @@ DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
 
 _BEAT_ERRORS: tuple[type[Exception], ...] = (IdentityError, *BACKEND_ERRORS)
 """What stops the heartbeat: the store failed, or another process took this identity over."""
+
 
 _fault_hook: Callable[[ReplicaGang, str], RuntimeError | None] | None = None
 """A test-only seam (``tests/ft`` sets it): called before each collective of a step with the gang
@@ -487,7 +496,9 @@ class ReplicaGang(Gang):
             if self.rank in plan:
                 current = self._state_dict()
                 self._dirty = True  # from here on, tensors of `current` may be written in place
-                step, state, received = receive_state(self._pg, plan[self.rank], current, self._device, self._finish)
+                step, state, received = receive_state(
+                    self._pg, plan[self.rank], current, self._device, self._finish_transfer
+                )
                 self._heal_bytes[1] += received
                 assert isinstance(state, Mapping)
                 self._load_state_dict(state)
@@ -496,7 +507,8 @@ class ReplicaGang(Gang):
             else:
                 state = self._state_dict()
                 sent = sum(
-                    send_state(self._pg, r, state, self._step_number, self._device, self._finish) for r in receivers
+                    send_state(self._pg, r, state, self._step_number, self._device, self._finish_transfer)
+                    for r in receivers
                 )
                 self._heal_bytes[0] += sent
                 moved, done = sent, f"sent {sent} bytes to ranks {receivers}"
@@ -518,7 +530,24 @@ class ReplicaGang(Gang):
         )
 
     def _finish(self, work: Any) -> None:
-        _settle(work, self._device, self._timeout.total_seconds())
+        _settle(work, self._device, self._timeout.total_seconds(), self._protocol.watch_interval, self._watch)
+
+    def _finish_transfer(self, work: Any) -> None:
+        # A point-to-point work's `wait(timeout)` is gloo's own wait, which closes the connection
+        # when the time is up: a heal's sends and receives are waited for whole (up to `timeout`).
+        _settle(work, self._device, self._timeout.total_seconds(), float("inf"), None)
+
+    def _watch(self) -> None:
+        """Raise if this step can no longer commit (see :meth:`QuorumClient.check_step`).
+
+        Called between short waits on a collective: a member that went silent (SIGKILLed with
+        its sockets still open in a forked child, a lost host, a stopped process) would otherwise
+        hold the others in the collective for the whole ``timeout``.
+        """
+        assert self._quorum is not None
+        reason = self._protocol.check_step(self._quorum)
+        if reason is not None:
+            raise RuntimeError(f"stopped waiting for the collective: {reason}")
 
     def _vote(self, ok: bool) -> None:
         assert self._quorum is not None
@@ -728,7 +757,7 @@ class ReplicaGang(Gang):
             raise self._store_error(operation, self._beat_error) from self._beat_error
 
     def _heartbeat(self) -> None:
-        interval = min(0.1, self._heartbeat_timeout.total_seconds() / 10)
+        interval = heartbeat_period(self._heartbeat_timeout.total_seconds())
         collected = 0
         while not self._stop.wait(interval):
             try:
@@ -792,31 +821,67 @@ class _Reaper:
 _reaper = _Reaper()
 
 
-def _settle(work: Any, device: torch.device, timeout: float) -> None:
-    """Wait until ``work`` finished, on the device too: the one place the CUDA path differs.
+def _settle(work: Any, device: torch.device, timeout: float, interval: float, watch: Callable[[], None] | None) -> None:
+    """Wait until ``work`` finished, on the device too, calling ``watch`` every ``interval`` seconds meanwhile.
 
+    ``work`` must be a collective's: the short waits use ``Work.wait(timeout)``, which for gloo's
+    point-to-point works closes the connection when the time is up (give those ``watch=None``,
+    which waits for them whole). ``watch`` raises to stop waiting (the caller then drops the
+    group; a gloo collective left behind ends at its own timeout, in the background).
     ``Work.wait()`` returns when a CPU (gloo) collective finished; for a CUDA (NCCL) one it only
     makes the current stream wait for it. There, an event recorded on the current stream after
     ``wait()`` completes once the collective ran on the device; it is polled up to ``timeout``
     seconds, and a collective still running then raises (the caller drops the group, whose
-    ``abort()`` ends the stuck non-blocking NCCL communicator).
+    ``abort()`` ends the stuck non-blocking NCCL communicator). This is the one place the CUDA
+    path differs.
     """
-    work.wait()
     if device.type != "cuda":
+        if watch is None:
+            work.wait()
+            return
+        while not _wait_briefly(work, interval):
+            watch()
         return
+    work.wait()
     done = torch.cuda.Event()  # type: ignore[no-untyped-call]
     done.record(torch.cuda.current_stream(device))
-    if not _wait_until(done.query, timeout):
+    if not _wait_until(done.query, timeout, interval, watch):
         raise RuntimeError(f"the collective did not finish on {device} within the timeout of {timeout:g} s")
 
 
-def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:
-    """Poll ``condition`` (sleeping 0.1 ms doubling up to 10 ms) until it holds or ``timeout`` seconds passed."""
-    deadline = time.monotonic() + timeout
+def _wait_briefly(work: Any, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``work``; return whether it finished (raising its error if it failed).
+
+    ``Work.wait(timeout)`` raises both when the time is up (the work goes on) and when the work
+    failed; only a finished work has failed.
+    """
+    try:
+        work.wait(timedelta(seconds=seconds))
+    except RuntimeError:
+        if not work.is_completed():
+            return False
+        work.wait()  # raises the collective's own error
+    return True
+
+
+def _wait_until(
+    condition: Callable[[], bool],
+    timeout: float,
+    interval: float = float("inf"),
+    watch: Callable[[], None] | None = None,
+) -> bool:
+    """Poll ``condition`` (sleeping 0.1 ms doubling up to 10 ms) until it holds or ``timeout`` seconds
+    passed, calling ``watch`` (which may raise) every ``interval`` seconds meanwhile."""
+    deadline = checked = time.monotonic()
+    deadline += timeout
     pause = 0.0001
     while not condition():
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             return condition()
+        if watch is not None and now - checked >= interval:
+            checked = now
+            watch()
         time.sleep(pause)
         pause = min(2 * pause, 0.01)
     return True
@@ -878,7 +943,18 @@ def _rank_or_size(name: str, value: object, env: str, minimum: int) -> int | Non
 
 
 def _log_quorum(replica_id: str, old: Quorum | None, new: Quorum) -> None:
-    """Log a quorum whose members differ from the last one's, and every replica it dropped."""
+    """Log a quorum whose members differ from the last one's, every replica it dropped, and the
+    replicas it waited ``quorum_timeout`` for."""
+    if new.timed_out:
+        log_event(
+            "stalled",
+            f"quorum {new.round} waited `quorum_timeout` for live replica(s) {list(new.timed_out)} that did not "
+            "join; they are left out until they join again",
+            level=logging.WARNING,
+            replica=replica_id,
+            round=new.round,
+            timed_out=list(new.timed_out),
+        )
     if old is not None and old.members == new.members:
         return
     log_event(
