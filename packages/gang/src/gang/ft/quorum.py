@@ -24,6 +24,9 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
 - ``r/<n>/ok`` and ``r/<n>/decision``: the commit vote. A process votes "fail" by writing the
   decision ``abort`` with ``compare_set``, "ok" by adding one to ``ok``; the process whose add
   completes the count writes ``commit``. Everyone polls ``decision`` until the vote's deadline.
+  During a step, a process that sees the member it watches go silent writes ``abort`` too.
+- ``r/<n>/dropped``: set by a process that dropped the round's group after its vote (a collective
+  failed after ``should_commit``); the next round then builds a new group instead of reusing it.
 - Round ``n``'s keys are deleted once round ``n + 2`` closed (by the heartbeat thread of its
   leader). A process that comes back from a pause to a deleted round joins the next open round;
   the vote of a deleted round is lost for it (see :meth:`QuorumClient.vote`).
@@ -60,7 +63,7 @@ KEEP_ROUNDS = 2
 STARTED = ROOT + "started"
 """The key where ``python -m gang.ft.store`` writes the time it started (a restarted store is empty)."""
 
-ROUND_KEYS = ("joins", "count", "leader", "result", "ok", "decision")
+ROUND_KEYS = ("joins", "count", "leader", "result", "ok", "decision", "dropped")
 """The keys of one round, under ``r/<n>/``."""
 
 _POLL_MIN = 0.0001
@@ -355,6 +358,8 @@ class QuorumClient:
             change the decision (:meth:`Policy.due`).
         """
         prev, committed = self._previous(n, previous)
+        if committed and self.client.peek(_key("r", n - 1, "dropped")) is not None:
+            committed = False  # a member dropped the group after the vote: the next one is new
         view = self._view(n, waited)
         decision = self.policy.decide(n, view, prev, committed)
         if decision is None:
@@ -410,9 +415,10 @@ class QuorumClient:
         return heartbeat_period(self.policy.heartbeat_timeout)
 
     def check_step(self, quorum: Quorum) -> str | None:
-        """Why the step of ``quorum`` can no longer commit, or ``None``; two reads, whatever the quorum's size.
+        """Why the step of ``quorum`` cannot go on, or ``None``; three reads, whatever the quorum's size.
 
-        The step is over when its decision is already ``abort``, or when the process this one
+        The step is over when its decision is already ``abort``, when a member dropped its group
+        after the vote (:meth:`mark_dropped`), or when the process this one
         watches (:func:`gang.ft.policy.watched`) has been silent for ``heartbeat_timeout`` (or was
         replaced by another incarnation, or left): its decision is then set to ``abort``, so every
         member that checks learns it from one key. A heartbeat missing from the store (a restarted
@@ -432,7 +438,14 @@ class QuorumClient:
                 return f"{who} was silent for {beat.age:.3g} s (`heartbeat_timeout` is {limit:g} s)"
         if self.client.peek(decision_key) == b"abort":
             return "a member of the quorum aborted the step"
+        if self.client.peek(_key("r", quorum.round, "dropped")) is not None:
+            return "a member of the quorum dropped the step's group after the vote"
         return None
+
+    def mark_dropped(self, quorum: Quorum) -> None:
+        """Record that this process dropped the group of ``quorum`` after its vote, so the next
+        round builds a new group even when the step was committed."""
+        self.client.set(_key("r", quorum.round, "dropped"), "1")
 
     # -- the commit vote ------------------------------------------------------------------------------
 

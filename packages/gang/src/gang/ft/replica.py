@@ -604,6 +604,9 @@ class ReplicaGang(Gang):
             if self._commit is None:
                 with suppress(GangError):  # the store is lost: the vote stays "not committed"
                     self._vote(False)
+            elif self._quorum is not None:  # after the vote: the next quorum must not reuse the group
+                with suppress(*BACKEND_ERRORS):
+                    self._protocol.mark_dropped(self._quorum)
 
     @override
     def _barrier(self) -> None:
