@@ -229,7 +229,10 @@ class Policy:
     def due(self, view: View, previous: Quorum | None) -> float:
         """Seconds after ``view`` was read until time alone can change what :meth:`decide` answers:
         a process of a replica waited for goes silent for ``heartbeat_timeout``, or the round has
-        waited ``quorum_timeout`` (the leader reads the round again then, not later)."""
+        waited ``quorum_timeout``, or a store restarted this recently is ``heartbeat_timeout`` old
+        (the leader reads the round again then, not later)."""
+        if view.store_age < self.heartbeat_timeout:
+            return self.heartbeat_timeout - view.store_age
         _, _, waiting = self._waiting(view, previous)
         silent = [self.heartbeat_timeout - b.age for (rid, _), b in view.beats.items() if rid in waiting]
         return max(0.0, min([self.quorum_timeout - view.waited, *silent]))

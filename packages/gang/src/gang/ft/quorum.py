@@ -63,8 +63,9 @@ KEEP_ROUNDS = 2
 STARTED = ROOT + "started"
 """The key where ``python -m gang.ft.store`` writes the time it started (a restarted store is empty)."""
 
-ROUND_KEYS = ("joins", "count", "leader", "result", "ok", "decision", "dropped")
-"""The keys of one round, under ``r/<n>/``."""
+ROUND_KEYS = ("joins", "count", "leader", "result", "ok", "decision")
+"""The keys every round writes, under ``r/<n>/`` (``dropped`` is written only when a group is
+dropped after the vote; :func:`collect` deletes it too)."""
 
 _POLL_MIN = 0.0001
 _POLL_MAX = 0.001  # while a wait is young (`_FAST` seconds): a step's members arrive close together
@@ -493,7 +494,7 @@ def collect(client: StoreClient, closed_round: int) -> None:
     """Delete the keys of the round ``KEEP_ROUNDS`` before ``closed_round`` (call once per closed round)."""
     old = closed_round - KEEP_ROUNDS
     if old > 0:
-        for part in ROUND_KEYS:
+        for part in (*ROUND_KEYS, "dropped"):
             client.delete(_key("r", old, part))
 
 
