@@ -587,11 +587,12 @@ def test_restart_within_timeouts_is_healed_and_a_stalled_replica_is_waited_for_o
     # again (at step 6, or 7 if the others formed the quorum of step 6 first), healed from its new
     # step 0.
     options: dict[str, Any] = {"env": {"FT_QUORUM_TIMEOUT": "8"}}
-    cluster.start_all({"0": "enter:3,enter:6", "1": "enter:6", "2": "enter:3"}, **options)
+    cluster.start_all({"0": "enter:3,enter:6", "1": "enter:3,enter:6", "2": "enter:3"}, **options)
     old = cluster.pid("2")
     cluster.start("2", pause="start:0", **options)
     cluster.wait("2", "paused", 0)
-    cluster.wait("1", "commit", 2)
+    cluster.wait("1", "paused", 3)  # the round of step 3 opens only now, whatever the start-up took
+    cluster.release("1", "enter", 3)
     time.sleep(0.5)  # replica 1 opens (leads) the round of step 3
     Path(f"{cluster.logs['2'][0]}.release.enter.3").touch()  # the old incarnation's pause
     time.sleep(1.0)  # the old replica 2 joins it
