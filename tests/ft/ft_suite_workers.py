@@ -172,7 +172,8 @@ def _fault(rank: int, operation: str) -> Iterator[None]:
 
 
 def run_aborts(g: Gang, store: str) -> list[dict[str, Any]]:
-    """Three steps: the last rank raises in its own code; its all_reduce fails (the seam); all is well."""
+    """Five steps: the last rank raises in its own code; its all_reduce fails (the seam); all is
+    well; its all_reduce fails after the (committed) vote; all is well."""
     ft = replica_gang(g, store)
     last = g.size - 1
 
@@ -185,6 +186,15 @@ def run_aborts(g: Gang, store: str) -> list[dict[str, Any]]:
     with _fault(last, "all_reduce"):
         outcomes.append(_outcome(ft, _exchange))
     outcomes.append(_outcome(ft, _exchange))
+
+    def fails_after_the_vote(gang: ReplicaGang) -> None:
+        committed = gang.should_commit()
+        with _fault(last, "all_reduce"):
+            _exchange(gang)  # fails on the last rank: the group is dropped after a committed vote
+        assert committed
+
+    outcomes.append(_outcome(ft, fails_after_the_vote))
+    outcomes.append(_outcome(ft, _exchange))  # a new group at once: no step lost
     status = ft.status()
     outcomes.append({"quorum": status.quorum, "step": status.step, "last_error": str(status.last_error)})
     return outcomes

@@ -8,12 +8,16 @@ LOG STEPS`` with ``GANG_FT_REPLICA_ID``/``GANG_FT_STORE`` set. It appends JSON l
 ``joined``, ``collective`` (with the step, the quorum and the replicas it left out as stalled)
 before the gradient exchange, ``commit`` with the members and the parameters after every committed
 step, ``abort`` with the recorded error after an uncommitted one, ``healed`` when it loaded a peer's
-state, ``error`` when the gang raised, and ``done`` at the end. ``FT_PAUSE=<point>:<step>`` makes it
+state, ``ft_log`` with the fields of every record of the ``gang.ft`` logger, ``error`` when the
+gang raised, and ``done`` at the end. ``FT_PAUSE=<point>:<step>`` makes it
 log ``paused`` at that point (``start:0`` before ``ReplicaGang.join``, ``enter`` before ``with
 gang.step()``, ``collective`` inside the step, ``heal`` inside ``state_dict()`` while healing
 another replica at that step) and wait until the file ``LOG.release.<point>.<step>`` exists (the
 harness kills or stops it there). Several pauses are separated by commas; ``<point>:<step>@<k>``
-pauses replica rank ``k`` only; ``FT_GATE=1`` adds ``enter:<first step>`` on every process.
+pauses replica rank ``k`` only; ``fork:<step>`` is no pause: at the ``collective`` point of that
+step (before its pause) the process forks a child that only sleeps, holding every socket open
+(as a forked data-loader worker does), and logs ``forked`` with its ``child`` pid: a SIGKILL of
+the process then closes none of its gloo connections. ``FT_GATE=1`` adds ``enter:<first step>`` on every process.
 ``FT_TIMEOUT``, ``FT_QUORUM_TIMEOUT``, ``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` set the
 gang's timeouts and ``min_replicas``. ``FT_SEEDED=1`` starts every replica but ``0`` from its own
 random parameters (the gang's ``init_sync`` makes them adopt replica 0's). ``FT_CHECKPOINT=<dir>``
@@ -32,6 +36,7 @@ to be one rank of a larger replica) make a one-process run shard like that rank.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -123,6 +128,15 @@ class Replica:
             while not release.exists():
                 time.sleep(0.01)
 
+    def maybe_fork(self, step: int) -> None:
+        if ("fork", step) in self.pauses:
+            self.pauses.discard(("fork", step))
+            child = os.fork()
+            if child == 0:  # holds the inherited sockets until killed
+                time.sleep(3600)
+                os._exit(0)
+            self.emit("forked", step=step, child=child)
+
     def state_dict(self) -> Mapping[str, Any]:
         assert self.gang is not None
         self.maybe_pause("heal", self.gang.step_number + 1)
@@ -132,6 +146,17 @@ class Replica:
         assert self.gang is not None
         self.params = state["params"].clone()
         self.emit("healed", behind=self.gang.step_number)
+
+
+class LogEvents(logging.Handler):
+    """Writes the fields of every ``gang.ft`` log record to the replica's log as ``ft_log``."""
+
+    def __init__(self, replica: Replica) -> None:
+        super().__init__()
+        self.replica = replica
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.replica.emit("ft_log", ft=getattr(record, "gang_ft", {}))
 
 
 def full_params(tp: Gang | None, shard: torch.Tensor) -> torch.Tensor:
@@ -154,6 +179,9 @@ def main() -> None:
         log = Path(f"{log}.rr{shard}")
     rid = os.environ["GANG_FT_REPLICA_ID"]
     replica = Replica(log, shard, shards, rid)
+    ft_logger = logging.getLogger("gang.ft")
+    ft_logger.setLevel(logging.INFO)
+    ft_logger.addHandler(LogEvents(replica))
 
     def seconds(name: str, default: str) -> timedelta | None:
         value = os.environ.get(name, default)
@@ -187,6 +215,7 @@ def main() -> None:
             replica.maybe_pause("enter", gang.step_number + 1)
             with gang.step():
                 step = gang.step_number + 1
+                replica.maybe_fork(step)
                 replica.maybe_pause("collective", step)
                 quorum = gang.current_quorum
                 assert quorum is not None

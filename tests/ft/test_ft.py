@@ -313,15 +313,25 @@ def _members_after(schedule: dict[int, list[str]], step: int) -> set[tuple[str, 
 
 @pytest.mark.parametrize("point", ["collective", "enter"])
 def test_one_of_four_killed(cluster: Cluster, point: str) -> None:
-    # `collective`: replica 2 is killed inside step 3, before the gradient exchange the others
-    # are waiting in. `enter`: it is killed before step 3, while the others wait for it in the
-    # quorum until its heartbeat goes stale. Either way step 3 commits without it. With `enter`
-    # the gang timeout is 10 minutes: the dead replica must be dropped on its heartbeat silence
+    # The gang timeout is 10 minutes: the dead replica must be dropped on its heartbeat silence
     # (`heartbeat_timeout`), not on the gang timeout (the harness would give up first).
-    timeout = "600" if point == "enter" else TIMEOUT
-    cluster.start_all({"0": "", "1": "", "2": f"{point}:3", "3": ""}, timeout=timeout)
+    # `collective`: replica 2 forks a child that holds its sockets open (a data-loader worker),
+    # then is killed inside step 3, before the gradient exchange: the others block in it with no
+    # error from gloo, and must stop waiting when its heartbeat goes silent. `enter`: it is killed
+    # before step 3, while the others wait for it in the quorum. Either way step 3 commits without it.
+    pause = "fork:3,collective:3" if point == "collective" else "enter:3"
+    cluster.start_all({"0": "", "1": "", "2": pause, "3": ""}, timeout="600")
     cluster.wait("2", "paused", 3)
     cluster.signal("2", signal.SIGKILL)
+    if point == "collective":
+        child = int(cluster.wait("2", "forked")["child"])
+        try:
+            for rid in ("0", "1", "3"):
+                cluster.wait(rid, "commit", 3)
+        finally:
+            os.kill(child, signal.SIGKILL)  # the abandoned exchange ends (its group is destroyed)
+        # Replica 1 watches replica 2 (the next member): it saw the silence and aborted the step.
+        assert any("was silent for" in e for e in _aborted(cluster, "1", 3)), _aborted(cluster, "1", 3)
     cluster.finish({"0": 0, "1": 0, "3": 0})
     schedule = cluster.check_training(["0", "1", "3"])
     assert schedule[1] == ALL and schedule[2] == ALL
@@ -572,15 +582,17 @@ def test_restart_within_timeouts_is_healed_and_a_stalled_replica_is_waited_for_o
     # while the round is still open). The dead incarnation's join of that round must not count
     # for the new one: replica 2 must not be admitted at its old step 2 on its old group. Its
     # new incarnation heartbeats but waits at `enter:1`: with `quorum_timeout` 8 s the others wait
-    # for it in one quorum (step 3), then leave it out (`stalled`) without waiting until it joins
+    # for it in one quorum (step 3; the one `stalled` event each logs on the `gang.ft` logger), then
+    # leave it out (`stalled`) without waiting until it joins
     # again (at step 6, or 7 if the others formed the quorum of step 6 first), healed from its new
     # step 0.
     options: dict[str, Any] = {"env": {"FT_QUORUM_TIMEOUT": "8"}}
-    cluster.start_all({"0": "enter:3,enter:6", "1": "enter:6", "2": "enter:3"}, **options)
+    cluster.start_all({"0": "enter:3,enter:6", "1": "enter:3,enter:6", "2": "enter:3"}, **options)
     old = cluster.pid("2")
     cluster.start("2", pause="start:0", **options)
     cluster.wait("2", "paused", 0)
-    cluster.wait("1", "commit", 2)
+    cluster.wait("1", "paused", 3)  # the round of step 3 opens only now, whatever the start-up took
+    cluster.release("1", "enter", 3)
     time.sleep(0.5)  # replica 1 opens (leads) the round of step 3
     Path(f"{cluster.logs['2'][0]}.release.enter.3").touch()  # the old incarnation's pause
     time.sleep(1.0)  # the old replica 2 joins it
@@ -606,6 +618,9 @@ def test_restart_within_timeouts_is_healed_and_a_stalled_replica_is_waited_for_o
         stalled = {e["step"]: e["stalled"] for e in _events(cluster, rid, "collective")}
         expected = [["2"] if s < back else [] for s in range(3, STEPS + 1)]
         assert [stalled[s] for s in range(3, STEPS + 1)] == expected, stalled
+        # Only one round waited out `quorum_timeout` for it (logged on the `gang.ft` logger).
+        waited = [e["ft"] for e in _events(cluster, rid, "ft_log") if e["ft"]["event"] == "stalled"]
+        assert [e["timed_out"] for e in waited] == [["2"]], waited
     healed = cluster.wait("2", "healed")
     first = _events(cluster, "2", "commit")[0]
     assert healed["behind"] == 0 and first["step"] == back and healed["t"] <= first["t"]

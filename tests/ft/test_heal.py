@@ -6,9 +6,9 @@ import pickle
 
 import torch
 
+from gang.ft.group import wait_until
 from gang.ft.heal import TensorSlot, flatten
 from gang.ft.policy import heal_plan
-from gang.ft.replica import _wait_until
 
 M = tuple("abcde")
 
@@ -49,5 +49,5 @@ def test_wait_until_polls_until_the_condition_or_the_timeout() -> None:
         calls.append(1)
         return len(calls) >= 3
 
-    assert _wait_until(after_three, 60.0) and len(calls) == 3
-    assert not _wait_until(lambda: False, 0.05)
+    assert wait_until(after_three, 60.0) and len(calls) == 3
+    assert not wait_until(lambda: False, 0.05)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gang.ft.policy import Beat, GiveUp, Join, Policy, Quorum, View, group_of, heal_plan
+from gang.ft.policy import Beat, GiveUp, Join, Policy, Quorum, View, group_of, heal_plan, watched
 
 POLICY = Policy(min_replicas=2, quorum_timeout=10.0, heartbeat_timeout=5.0)
 
@@ -81,9 +81,10 @@ def test_a_stuck_replica_delays_one_quorum_then_is_left_out_until_it_joins() -> 
     joins = {("0", 0): 5, ("1", 0): 5}
     assert POLICY.decide(6, view({"0": 1, "1": 1, "2": 1}, joins, waited=9.9), None, False) is None
     q = POLICY.decide(6, view({"0": 1, "1": 1, "2": 1}, joins, waited=10.1), None, False)
-    assert isinstance(q, Quorum) and q.members == ("0", "1") and q.stalled == ("2",)
+    assert isinstance(q, Quorum) and q.members == ("0", "1") and q.stalled == ("2",) and q.timed_out == ("2",)
     later = POLICY.decide(7, view({"0": 1, "1": 1, "2": 1}, {("0", 0): 6, ("1", 0): 6}), q, True)
     assert isinstance(later, Quorum) and later.members == ("0", "1") and later.stalled == ("2",)
+    assert later.timed_out == ()  # not waited for again
     # Replica 2 joins again: it is waited for and taken in (and heals).
     back = {("0", 0): 7, ("1", 0): 7, ("2", 0): 5}
     again = POLICY.decide(8, view({"0": 1, "1": 1, "2": 1}, back), later, True)
@@ -143,3 +144,19 @@ def test_replicas_of_different_sizes_give_up_naming_the_sizes() -> None:
     v = view({"0": 2, "1": 1}, {("0", 0): 0, ("0", 1): 0, ("1", 0): 0})
     decision = POLICY.decide(1, v, None, False)
     assert isinstance(decision, GiveUp) and "{'0': 2, '1': 1}" in decision.reason
+
+
+def test_each_process_watches_the_same_rank_of_the_next_member() -> None:
+    q = Quorum(3, ("0", "1", "2"), (4, 4, 4), (2, 2, 2), 3, ("a0,a1", "b0,b1", "c0,c1"))
+    assert watched(q, "0", 1) == (("1", 1), "b1")
+    assert watched(q, "2", 0) == (("0", 0), "a0")  # the last watches the first: everyone is watched
+    assert watched(Quorum(3, ("0",), (4,), (1,), 3, ("a0",)), "0", 0) is None
+
+
+def test_due_is_when_a_waited_for_heartbeat_goes_stale_or_the_quorum_timeout() -> None:
+    # Replica 2 is live (its beat 4.5 s old of 5 s) and not joined: read the round again in 0.5 s.
+    v = view({"0": 1, "1": 1, "2": 1}, {("0", 0): 3, ("1", 0): 3}, ages={("2", 0): 4.5}, waited=1.0)
+    assert POLICY.decide(4, v, None, False) is None
+    assert abs(POLICY.due(v, None) - 0.5) < 1e-9
+    v = view({"0": 1, "1": 1, "2": 1}, {("0", 0): 3, ("1", 0): 3}, ages={("2", 0): 0.5}, waited=9.75)
+    assert abs(POLICY.due(v, None) - 0.25) < 1e-9  # quorum_timeout comes first

@@ -282,3 +282,28 @@ def test_a_non_leaders_traffic_does_not_read_the_other_replicas(server: TCPStore
         reads = [k.removeprefix("read ") for k in counting.keys[joined:] if k.startswith("read ")]
         if c.replica_id not in leaders:
             assert not any(k.startswith(f"{ROOT}hb/") or k.endswith(("/joins", "/reg")) for k in reads), reads
+
+
+def test_a_member_silent_during_a_step_aborts_it_and_ends_the_vote(server: TCPStore) -> None:
+    # Replicas a, b, c form a quorum; then c goes silent. b watches c (the next member): seen
+    # through a policy whose `heartbeat_timeout` is 1 s, c's silence aborts the step for every
+    # member (one key), and a vote with a 600 s deadline ends on it (the harness would call a
+    # 600 s wait a hang).
+    clients = {rid: _client(server, rid) for rid in "abc"}
+    for client in clients.values():
+        client.register(0)
+    quorum = _in_threads({rid: partial(c.form, 0, 0) for rid, c in clients.items()})["a"]
+    assert isinstance(quorum, Quorum) and quorum.members == ("a", "b", "c")
+    b = clients["b"]
+    watcher = QuorumClient(b.client, "b", 0, 1, b.token, Policy(1, SECONDS, 1.0))
+    clients["c"].beat(0)
+    assert watcher.check_step(quorum) is None
+    assert clients["a"].check_step(quorum) is None  # a watches b
+    assert not server.check([f"{ROOT}r/{quorum.round}/decision"])
+    votes = _in_threads(
+        {"a": partial(clients["a"].vote, quorum, True, 600.0), "b": partial(watcher.vote, quorum, True, 600.0)}
+    )
+    assert votes == {"a": False, "b": False}
+    reason = watcher.check_step(quorum)
+    assert reason is not None and "replica 'c' rank 0 of the quorum was silent for" in reason, reason
+    assert clients["a"].check_step(quorum) == "a member of the quorum aborted the step"

@@ -1,4 +1,4 @@
-"""The ``gang.ft`` logger: every quorum change, drop, heal and aborted step, with structured fields.
+"""The ``gang.ft`` logger: every quorum change, drop, stalled replica, heal and aborted step, with structured fields.
 
 Each record's message is readable as it is; its fields are also attached as ``record.gang_ft``
 (a ``dict`` with the ``event`` name), so a handler or formatter can emit them as JSON.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 
+from gang.ft.policy import Quorum
+
 logger = logging.getLogger("gang.ft")
 """The logger of :mod:`gang.ft`."""
 
@@ -15,7 +17,46 @@ logger = logging.getLogger("gang.ft")
 def log_event(event: str, message: str, *, level: int = logging.INFO, **fields: object) -> None:
     """Log ``message`` on the ``gang.ft`` logger with ``fields`` and ``event`` as ``record.gang_ft``.
 
-    :param event: The kind of event: ``quorum``, ``drop``, ``heal`` or ``abort``.
+    :param event: The kind of event: ``quorum``, ``drop``, ``stalled``, ``heal`` or ``abort``.
     """
     if logger.isEnabledFor(level):
         logger.log(level, message, extra={"gang_ft": {"event": event, **fields}})
+
+
+def log_quorum(replica_id: str, old: Quorum | None, new: Quorum) -> None:
+    """Log a quorum whose members differ from the last one's, every replica it dropped, and the
+    replicas it waited ``quorum_timeout`` for."""
+    if new.timed_out:
+        log_event(
+            "stalled",
+            f"quorum {new.round} waited `quorum_timeout` for live replica(s) {list(new.timed_out)} that did not "
+            "join; they are left out until they join again",
+            level=logging.WARNING,
+            replica=replica_id,
+            round=new.round,
+            timed_out=list(new.timed_out),
+        )
+    if old is not None and old.members == new.members:
+        return
+    log_event(
+        "quorum",
+        f"replica {replica_id!r} is in {new.describe()} at step {new.max_step}",
+        replica=replica_id,
+        round=new.round,
+        members=list(new.members),
+        steps=list(new.steps),
+        heal=dict(new.heal),
+        stalled=list(new.stalled),
+    )
+    for dropped in () if old is None else sorted(set(old.members) - set(new.members)):
+        log_event(
+            "drop",
+            f"replica {dropped!r} dropped from the quorum in round {new.round}",
+            replica=dropped,
+            round=new.round,
+        )
+
+
+def abort_reason(error: Exception | None) -> str:
+    """The reason an aborted step is logged with: the recorded error, or a member that failed or did not vote."""
+    return "a member failed or did not vote in time" if error is None else str(error)

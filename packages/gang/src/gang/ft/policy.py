@@ -81,6 +81,8 @@ class Quorum:
         receives the state from (the sending is spread over the up-to-date members).
     :ivar stalled: Live replicas that did not join a round within ``quorum_timeout``: later
         rounds do not wait for them until they join again.
+    :ivar timed_out: The live replicas this round waited ``quorum_timeout`` for before closing
+        without them (newly stalled; empty for a round that waited for nobody).
     """
 
     round: int
@@ -91,6 +93,7 @@ class Quorum:
     incarnations: tuple[str, ...] = ()
     heal: Mapping[str, str] = field(default_factory=dict)
     stalled: tuple[str, ...] = ()
+    timed_out: tuple[str, ...] = ()
 
     @property
     def max_step(self) -> int:
@@ -123,6 +126,7 @@ class Quorum:
                 "incarnations": self.incarnations,
                 "heal": dict(self.heal),
                 "stalled": self.stalled,
+                "timed_out": self.timed_out,
             }
         )
 
@@ -139,6 +143,7 @@ class Quorum:
             tuple(d.get("incarnations", ())),
             {str(k): str(v) for k, v in d.get("heal", {}).items()},
             tuple(d.get("stalled", ())),
+            tuple(d.get("timed_out", ())),
         )
 
 
@@ -200,14 +205,10 @@ class Policy:
             # A store restarted this recently may not know every live process yet (each registers
             # again at its next heartbeat): closing now could form two quorums at one step.
             return None
-        live = self.live(view)
-        joined = {rid: steps for rid, steps in self.joined(view).items() if rid in live}
+        joined, stalled, waiting = self._waiting(view, previous)
         members = sorted(joined, key=replica_sort_key)
-        touched = {rid for rid, _ in view.joins}
-        stalled = set(() if previous is None else previous.stalled) - touched
-        waiting = live - set(joined) - stalled
         if not waiting and len(members) >= self.min_replicas:
-            return self._quorum(n, view, members, joined, previous, committed, stalled)
+            return self._quorum(n, view, members, joined, previous, committed, stalled, set())
         if view.waited < self.quorum_timeout:
             return None
         where = f"quorum {n}"
@@ -223,7 +224,27 @@ class Policy:
                 f"{where} within `quorum_timeout` ({self.quorum_timeout:g} s), and every joined replica "
                 f"{members} is behind them"
             )
-        return self._quorum(n, view, members, joined, previous, committed, stalled | waiting)
+        return self._quorum(n, view, members, joined, previous, committed, stalled | waiting, waiting)
+
+    def due(self, view: View, previous: Quorum | None) -> float:
+        """Seconds after ``view`` was read until time alone can change what :meth:`decide` answers:
+        a process of a replica waited for goes silent for ``heartbeat_timeout``, or the round has
+        waited ``quorum_timeout``, or a store restarted this recently is ``heartbeat_timeout`` old
+        (the leader reads the round again then, not later)."""
+        if view.store_age < self.heartbeat_timeout:
+            return self.heartbeat_timeout - view.store_age
+        _, _, waiting = self._waiting(view, previous)
+        silent = [self.heartbeat_timeout - b.age for (rid, _), b in view.beats.items() if rid in waiting]
+        return max(0.0, min([self.quorum_timeout - view.waited, *silent]))
+
+    def _waiting(self, view: View, previous: Quorum | None) -> tuple[dict[str, list[int]], set[str], set[str]]:
+        """The live replicas that joined (their processes' steps), the stalled ones still not
+        joined, and the live ones the round waits for."""
+        live = self.live(view)
+        joined = {rid: steps for rid, steps in self.joined(view).items() if rid in live}
+        touched = {rid for rid, _ in view.joins}
+        stalled = set(() if previous is None else previous.stalled) - touched
+        return joined, stalled, live - set(joined) - stalled
 
     def _quorum(
         self,
@@ -234,6 +255,7 @@ class Policy:
         previous: Quorum | None,
         committed: bool,
         stalled: set[str],
+        timed_out: set[str],
     ) -> Quorum | GiveUp:
         steps = tuple(min(joined[rid]) for rid in members)
         sizes = tuple(view.sizes[rid] for rid in members)
@@ -253,7 +275,8 @@ class Policy:
         incarnations = tuple(",".join(view.joins[(rid, k)].token for k in range(view.sizes[rid])) for rid in members)
         heal = heal_plan(members, steps, init_sync=self.init_sync)
         left_out = tuple(sorted(stalled, key=replica_sort_key))
-        quorum = Quorum(n, tuple(members), steps, sizes, n, incarnations, heal, left_out)
+        waited_for = tuple(sorted(timed_out, key=replica_sort_key))
+        quorum = Quorum(n, tuple(members), steps, sizes, n, incarnations, heal, left_out, waited_for)
         return replace(quorum, group=group_of(quorum, previous, committed))
 
 
@@ -276,6 +299,20 @@ def heal_plan(
         sources = [m for m, s in zip(members, steps, strict=True) if s == top]
         behind = [m for m, s in zip(members, steps, strict=True) if s < top]
     return {m: sources[i % len(sources)] for i, m in enumerate(behind)}
+
+
+def watched(quorum: Quorum, replica_id: str, replica_rank: int) -> tuple[Process, str] | None:
+    """The process that (``replica_id``, ``replica_rank``) watches during a step of ``quorum``, with its incarnation.
+
+    Each member watches the process of equal replica rank of the next member in rank order (the
+    last one watches the first), so every process of the quorum is watched by one other while a
+    single process reads one heartbeat, however many replicas there are. ``None`` for a quorum of
+    one replica (or one published without incarnations).
+    """
+    if len(quorum.members) < 2 or not quorum.incarnations:
+        return None
+    nxt = (quorum.members.index(replica_id) + 1) % len(quorum.members)
+    return (quorum.members[nxt], replica_rank), quorum.incarnations[nxt].split(",")[replica_rank]
 
 
 def group_of(quorum: Quorum, previous: Quorum | None, committed: bool) -> int:

@@ -15,7 +15,8 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
 - ``r/<n>/joins``, ``r/<n>/count``, ``r/<n>/leader``, ``r/<n>/result``: round ``n`` of the quorum.
   A process appends ``replica|rank|token|step`` and adds one to ``count``; the process that makes
   it 1 is the round's *leader*. Only the leader reads the round's joins, the registry and the
-  heartbeats (when ``count`` changes, and every 50 ms), asks the policy and publishes the result
+  heartbeats (when ``count`` changes, when a heartbeat it waits for is due to go stale, and at
+  least every 50 ms), asks the policy and publishes the result
   (a :class:`Quorum`, or a reason to give up) with an atomic ``compare_set``; everyone else
   polls ``result`` (one key), and takes the lead over with ``compare_set`` when the leader's
   heartbeat goes silent. So one process's requests per step do not grow with the number of
@@ -23,6 +24,9 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
 - ``r/<n>/ok`` and ``r/<n>/decision``: the commit vote. A process votes "fail" by writing the
   decision ``abort`` with ``compare_set``, "ok" by adding one to ``ok``; the process whose add
   completes the count writes ``commit``. Everyone polls ``decision`` until the vote's deadline.
+  During a step, a process that sees the member it watches go silent writes ``abort`` too.
+- ``r/<n>/dropped``: set by a process that dropped the round's group after its vote (a collective
+  failed after ``should_commit``); the next round then builds a new group instead of reusing it.
 - Round ``n``'s keys are deleted once round ``n + 2`` closed (by the heartbeat thread of its
   leader). A process that comes back from a pause to a deleted round joins the next open round;
   the vote of a deleted round is lost for it (see :meth:`QuorumClient.vote`).
@@ -48,7 +52,7 @@ from typing import Any, TypeVar
 
 from gang._torch_groups import TCPStore
 from gang.errors import BACKEND_ERRORS
-from gang.ft.policy import Beat, Join, Policy, Process, Quorum, View
+from gang.ft.policy import Beat, Join, Policy, Process, Quorum, View, watched
 
 ROOT = "gang.ft/"
 """The prefix of every key :mod:`gang.ft` writes in the coordination store."""
@@ -60,13 +64,14 @@ STARTED = ROOT + "started"
 """The key where ``python -m gang.ft.store`` writes the time it started (a restarted store is empty)."""
 
 ROUND_KEYS = ("joins", "count", "leader", "result", "ok", "decision")
-"""The keys of one round, under ``r/<n>/``."""
+"""The keys every round writes, under ``r/<n>/`` (``dropped`` is written only when a group is
+dropped after the vote; :func:`collect` deletes it too)."""
 
 _POLL_MIN = 0.0001
 _POLL_MAX = 0.001  # while a wait is young (`_FAST` seconds): a step's members arrive close together
 _POLL_SLOW = 0.01  # afterwards: waiting for a slow or dead replica should not load the store
 _FAST = 0.05
-_RECHECK = 0.05  # seconds between the leader's reads of the round while its count does not change
+_RECHECK = 0.05  # the most seconds between the leader's reads of the round while its count does not change
 _ABSENT = "\x00"  # never a value of ours: `compare_set` returns it for a key that does not exist
 _T = TypeVar("_T")
 
@@ -290,7 +295,7 @@ class QuorumClient:
         # the reconnect of the next request tells it. So the generation is read before joining.
         generation, poll = self.client.generation, _POLL_MIN
         n, leader = self._join(last_round + 1 if last_round > 0 else self.first_round(), step)
-        round_start, count, evaluated, checked = start, -1, 0.0, start
+        round_start, count, due, checked = start, -1, 0.0, start
         while True:
             now = time.monotonic()
             if self.client.generation != generation:  # the store was restarted: its rounds are gone
@@ -319,10 +324,12 @@ class QuorumClient:
                 leader = leader or self._take_lead_if_silent(n)
             if leader:
                 seen = self.client.add(_key("r", n, "count"), 0)
-                if seen != count or now - evaluated > _RECHECK:
-                    count, evaluated = seen, now
-                    if self._lead(n, now - round_start, previous):
+                if seen != count or now >= due:
+                    count = seen
+                    wait = self._lead(n, now - round_start, previous)
+                    if wait is None:
                         continue  # published: read it back at the top
+                    due = now + min(_RECHECK, wait)
             poll = _backoff(poll, start)
 
     def _join(self, n: int, step: int) -> tuple[int, bool]:
@@ -345,19 +352,28 @@ class QuorumClient:
                 return False
         return self.client.compare_set(key, "" if leader is None else leader.decode(), self._me) == self._me.encode()
 
-    def _lead(self, n: int, waited: float, previous: tuple[Quorum, bool] | None) -> bool:
-        """Read round ``n`` and publish the policy's decision if it has one; return whether published."""
+    def _lead(self, n: int, waited: float, previous: tuple[Quorum, bool] | None) -> float | None:
+        """Read round ``n`` and publish the policy's decision if it has one.
+
+        :returns: ``None`` once published (or deleted), else the seconds until time alone can
+            change the decision (:meth:`Policy.due`).
+        """
         prev, committed = self._previous(n, previous)
-        decision = self.policy.decide(n, self._view(n, waited), prev, committed)
-        if decision is None or self._deleted(n):  # never publish a round that closed long ago
-            return False
+        if committed and self.client.peek(_key("r", n - 1, "dropped")) is not None:
+            committed = False  # a member dropped the group after the vote: the next one is new
+        view = self._view(n, waited)
+        decision = self.policy.decide(n, view, prev, committed)
+        if decision is None:
+            return self.policy.due(view, prev)
+        if self._deleted(n):  # never publish a round that closed long ago
+            return _RECHECK
         text = (
             decision.to_json() if isinstance(decision, Quorum) else json.dumps({"round": n, "failed": decision.reason})
         )
         if self.client.compare_set(_key("r", n, "result"), "", text) == text.encode():
             self.client.set(_key("closed"), str(n))
             self.closed_round = n
-        return True
+        return None
 
     def _view(self, n: int, waited: float) -> View:
         sizes: dict[str, int] = {}
@@ -392,6 +408,46 @@ class QuorumClient:
         # A result is published before `closed` is set: a missing result after `closed` >= n is deleted.
         return self.first_round() > n and self.client.peek(_key("r", n, "result")) is None
 
+    # -- during a step ---------------------------------------------------------------------------------
+
+    @property
+    def watch_interval(self) -> float:
+        """Seconds between two checks of :meth:`check_step` while a step waits (the heartbeat period)."""
+        return heartbeat_period(self.policy.heartbeat_timeout)
+
+    def check_step(self, quorum: Quorum) -> str | None:
+        """Why the step of ``quorum`` cannot go on, or ``None``; three reads, whatever the quorum's size.
+
+        The step is over when its decision is already ``abort``, when a member dropped its group
+        after the vote (:meth:`mark_dropped`), or when the process this one
+        watches (:func:`gang.ft.policy.watched`) has been silent for ``heartbeat_timeout`` (or was
+        replaced by another incarnation, or left): its decision is then set to ``abort``, so every
+        member that checks learns it from one key. A heartbeat missing from the store (a restarted
+        store that the process has not registered with again) does not count as silence.
+        """
+        decision_key = _key("r", quorum.round, "decision")
+        target = watched(quorum, self.replica_id, self.replica_rank)
+        if target is not None:
+            (rid, rank), token = target
+            beat = _parse_beat(self.client.peek(_key("hb", rid, rank)), time.time())
+            if beat is not None and (beat.token != token or not self.policy.alive(beat)):
+                self.client.compare_set(decision_key, "", "abort")
+                who = f"replica {rid!r} rank {rank} of the quorum"
+                if beat.token != token or beat.left:
+                    return f"{who} is gone (it left, or a new incarnation replaced it)"
+                limit = self.policy.heartbeat_timeout
+                return f"{who} was silent for {beat.age:.3g} s (`heartbeat_timeout` is {limit:g} s)"
+        if self.client.peek(decision_key) == b"abort":
+            return "a member of the quorum aborted the step"
+        if self.client.peek(_key("r", quorum.round, "dropped")) is not None:
+            return "a member of the quorum dropped the step's group after the vote"
+        return None
+
+    def mark_dropped(self, quorum: Quorum) -> None:
+        """Record that this process dropped the group of ``quorum`` after its vote, so the next
+        round builds a new group even when the step was committed."""
+        self.client.set(_key("r", quorum.round, "dropped"), "1")
+
     # -- the commit vote ------------------------------------------------------------------------------
 
     def vote(self, quorum: Quorum, ok: bool, deadline: float) -> bool | None:
@@ -412,7 +468,7 @@ class QuorumClient:
             self.client.compare_set(decision_key, "", "abort")
         elif self.client.add(_key("r", quorum.round, "ok"), 1) == sum(quorum.sizes):
             self.client.compare_set(decision_key, "", "commit")
-        start = time.monotonic()
+        start = checked = time.monotonic()
         poll = _POLL_MIN
         while True:
             decision = self.client.peek(decision_key)
@@ -420,16 +476,25 @@ class QuorumClient:
                 return decision == b"commit"
             if self.client.generation != generation or self.client.peek(result_key) is None:
                 return None
-            if time.monotonic() - start > deadline:
+            now = time.monotonic()
+            if now - start > deadline:
                 return self.client.compare_set(decision_key, "", "abort") == b"commit"
+            if now - checked > self.watch_interval:  # a silent member never votes: abort on its silence
+                checked = now
+                self.check_step(quorum)
             poll = _backoff(poll, start)
+
+
+def heartbeat_period(heartbeat_timeout: float) -> float:
+    """Seconds between two heartbeats of a process: a tenth of ``heartbeat_timeout``, at most 0.1 s."""
+    return min(0.1, heartbeat_timeout / 10)
 
 
 def collect(client: StoreClient, closed_round: int) -> None:
     """Delete the keys of the round ``KEEP_ROUNDS`` before ``closed_round`` (call once per closed round)."""
     old = closed_round - KEEP_ROUNDS
     if old > 0:
-        for part in ROUND_KEYS:
+        for part in (*ROUND_KEYS, "dropped"):
             client.delete(_key("r", old, part))
 
 
@@ -466,4 +531,5 @@ __all__ = [
     "QuorumTimeoutError",
     "StoreClient",
     "StoreUnreachableError",
+    "heartbeat_period",
 ]

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
 import pickle
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -15,7 +13,6 @@ from datetime import timedelta
 from typing import Any, final
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 from torch.nn.parallel import DistributedDataParallel
@@ -28,16 +25,17 @@ from gang._torch_groups import (
     register_python_group,
     unregister_python_group,
 )
-from gang.env import get_rank, get_world_size
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
-from gang.extend import check_device, check_int, check_open, check_timeout, operation_error
+from gang.extend import check_int, check_open, check_timeout, operation_error
+from gang.ft.group import reaper, reduce_options, root_options, settle
 from gang.ft.heal import receive_state, send_state
-from gang.ft.log import log_event
+from gang.ft.heartbeat import Heartbeat
+from gang.ft.identity import check_device, check_replica_id, check_replica_rank, check_store
+from gang.ft.log import abort_reason, log_event, log_quorum
 from gang.ft.policy import Policy, Quorum
 from gang.ft.process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
-from gang.ft.quorum import ROOT, IdentityError, QuorumClient, QuorumTimeoutError, StoreClient, collect
+from gang.ft.quorum import ROOT, IdentityError, QuorumClient, QuorumTimeoutError, StoreClient
 from gang.gang import Gang, ReduceOperation
-from gang.process_group import reduce_op
 
 DEFAULT_REPLICA_TIMEOUT = timedelta(seconds=60)
 """The ``timeout`` of :meth:`ReplicaGang.join` when none is given: the bound on one of the
@@ -46,9 +44,6 @@ replicas' collectives, on a heal and on the commit vote."""
 DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
 """The ``heartbeat_timeout`` of :meth:`ReplicaGang.join` when none is given."""
 
-
-_BEAT_ERRORS: tuple[type[Exception], ...] = (IdentityError, *BACKEND_ERRORS)
-"""What stops the heartbeat: the store failed, or another process took this identity over."""
 
 _fault_hook: Callable[[ReplicaGang, str], RuntimeError | None] | None = None
 """A test-only seam (``tests/ft`` sets it): called before each collective of a step with the gang
@@ -137,17 +132,19 @@ class ReplicaGang(Gang):
         policy = Policy(min_replicas, quorum_timeout.total_seconds(), heartbeat_timeout.total_seconds(), init_sync)
         self._store = self._connect()
         self._protocol = QuorumClient(self._store, replica_id, replica_rank, replica_size, self._token, policy)
-        self._stop = threading.Event()
-        self._beat_error: Exception | None = None
         try:
             self._protocol.register(0)
         except IdentityError as ex:
             raise GangError(f"`join` failed: {ex}.") from ex
         except BACKEND_ERRORS as ex:
             raise self._store_error("join", ex) from ex
-        self._beat_protocol = QuorumClient(self._connect(), replica_id, replica_rank, replica_size, self._token, policy)
-        self._beat = threading.Thread(target=self._heartbeat, name=f"gang.ft heartbeat {replica_id}", daemon=True)
-        self._beat.start()
+        self._heartbeat = Heartbeat(
+            QuorumClient(self._connect(), replica_id, replica_rank, replica_size, self._token, policy),
+            lambda: self._step_number,
+            lambda: self._protocol.closed_round,
+            heartbeat_timeout.total_seconds(),
+            f"gang.ft heartbeat {replica_id}",
+        )
 
     @classmethod
     def join(
@@ -208,13 +205,13 @@ class ReplicaGang(Gang):
         :raises GangError: If the store cannot be reached, or another live process is this
             (replica id, replica rank) (the message names both; the other one goes on).
         """
-        rid = _check_replica_id(replica_id)
-        address = _check_store(store)
-        device = _check_device(device)
+        rid = check_replica_id(replica_id)
+        address = check_store(store)
+        device = check_device(device)
         for name, fn in (("state_dict", state_dict), ("load_state_dict", load_state_dict)):
             if not callable(fn):
                 raise TypeError(f"`{name}` must be callable, but is {fn!r} instead.")
-        rank, size = _check_replica_rank(replica_rank, replica_size)
+        rank, size = check_replica_rank(replica_rank, replica_size)
         min_replicas = check_int("min_replicas", min_replicas, minimum=1)
         timeout = check_timeout(timeout, default=DEFAULT_REPLICA_TIMEOUT)
         if not isinstance(init_sync, bool):
@@ -387,7 +384,7 @@ class ReplicaGang(Gang):
         if self._commit:
             self._aborts.clear()
             return
-        reason = _abort_reason(self._error)
+        reason = abort_reason(self._error)
         self._aborts.append(f"step {self._step_number + 1}: {reason}")
         if self._quorum is not None:
             log_event(
@@ -445,7 +442,7 @@ class ReplicaGang(Gang):
             ) from ex
         except BACKEND_ERRORS as ex:
             raise self._store_error("step", ex) from ex
-        _log_quorum(self._replica_id, self._quorum, quorum)
+        log_quorum(self._replica_id, self._quorum, quorum)
         self._quorum = quorum
         self._round = quorum.round
         self._rank, self._size = quorum.members.index(self._replica_id), len(quorum.members)
@@ -487,7 +484,9 @@ class ReplicaGang(Gang):
             if self.rank in plan:
                 current = self._state_dict()
                 self._dirty = True  # from here on, tensors of `current` may be written in place
-                step, state, received = receive_state(self._pg, plan[self.rank], current, self._device, self._finish)
+                step, state, received = receive_state(
+                    self._pg, plan[self.rank], current, self._device, self._finish_transfer
+                )
                 self._heal_bytes[1] += received
                 assert isinstance(state, Mapping)
                 self._load_state_dict(state)
@@ -496,7 +495,8 @@ class ReplicaGang(Gang):
             else:
                 state = self._state_dict()
                 sent = sum(
-                    send_state(self._pg, r, state, self._step_number, self._device, self._finish) for r in receivers
+                    send_state(self._pg, r, state, self._step_number, self._device, self._finish_transfer)
+                    for r in receivers
                 )
                 self._heal_bytes[0] += sent
                 moved, done = sent, f"sent {sent} bytes to ranks {receivers}"
@@ -518,7 +518,24 @@ class ReplicaGang(Gang):
         )
 
     def _finish(self, work: Any) -> None:
-        _settle(work, self._device, self._timeout.total_seconds())
+        settle(work, self._device, self._timeout.total_seconds(), self._protocol.watch_interval, self._watch)
+
+    def _finish_transfer(self, work: Any) -> None:
+        # A point-to-point work's `wait(timeout)` is gloo's own wait, which closes the connection
+        # when the time is up: a heal's sends and receives are waited for whole (up to `timeout`).
+        settle(work, self._device, self._timeout.total_seconds(), float("inf"), None)
+
+    def _watch(self) -> None:
+        """Raise if this step can no longer commit (see :meth:`QuorumClient.check_step`).
+
+        Called between short waits on a collective: a member that went silent (SIGKILLed with
+        its sockets still open in a forked child, a lost host, a stopped process) would otherwise
+        hold the others in the collective for the whole ``timeout``.
+        """
+        assert self._quorum is not None
+        reason = self._protocol.check_step(self._quorum)
+        if reason is not None:
+            raise RuntimeError(f"stopped waiting for the collective: {reason}")
 
     def _vote(self, ok: bool) -> None:
         assert self._quorum is not None
@@ -587,6 +604,9 @@ class ReplicaGang(Gang):
             if self._commit is None:
                 with suppress(GangError):  # the store is lost: the vote stays "not committed"
                     self._vote(False)
+            elif self._quorum is not None:  # after the vote: the next quorum must not reuse the group
+                with suppress(*BACKEND_ERRORS):
+                    self._protocol.mark_dropped(self._quorum)
 
     @override
     def _barrier(self) -> None:
@@ -597,7 +617,7 @@ class ReplicaGang(Gang):
 
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
-        self._run("all_reduce", lambda pg: pg.allreduce([tensor], _reduce(op)))
+        self._run("all_reduce", lambda pg: pg.allreduce([tensor], reduce_options(op)))
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
@@ -610,7 +630,7 @@ class ReplicaGang(Gang):
     @override
     def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
         total = input_tensor.clone()  # gloo has no reduce-scatter of one tensor: reduce all rows
-        if self._run("reduce_scatter", lambda pg: pg.allreduce([total], _reduce(op))):
+        if self._run("reduce_scatter", lambda pg: pg.allreduce([total], reduce_options(op))):
             output_tensor.copy_(total[self.rank])
 
     @override
@@ -619,7 +639,7 @@ class ReplicaGang(Gang):
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        self._run("broadcast", lambda pg: pg.broadcast([tensor], _root(source_rank)))
+        self._run("broadcast", lambda pg: pg.broadcast([tensor], root_options(source_rank)))
 
     @override
     def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:
@@ -693,8 +713,7 @@ class ReplicaGang(Gang):
 
     @override
     def _close(self) -> None:
-        self._stop.set()
-        self._beat.join(timeout=self._quorum_timeout.total_seconds() + self._heartbeat_timeout.total_seconds())
+        self._heartbeat.stop(self._quorum_timeout.total_seconds() + self._heartbeat_timeout.total_seconds())
         with suppress(*BACKEND_ERRORS):  # if the store is gone, the others see the heartbeat stop
             self._protocol.leave()
         self._drop_group()
@@ -702,7 +721,7 @@ class ReplicaGang(Gang):
             unregister_python_group(self._process_group)
         # Destroying a group while the interpreter exits aborts the process (a gloo thread still
         # runs), so a closed gang's groups are gone when `close()` returns.
-        _reaper.wait(self._timeout.total_seconds())
+        reaper.wait(self._timeout.total_seconds())
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -722,210 +741,16 @@ class ReplicaGang(Gang):
         )
 
     def _raise_beat_error(self, operation: str) -> None:
-        if isinstance(self._beat_error, IdentityError):
-            raise GangError(f"`{operation}` failed: {self._beat_error}.") from self._beat_error
-        if self._beat_error is not None:
-            raise self._store_error(operation, self._beat_error) from self._beat_error
-
-    def _heartbeat(self) -> None:
-        interval = min(0.1, self._heartbeat_timeout.total_seconds() / 10)
-        collected = 0
-        while not self._stop.wait(interval):
-            try:
-                self._beat_protocol.beat(self._step_number)
-            except _BEAT_ERRORS as ex:
-                self._beat_error = ex
-                return
-            # This process closed round `closed`: delete every round up to two before it that
-            # is not deleted yet by this thread (at most 101 at once; a failure here only leaves
-            # keys behind, and a lost store shows at the next beat).
-            closed = self._protocol.closed_round
-            if closed > collected:
-                with suppress(*BACKEND_ERRORS):
-                    for n in range(max(collected + 1, closed - 100), closed + 1):
-                        collect(self._beat_protocol.client, n)
-                collected = closed
+        error = self._heartbeat.error
+        if isinstance(error, IdentityError):
+            raise GangError(f"`{operation}` failed: {error}.") from error
+        if error is not None:
+            raise self._store_error(operation, error) from error
 
     def _drop_group(self) -> None:
         pg, self._pg, self._pg_round = self._pg, None, -1
         if pg is not None:
-            _reaper.drop(pg)
-
-
-class _Reaper:
-    """Destroys dropped process groups off the training thread (gloo's destructor waits ~1-2 s).
-
-    The thread is not a daemon: the interpreter waits for it at exit instead of tearing a group
-    down half-destroyed (which aborts the process).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pending: list[StandaloneGroup] = []
-        self._thread: threading.Thread | None = None
-
-    def drop(self, pg: StandaloneGroup) -> None:
-        with suppress(RuntimeError):
-            pg.abort()
-        with self._lock:
-            self._pending.append(pg)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="gang.ft reaper", daemon=False)
-                self._thread.start()
-
-    def wait(self, seconds: float) -> None:
-        """Wait up to ``seconds`` for every dropped group to be destroyed."""
-        with self._lock:
-            thread = self._thread
-        if thread is not None:
-            thread.join(seconds)
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._pending:
-                    return
-                pg = self._pending.pop()
-            del pg
-
-
-_reaper = _Reaper()
-
-
-def _settle(work: Any, device: torch.device, timeout: float) -> None:
-    """Wait until ``work`` finished, on the device too: the one place the CUDA path differs.
-
-    ``Work.wait()`` returns when a CPU (gloo) collective finished; for a CUDA (NCCL) one it only
-    makes the current stream wait for it. There, an event recorded on the current stream after
-    ``wait()`` completes once the collective ran on the device; it is polled up to ``timeout``
-    seconds, and a collective still running then raises (the caller drops the group, whose
-    ``abort()`` ends the stuck non-blocking NCCL communicator).
-    """
-    work.wait()
-    if device.type != "cuda":
-        return
-    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-    done.record(torch.cuda.current_stream(device))
-    if not _wait_until(done.query, timeout):
-        raise RuntimeError(f"the collective did not finish on {device} within the timeout of {timeout:g} s")
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:
-    """Poll ``condition`` (sleeping 0.1 ms doubling up to 10 ms) until it holds or ``timeout`` seconds passed."""
-    deadline = time.monotonic() + timeout
-    pause = 0.0001
-    while not condition():
-        if time.monotonic() >= deadline:
-            return condition()
-        time.sleep(pause)
-        pause = min(2 * pause, 0.01)
-    return True
-
-
-def _reduce(op: ReduceOperation) -> dist.AllreduceOptions:
-    options = dist.AllreduceOptions()
-    options.reduceOp = reduce_op(op)
-    return options
-
-
-def _root(rank: int) -> dist.BroadcastOptions:
-    options = dist.BroadcastOptions()
-    options.rootRank = rank
-    return options
-
-
-def _check_replica_id(replica_id: object) -> str:
-    if replica_id is None:
-        replica_id = os.environ.get("GANG_FT_REPLICA_ID")
-        if replica_id is None:
-            raise ValueError("`replica_id` must be given when `GANG_FT_REPLICA_ID` is not set, but is None.")
-        name = "GANG_FT_REPLICA_ID"
-    else:
-        name = "replica_id"
-    if isinstance(replica_id, int) and not isinstance(replica_id, bool):
-        replica_id = str(replica_id)
-    if not isinstance(replica_id, str):
-        raise TypeError(f"`{name}` must be a `str` or an `int`, but is {replica_id!r} instead.")
-    if not replica_id or not all(c.isalnum() or c in "-_." for c in replica_id):
-        raise ValueError(
-            f"`{name}` must be a non-empty id of letters, digits, `-`, `_` and `.`, but is {replica_id!r} instead."
-        )
-    return replica_id
-
-
-def _check_replica_rank(rank: object, size: object) -> tuple[int, int]:
-    """The replica rank and size: the arguments, else ``GANG_FT_REPLICA_RANK``/``_SIZE``, else the launcher's."""
-    rank_value = _rank_or_size("replica_rank", rank, "GANG_FT_REPLICA_RANK", 0)
-    size_value = _rank_or_size("replica_size", size, "GANG_FT_REPLICA_SIZE", 1)
-    rank_value = get_rank() if rank_value is None else rank_value
-    size_value = get_world_size() if size_value is None else size_value
-    if rank_value >= size_value:
-        raise ValueError(
-            f"`replica_rank` must be smaller than `replica_size` ({size_value}), but is {rank_value} instead."
-        )
-    return rank_value, size_value
-
-
-def _rank_or_size(name: str, value: object, env: str, minimum: int) -> int | None:
-    if value is None:
-        text = os.environ.get(env)
-        if text is None:
-            return None
-        if not text.isdigit():
-            raise ValueError(f"`{env}` must be an integer of at least {minimum}, but is {text!r} instead.")
-        value, name = int(text), env
-    return check_int(name, value, minimum=minimum)
-
-
-def _log_quorum(replica_id: str, old: Quorum | None, new: Quorum) -> None:
-    """Log a quorum whose members differ from the last one's, and every replica it dropped."""
-    if old is not None and old.members == new.members:
-        return
-    log_event(
-        "quorum",
-        f"replica {replica_id!r} is in {new.describe()} at step {new.max_step}",
-        replica=replica_id,
-        round=new.round,
-        members=list(new.members),
-        steps=list(new.steps),
-        heal=dict(new.heal),
-        stalled=list(new.stalled),
-    )
-    for dropped in () if old is None else sorted(set(old.members) - set(new.members)):
-        log_event(
-            "drop",
-            f"replica {dropped!r} dropped from the quorum in round {new.round}",
-            replica=dropped,
-            round=new.round,
-        )
-
-
-def _abort_reason(error: GangError | None) -> str:
-    return "a member failed or did not vote in time" if error is None else str(error)
-
-
-def _check_store(store: object) -> tuple[str, int]:
-    name = "store"
-    if store is None:
-        store = os.environ.get("GANG_FT_STORE")
-        if store is None:
-            raise ValueError("`store` must be given when `GANG_FT_STORE` is not set, but is None.")
-        name = "GANG_FT_STORE"
-    if not isinstance(store, str):
-        raise TypeError(f"`{name}` must be a `str` of the form 'host:port', but is {store!r} instead.")
-    host, _, port = store.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"`{name}` must have the form 'host:port', but is {store!r} instead.")
-    return host, int(port)
-
-
-def _check_device(device: object) -> torch.device:
-    if device is None:
-        return torch.device("cpu")
-    device = check_device("device", device)
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"`device` must be of type `cpu` or `cuda`, but is of type `{device.type}` instead.")
-    return device
+            reaper.drop(pg)
 
 
 __all__ = ["DEFAULT_HEARTBEAT_TIMEOUT", "DEFAULT_REPLICA_TIMEOUT", "ReplicaGang", "ReplicaStatus"]

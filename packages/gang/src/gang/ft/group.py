@@ -1,0 +1,143 @@
+"""The cross-replica process group of a :mod:`gang.ft` step: waiting on its collectives while
+watching the peers, and dropping it off the training thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gang._torch_groups import StandaloneGroup
+from gang.gang import ReduceOperation
+from gang.process_group import reduce_op
+
+
+class Reaper:
+    """Destroys dropped process groups off the training thread (gloo's destructor waits ~1-2 s).
+
+    The thread is not a daemon: the interpreter waits for it at exit instead of tearing a group
+    down half-destroyed (which aborts the process).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[StandaloneGroup] = []
+        self._thread: threading.Thread | None = None
+
+    def drop(self, pg: StandaloneGroup) -> None:
+        """Abort ``pg`` and destroy it on the reaper's thread."""
+        with suppress(RuntimeError):
+            pg.abort()
+        with self._lock:
+            self._pending.append(pg)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="gang.ft reaper", daemon=False)
+                self._thread.start()
+
+    def wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for every dropped group to be destroyed."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(seconds)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return
+                pg = self._pending.pop()
+            del pg
+
+
+reaper = Reaper()
+"""The one reaper of this process."""
+
+
+def settle(work: Any, device: torch.device, timeout: float, interval: float, watch: Callable[[], None] | None) -> None:
+    """Wait until ``work`` finished, on the device too, calling ``watch`` every ``interval`` seconds meanwhile.
+
+    ``work`` must be a collective's: the short waits use ``Work.wait(timeout)``, which for gloo's
+    point-to-point works closes the connection when the time is up (give those ``watch=None``,
+    which waits for them whole). ``watch`` raises to stop waiting (the caller then drops the
+    group; a gloo collective left behind ends at its own timeout, in the background).
+    ``Work.wait()`` returns when a CPU (gloo) collective finished; for a CUDA (NCCL) one it only
+    makes the current stream wait for it. There, an event recorded on the current stream after
+    ``wait()`` completes once the collective ran on the device; it is polled up to ``timeout``
+    seconds, and a collective still running then raises (the caller drops the group, whose
+    ``abort()`` ends the stuck non-blocking NCCL communicator). This is the one place the CUDA
+    path differs.
+    """
+    if device.type != "cuda":
+        if watch is None:
+            work.wait()
+            return
+        while not wait_briefly(work, interval):
+            watch()
+        return
+    work.wait()
+    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    done.record(torch.cuda.current_stream(device))
+    if not wait_until(done.query, timeout, interval, watch):
+        raise RuntimeError(f"the collective did not finish on {device} within the timeout of {timeout:g} s")
+
+
+def wait_briefly(work: Any, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``work``; return whether it finished (raising its error if it failed).
+
+    ``Work.wait(timeout)`` raises both when the time is up (the work goes on) and when the work
+    failed; only a finished work has failed.
+    """
+    try:
+        work.wait(timedelta(seconds=seconds))
+    except RuntimeError:
+        if not work.is_completed():
+            return False
+        work.wait()  # raises the collective's own error
+    return True
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    timeout: float,
+    interval: float = float("inf"),
+    watch: Callable[[], None] | None = None,
+) -> bool:
+    """Poll ``condition`` (sleeping 0.1 ms doubling up to 10 ms) until it holds or ``timeout`` seconds
+    passed, calling ``watch`` (which may raise) every ``interval`` seconds meanwhile."""
+    deadline = checked = time.monotonic()
+    deadline += timeout
+    pause = 0.0001
+    while not condition():
+        now = time.monotonic()
+        if now >= deadline:
+            return condition()
+        if watch is not None and now - checked >= interval:
+            checked = now
+            watch()
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
+    return True
+
+
+def reduce_options(op: ReduceOperation) -> dist.AllreduceOptions:
+    """Allreduce options for ``op``."""
+    options = dist.AllreduceOptions()
+    options.reduceOp = reduce_op(op)
+    return options
+
+
+def root_options(rank: int) -> dist.BroadcastOptions:
+    """Broadcast options from ``rank``."""
+    options = dist.BroadcastOptions()
+    options.rootRank = rank
+    return options
+
+
+__all__ = ["Reaper", "reaper", "reduce_options", "root_options", "settle", "wait_briefly", "wait_until"]

@@ -1,0 +1,74 @@
+"""The heartbeat of one :mod:`gang.ft` process: a background thread that writes it to the store.
+
+The keys it writes are described in :mod:`gang.ft.quorum`. The thread has its own store
+connection, so a training thread blocked in a request never delays a heartbeat.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import suppress
+
+from gang.errors import BACKEND_ERRORS
+from gang.ft.quorum import IdentityError, QuorumClient, collect, heartbeat_period
+
+_BEAT_ERRORS: tuple[type[Exception], ...] = (IdentityError, *BACKEND_ERRORS)
+"""What stops the heartbeat: the store failed, or another process took this identity over."""
+
+
+class Heartbeat:
+    """Writes one process's heartbeat every :func:`~gang.ft.quorum.heartbeat_period` and deletes
+    the keys of the rounds this process closed as leader.
+
+    :param protocol: A quorum client of this process with a store connection of its own.
+    :param step: Returns the process's step number (written with every heartbeat).
+    :param closed_round: Returns the last round this process published as leader.
+    :param heartbeat_timeout: The process's ``heartbeat_timeout`` in seconds.
+    :param name: The thread's name.
+    """
+
+    def __init__(
+        self,
+        protocol: QuorumClient,
+        step: Callable[[], int],
+        closed_round: Callable[[], int],
+        heartbeat_timeout: float,
+        name: str,
+    ) -> None:
+        self.error: Exception | None = None
+        """What stopped the heartbeat (an :class:`~gang.ft.quorum.IdentityError` or a store
+        error), ``None`` while it runs."""
+        self._protocol = protocol
+        self._step = step
+        self._closed_round = closed_round
+        self._interval = heartbeat_period(heartbeat_timeout)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        """Stop the thread and wait up to ``timeout`` seconds for it to end."""
+        self._stop.set()
+        self._thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        collected = 0
+        while not self._stop.wait(self._interval):
+            try:
+                self._protocol.beat(self._step())
+            except _BEAT_ERRORS as ex:
+                self.error = ex
+                return
+            # This process closed round `closed`: delete every round up to two before it that
+            # is not deleted yet by this thread (at most 101 at once; a failure here only leaves
+            # keys behind, and a lost store shows at the next beat).
+            closed = self._closed_round()
+            if closed > collected:
+                with suppress(*BACKEND_ERRORS):
+                    for n in range(max(collected + 1, closed - 100), closed + 1):
+                        collect(self._protocol.client, n)
+                collected = closed
+
+
+__all__ = ["Heartbeat"]
