@@ -142,7 +142,8 @@ def test_fsdp2_hsdp_across_replicas_kill_restart_and_new_replica(make_cluster: A
     # shard the model with fully_shard on gang_mesh.fsdp_mesh and average shards across replicas
     # through gang.replicate_fsdp. Replica rank 1 of replica 1 is killed inside step 3 (its
     # torchrun ends the replica), the replica is restarted (each process heals from the process
-    # of equal replica rank), and replica 3 is new.
+    # of equal replica rank: its parameter shards and Adam's sharded exp_avg/exp_avg_sq), and
+    # replica 3 is new.
     cluster = make_cluster("fsdp")
     _kill_restart_and_add(cluster, nproc=2)
     _check_schedule(cluster, cluster.check_steps())
