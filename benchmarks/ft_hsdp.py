@@ -24,12 +24,14 @@ cores), and takes an optimizer step.
   (the all-reduce hook), the pacing sleep, the commit vote, the optimizer step and leaving the step.
 * **Recovery** (ops ``hsdp_kill_to_commit`` and ``hsdp_restart_to_commit``, 50 ms step): one
   ``torchrun`` of 2 processes per replica (gang.ft: ``fully_shard`` on ``gang_mesh.fsdp_mesh``
-  of the replica's own gangs). Process 1 of replica 1 is ``SIGKILL``\\ ed (its torchrun ends the
-  replica); the time from the signal to replica 0's next committed step is measured; then replica
+  of the replica's own gangs). One process of replica 1 is ``SIGKILL``\\ ed (its torchrun ends
+  the replica); the time from the signal to replica 0's next committed step without it is measured
+  (torchft may still commit the step in flight: its vote is within a replica); then replica
   1 is started again, and the time from its launch to its first committed step (after healing
-  shard by shard) is measured. gang.ft runs with a 10 s ``timeout`` and the default
-  ``heartbeat_timeout``; torchft with a Lighthouse join and heartbeat timeout of
-  :data:`benchmarks.ft.RECOVERY_TIMEOUT_S` and Manager timeouts of
+  shard by shard) is measured; 4 cycles (2 with ``--quick``), the median reported. gang.ft runs
+  with a 10 s ``timeout`` and a ``heartbeat_timeout`` of
+  :data:`benchmarks.ft.RECOVERY_TIMEOUT_S`; torchft with a Lighthouse join and heartbeat timeout
+  of the same and Manager timeouts of
   :data:`benchmarks.ft_torchft.MANAGER_TIMEOUT_S`, as in ``benchmarks/ft.py``.
 
 A worker (``python -m benchmarks.ft_hsdp overhead|recovery --impl gang|torchft ...``) runs under
@@ -206,7 +208,14 @@ def _torchft_step(model: nn.Module, optimizer: torch.optim.Optimizer, manager: A
 # --------------------------------------------------------------------------------------------------
 
 
-def _join_gang(model: nn.Module, clock: _Clock, replica: int, replica_rank: int, min_replicas: int) -> Any:
+def _join_gang(
+    model: nn.Module,
+    clock: _Clock,
+    replica: int,
+    replica_rank: int,
+    min_replicas: int,
+    heartbeat_s: float | None = None,
+) -> Any:
     """Join replica ``replica`` as its process ``replica_rank`` and hand the model's averaging to the gang."""
     from gang.ft import ReplicaGang, process_group
 
@@ -218,6 +227,7 @@ def _join_gang(model: nn.Module, clock: _Clock, replica: int, replica_rank: int,
         load_state_dict=_loader(model),
         min_replicas=min_replicas,
         timeout=GANG_TIMEOUT,
+        heartbeat_timeout=timedelta(seconds=heartbeat_s) if heartbeat_s else None,
     )
     gang.replicate_fsdp(model)
     untimed = process_group.average  # replicate_fsdp's hooks call it by name: time each call
@@ -342,7 +352,7 @@ def worker_recovery(args: argparse.Namespace) -> None:
 
         mesh = fsdp_mesh(create_fsdp_gangs(create_parallel_gangs(create_default_gang(torch.device("cpu")))))
         model, optimizer = _model(mesh)
-        gang = _join_gang(model, clock, replica, rank, 1)
+        gang = _join_gang(model, clock, replica, rank, 1, RECOVERY_TIMEOUT_S)
         step = _gang_step(model, optimizer, gang, replica * PROCESSES + rank)
 
         def number() -> int:
@@ -428,8 +438,9 @@ def per_step(runner: _Runner, step_ms: int, rounds: int) -> dict[str, list[list[
     return result
 
 
-def recovery(runner: _Runner) -> dict[str, float]:
-    """Seconds from SIGKILL to replica 0's next commit, and from a restart to replica 1's first commit."""
+def recovery(runner: _Runner, cycles: int) -> dict[str, list[float]]:
+    """Per cycle: seconds from SIGKILL to replica 0's next commit, and from a restart to replica 1's first commit."""
+    samples: dict[str, list[float]] = {"kill_to_commit": [], "restart_to_commit": []}
     with LocalJob(echo=False) as job:
         env = runner.coordinator(job, 1, RECOVERY_TIMEOUT_S)
         args = ["recovery", "--step-ms=50"]
@@ -440,10 +451,17 @@ def recovery(runner: _Runner) -> dict[str, float]:
             replica_env = {**env, "GANG_FT_REPLICA_ID": str(r)}
             return runner.torchrun(job, f"replica {r}", PROCESSES, [*args, f"--replica={r}"], replica_env)
 
-        def commit(r: int, after: float) -> float:
+        def commit(r: int, after: float, size: int = 0) -> float:
+            """The time of replica ``r``'s first commit after ``after`` (in a quorum of ``size`` replicas, if given)."""
+
             def match(line: Line) -> bool:
                 words = line.text.split()
-                return line.name == f"replica {r}" and words[:1] == ["commit"] and float(words[2]) > after
+                return (
+                    line.name == f"replica {r}"
+                    and words[:1] == ["commit"]
+                    and float(words[2]) > after
+                    and size in (0, int(words[3]))
+                )
 
             return float(_expect(job, match, 300).text.split()[2])
 
@@ -453,18 +471,20 @@ def recovery(runner: _Runner) -> dict[str, float]:
         try:
             for r in range(REPLICAS):
                 start(r)
-            commit(1, time.time() + 3)  # a few steps in, both replicas training
-            killed = time.time()
-            os.kill(pids("replica 1")[-1], signal.SIGKILL)
-            kill_to_commit = commit(0, killed) - killed
-            job.wait("replica 1", 120)
-            launched = start(1)
-            restart_to_commit = commit(1, launched) - launched
+            for _ in range(cycles):
+                commit(1, time.time() + 3)  # a few steps in, both replicas training
+                killed = time.time()
+                os.kill(pids("replica 1")[-1], signal.SIGKILL)  # one process: its torchrun ends the replica
+                # torchft's vote is per replica: a step the dead replica took part in may still commit
+                samples["kill_to_commit"].append(commit(0, killed, REPLICAS - 1) - killed)
+                job.wait("replica 1", 120)
+                launched = start(1)
+                samples["restart_to_commit"].append(commit(1, launched) - launched)
         finally:
             for pid in [p for r in range(REPLICAS) for p in pids(f"replica {r}")]:  # torchrun's workers
                 with suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-    return {"kill_to_commit": kill_to_commit, "restart_to_commit": restart_to_commit}
+    return samples
 
 
 def _median(values: list[float]) -> float:
@@ -542,14 +562,18 @@ def main() -> None:
             rows += new
     for impl in impls if "recovery" not in args.hsdp_skip else ():
         try:
-            measured = recovery(_Runner(impl, args.torchft_python))
+            measured = recovery(_Runner(impl, args.torchft_python), 2 if args.quick else 4)
         except RuntimeError as error:
             print(f"# {impl} HSDP recovery failed: {error}", flush=True)
             continue
         name = "gang.ft" if impl == "gang" else "torchft"
-        for op, seconds in measured.items():
-            rows.append(make_row(name, f"hsdp_{op}", 0, REPLICAS * PROCESSES, seconds, bandwidth=False))
-            print(f"{'hsdp_' + op:>24} {name:>8} {seconds:.2f} s", flush=True)
+        for op, values in measured.items():
+            row = make_row(
+                name, f"hsdp_{op}", 0, REPLICAS * PROCESSES, _median(values), bandwidth=False, samples=values
+            )
+            rows.append(row)
+            listed = ", ".join(f"{v:.2f}" for v in values)
+            print(f"{'hsdp_' + op:>24} {name:>8} {row['time_us'] / 1e6:.2f} s (cycles: {listed})", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f}")
     if args.out is not None:
         out = args.out.with_name(f"{args.out.stem}_ft_hsdp.json")
