@@ -44,10 +44,12 @@ import argparse
 import importlib
 import json
 import os
+import re
 import signal
 import statistics
 import sys
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from datetime import timedelta
@@ -69,6 +71,8 @@ from _ft_launch import Line, LocalJob, free_port, wait_for_port
 from gang.bench.metrics import Row, make_row
 
 REPLICAS, PROCESSES, WIDTH, BATCH = 2, 2, 256, 32
+_COMMIT = re.compile(r"commit (\d+) ([\d.]+) (\d+)")
+_PID = re.compile(r"pid (\d+)")
 GANG_TIMEOUT = timedelta(seconds=10)
 """gang.ft's ``timeout`` in every measurement here (collectives, heal, vote)."""
 PHASES = ("enter", "compute", "average", "sleep", "commit", "update", "exit")
@@ -80,11 +84,18 @@ PHASES = ("enter", "compute", "average", "sleep", "commit", "update", "exit")
 # --------------------------------------------------------------------------------------------------
 
 
+_SHARDED: weakref.WeakKeyDictionary[nn.Module, dict[str, DTensor]] = weakref.WeakKeyDictionary()
+"""Each model's sharded parameters, taken when it was sharded: FSDP2 swaps a module's parameters for
+unsharded tensors between its forward and its backward, and torchft reads ``state_dict`` from its
+quorum thread while the next step's forward runs."""
+
+
 def _model(mesh: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = nn.Sequential(*(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(4)))
     for layer in [*model, model]:
         fully_shard(layer, mesh=mesh)
+    _SHARDED[model] = {n: p for n, p in model.named_parameters() if isinstance(p, DTensor)}
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
@@ -93,7 +104,7 @@ def _fsdp_modules(model: nn.Module) -> list[FSDPModule]:
 
 
 def _shards(model: nn.Module) -> dict[str, Tensor]:
-    return {n: p.to_local().detach() for n, p in model.named_parameters() if isinstance(p, DTensor)}
+    return {n: p.to_local().detach() for n, p in _SHARDED[model].items()}
 
 
 def _loader(model: nn.Module) -> Callable[[Mapping[str, Any]], None]:
@@ -411,7 +422,11 @@ class _Runner:
 
 
 def _fail(job: LocalJob, error: Exception) -> RuntimeError:
-    tails = [f"--- {name}:\n" + "\n".join(job.output(name)[-30:]) for name in job.names()]
+    """The error with the last 40 lines of each process (torchft's ``[INFO]`` log lines left out)."""
+    tails = [
+        f"--- {name}:\n" + "\n".join([text for text in job.output(name) if "[INFO]" not in text][-40:])
+        for name in job.names()
+    ]
     return RuntimeError(f"{error}\n" + "\n".join(tails))
 
 
@@ -455,18 +470,21 @@ def recovery(runner: _Runner, cycles: int) -> dict[str, list[float]]:
             """The time of replica ``r``'s first commit after ``after`` (in a quorum of ``size`` replicas, if given)."""
 
             def match(line: Line) -> bool:
-                words = line.text.split()
+                # the 2 processes of a torchrun share its output: a line may be two lines run together
+                found = _COMMIT.fullmatch(line.text)
                 return (
                     line.name == f"replica {r}"
-                    and words[:1] == ["commit"]
-                    and float(words[2]) > after
-                    and size in (0, int(words[3]))
+                    and found is not None
+                    and float(found[2]) > after
+                    and size in (0, int(found[3]))
                 )
 
-            return float(_expect(job, match, 300).text.split()[2])
+            found = _COMMIT.fullmatch(_expect(job, match, 300).text)
+            assert found is not None
+            return float(found[2])
 
         def pids(name: str) -> list[int]:
-            return [int(text.split()[1]) for text in job.output(name) if text.startswith("pid ")]
+            return [int(found[1]) for text in job.output(name) if (found := _PID.fullmatch(text))]
 
         try:
             for r in range(REPLICAS):
