@@ -25,14 +25,16 @@ cores), and takes an optimizer step.
 * **Recovery** (ops ``hsdp_kill_to_commit`` and ``hsdp_restart_to_commit``, 50 ms step): one
   ``torchrun`` of 2 processes per replica (gang.ft: ``fully_shard`` on ``gang_mesh.fsdp_mesh``
   of the replica's own gangs). One process of replica 1 is ``SIGKILL``\\ ed (its torchrun ends
-  the replica); the time from the signal to replica 0's next committed step without it is measured
-  (torchft may still commit the step in flight: its vote is within a replica); then replica
-  1 is started again, and the time from its launch to its first committed step (after healing
-  shard by shard) is measured; 4 cycles (2 with ``--quick``), the median reported. gang.ft runs
+  the replica); the time from the signal to replica 0's next committed step without it is
+  measured (torchft may still commit the step in flight: its vote is within a replica); then
+  replica 1 is started again, and the time from its launch to its first committed step (after
+  healing shard by shard) is measured, with the moments its processes had imported torch
+  (``hsdp_restart_to_imported``) and had sharded the model and joined
+  (``hsdp_restart_to_joined``); 4 cycles (2 with ``--quick``), the median reported. gang.ft runs
   with a 10 s ``timeout`` and a ``heartbeat_timeout`` of
   :data:`benchmarks.ft.RECOVERY_TIMEOUT_S`; torchft with a Lighthouse join and heartbeat timeout
-  of the same and Manager timeouts of
-  :data:`benchmarks.ft_torchft.MANAGER_TIMEOUT_S`, as in ``benchmarks/ft.py``.
+  of the same and Manager timeouts of :data:`benchmarks.ft_torchft.MANAGER_TIMEOUT_S`, as in
+  ``benchmarks/ft.py``.
 
 A worker (``python -m benchmarks.ft_hsdp overhead|recovery --impl gang|torchft ...``) runs under
 ``torchrun``.
@@ -73,6 +75,7 @@ from gang.bench.metrics import Row, make_row
 REPLICAS, PROCESSES, WIDTH, BATCH = 2, 2, 256, 32
 _COMMIT = re.compile(r"commit (\d+) ([\d.]+) (\d+)")
 _PID = re.compile(r"pid (\d+)")
+_STAGE = re.compile(r"stage (\w+) ([\d.]+)")
 GANG_TIMEOUT = timedelta(seconds=10)
 """gang.ft's ``timeout`` in every measurement here (collectives, heal, vote)."""
 PHASES = ("enter", "compute", "average", "sleep", "commit", "update", "exit")
@@ -354,6 +357,7 @@ def worker_overhead(args: argparse.Namespace) -> None:
 def worker_recovery(args: argparse.Namespace) -> None:
     """One process of a replica (a torchrun of 2): train until killed, printing each committed step."""
     print(f"pid {os.getpid()}", flush=True)
+    print(f"stage imported {time.time():.6f}", flush=True)  # torch and the benchmark imported
     rank = int(os.environ["RANK"])
     replica = int(args.replica)
     clock = _Clock()
@@ -386,6 +390,7 @@ def worker_recovery(args: argparse.Namespace) -> None:
         def size() -> int:
             return int(manager.num_participants())
 
+    print(f"stage joined {time.time():.6f}", flush=True)  # model sharded, fault tolerance joined
     while True:
         if step(clock, number(), args.step_ms / 1000):
             print(f"commit {number()} {time.time():.6f} {size()}", flush=True)
@@ -455,7 +460,9 @@ def per_step(runner: _Runner, step_ms: int, rounds: int) -> dict[str, list[list[
 
 def recovery(runner: _Runner, cycles: int) -> dict[str, list[float]]:
     """Per cycle: seconds from SIGKILL to replica 0's next commit, and from a restart to replica 1's first commit."""
-    samples: dict[str, list[float]] = {"kill_to_commit": [], "restart_to_commit": []}
+    samples: dict[str, list[float]] = {
+        key: [] for key in ("kill_to_commit", "restart_to_commit", "restart_to_imported", "restart_to_joined")
+    }
     with LocalJob(echo=False) as job:
         env = runner.coordinator(job, 1, RECOVERY_TIMEOUT_S)
         args = ["recovery", "--step-ms=50"]
@@ -498,6 +505,10 @@ def recovery(runner: _Runner, cycles: int) -> dict[str, list[float]]:
                 job.wait("replica 1", 120)
                 launched = start(1)
                 samples["restart_to_commit"].append(commit(1, launched) - launched)
+                stages = [(m[1], float(m[2])) for text in job.output("replica 1") if (m := _STAGE.fullmatch(text))]
+                for stage in ("imported", "joined"):  # the later of the replica's two processes
+                    latest = max(t for name, t in stages if name == stage and t > launched)
+                    samples[f"restart_to_{stage}"].append(latest - launched)
         finally:
             for pid in [p for r in range(REPLICAS) for p in pids(f"replica {r}")]:  # torchrun's workers
                 with suppress(ProcessLookupError):
