@@ -362,7 +362,8 @@ class _BackwardAverage:
                 continue
             flat = torch.cat([t.reshape(-1) for t in tensors])
             average(self._gang, flat)
-            torch._foreach_copy_([t.view(-1) for t in tensors], list(torch.split(flat, [t.numel() for t in tensors])))
+            for tensor, part in zip(tensors, torch.split(flat, [t.numel() for t in tensors]), strict=True):
+                tensor.view(-1).copy_(part)
 
 
 __all__ = ["BACKEND_NAME", "ReplicaProcessGroup", "average", "replicate_ddp", "replicate_fsdp"]
