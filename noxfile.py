@@ -194,7 +194,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.ft_heal", *session.posargs, env={"OMP_NUM_THREADS": "1"})
     # The gang.ft quorum with 4 to 256 replicas against one store.
     session.run("python", "-m", "benchmarks.ft_quorum", *session.posargs, env={"OMP_NUM_THREADS": "1"})
-    # HSDP across fault-tolerant replicas against a static mesh (2 replicas of 2 processes).
+    # HSDP across fault-tolerant replicas (2 of 2 processes) against a static mesh; TORCHFT_PYTHON adds torchft.
     session.run("python", "-m", "benchmarks.ft_hsdp", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 

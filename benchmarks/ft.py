@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -297,6 +298,36 @@ def worker_recovery(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+def torchft_env() -> dict[str, str]:
+    """The environment of a process under the torchft interpreter: gang from this checkout's sources.
+
+    gang is not installed in torchft's virtual environment; its dependencies (numpy) must be.
+    """
+    paths = [str(ROOT), str(ROOT / "packages" / "gang" / "src"), str(ROOT / "packages" / "gang-mesh" / "src")]
+    paths += filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    return {"PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
+
+
+def check_torchft_python(python: str) -> str | None:
+    """Return why ``python`` cannot run the torchft side (``None`` if it can): it must import torchft 0.2 and gang."""
+    probe = "import torchft, gang, gang_mesh, importlib.metadata as m; print(m.version('torchft'))"
+    try:
+        done = subprocess.run(
+            [python, "-c", probe], env={**os.environ, **torchft_env()}, capture_output=True, text=True, timeout=300
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"{python} could not run: {error}"
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return (
+            f"{python} cannot import torchft and gang ({last}); make its venv with "
+            "`pip install -c constraints.txt torch==2.13.0 torchft==0.2.0 numpy`"
+        )
+    if not done.stdout.strip().startswith("0.2"):
+        return f"{python} has torchft {done.stdout.strip()}, not 0.2"
+    return None
+
+
 class Runner:
     """Starts the processes of one measurement for one implementation (``gang`` or ``torchft``)."""
 
@@ -304,10 +335,11 @@ class Runner:
         self.impl = impl
         self.timeout_s = timeout_s
         self.python = torchft_python if impl == "torchft" else sys.executable
-        paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
         if impl == "torchft":  # gang itself (for the plain baseline) from the sources, not installed there
-            paths.insert(1, str(ROOT / "packages" / "gang" / "src"))
-        self.env = {"PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
+            self.env = torchft_env()
+        else:
+            paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+            self.env = {"PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
 
     def start_coordinator(self, job: LocalJob) -> dict[str, str]:
         """Start the store (gang) or the Lighthouse (torchft); return the worker arguments/env that reach it."""
@@ -342,6 +374,23 @@ class Runner:
         return job.start(f"replica {replica}", argv, env, python=self.python)
 
 
+def _expect_while_running(job: LocalJob, match: Callable[[Line], bool], timeout: float) -> Line:
+    """:meth:`LocalJob.expect`, but a process of ``job`` that exits with an error ends the wait at once.
+
+    :raises RuntimeError: If a process exited with a non-zero status (its output is in the job).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return job.expect(match, timeout=min(5.0, max(0.1, deadline - time.monotonic())))
+        except TimeoutError:
+            failed = [name for name in job.names() if job.returncode(name) not in (None, 0)]
+            if failed:
+                raise RuntimeError(f"{', '.join(failed)} exited with an error") from None
+            if time.monotonic() >= deadline:
+                raise
+
+
 def _fail(job: LocalJob, error: Exception) -> RuntimeError:
     tails = [f"--- {name}:\n" + "\n".join(job.output(name)[-30:]) for name in job.names()]
     return RuntimeError(f"{error}\n" + "\n".join(tails))
@@ -357,8 +406,8 @@ def measure_overhead(runner: Runner, step_ms: float, rounds: int, micro_batches:
         for replica in range(REPLICAS):
             runner.start_replica(job, replica, reach, args)
         try:
-            line = job.expect(lambda line: line.text.startswith("@result "), timeout=600)
-        except TimeoutError as error:
+            line = _expect_while_running(job, lambda line: line.text.startswith("@result "), 600)
+        except (TimeoutError, RuntimeError) as error:
             raise _fail(job, error) from None
         result: dict[str, Any] = json.loads(line.text.removeprefix("@result "))
         for replica in range(REPLICAS):
@@ -527,6 +576,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ft-impls", nargs="*", default=["gang", "torchft"], choices=["gang", "torchft"])
     args, _ = parser.parse_known_args(argv)  # the other benchmarks' arguments pass through nox -s bench
     impls = [impl for impl in args.ft_impls if impl == "gang" or args.torchft_python]
+    if "torchft" in impls and (why := check_torchft_python(args.torchft_python)) is not None:
+        print(f"# torchft left out: {why}", flush=True)
+        impls.remove("torchft")
     rounds, cycles = (6, 2) if args.quick else (16, 5)
     rows: list[Row] = []
     micro_batches: dict[float, int] = {}

@@ -14,8 +14,9 @@ outside a step.
 
 ``fsdp``: each process of the replica (a torchrun of 2 processes, on one or two agents) shards
 the model with ``fully_shard`` on ``gang_mesh.fsdp_mesh(gangs)`` (the replica's own 2 processes)
-and calls ``gang.replicate_fsdp``; healing sends each process's local shards to the process of
-equal replica rank in the healed replica. Plain SGD. Each process logs to ``LOG.rr<replica rank>``.
+and calls ``gang.replicate_fsdp``; healing sends each process's local shards, and Adam's state
+of them (``step``, ``exp_avg``, ``exp_avg_sq``: DTensors whose local shards travel), to the
+process of equal replica rank in the healed replica. Each process logs to ``LOG.rr<replica rank>``.
 
 :func:`reference` replays committed steps in one process without fault tolerance: the same
 model, data, reduction order and optimizer, so the test compares parameters bit for bit.
@@ -40,8 +41,9 @@ from gang import GangError, create_default_gang, create_fsdp_gangs, create_paral
 from gang.ft import ReplicaGang
 
 IN, HIDDEN, OUT, BATCH = 8, 16, 4, 16
-LR, MOMENTUM = 0.05, 0.9
+LR, MOMENTUM, ADAM_LR = 0.05, 0.9, 0.01
 FSDP_PROCS = 2
+ADAM_KEYS = ("exp_avg", "exp_avg_sq")
 
 
 def build_model() -> nn.Sequential:
@@ -50,9 +52,11 @@ def build_model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(IN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, OUT))
 
 
-def optimizer(mode: str, model: nn.Module) -> torch.optim.SGD:
-    """SGD with momentum for ``ddp``, plain SGD for ``fsdp``."""
-    return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM if mode == "ddp" else 0.0)
+def optimizer(mode: str, model: nn.Module) -> torch.optim.Optimizer:
+    """SGD with momentum for ``ddp``; Adam for ``fsdp`` (``exp_avg`` and ``exp_avg_sq`` are DTensors)."""
+    if mode == "fsdp":
+        return torch.optim.Adam(model.parameters(), lr=ADAM_LR)
+    return torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
 
 
 def batch(replica_id: str, process: int, step: int) -> tuple[Tensor, Tensor]:
@@ -141,16 +145,41 @@ class Worker(Replica):
         self.maybe_pause("heal", -1)
         if self.mode == "ddp":
             return {"model": self.model.state_dict(), "optim": self.opt.state_dict()}
-        return {"shards": [t.clone() for t in self.local()]}
+        return {"shards": [t.clone() for t in self.local()], "adam": self.adam_state()}
+
+    def adam_state(self) -> list[list[Tensor]]:
+        """Adam's state of each parameter, local shards: ``[step, exp_avg, exp_avg_sq]`` (empty before step 1)."""
+        out = []
+        for p in self.model.parameters():
+            state = self.opt.state.get(p, {})
+            if state:
+                out.append([state["step"].clone(), *(state[k].to_local().clone() for k in ADAM_KEYS)])
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if self.mode == "ddp":
             self.model.load_state_dict(state["model"])
             self.opt.load_state_dict(state["optim"])
         else:
+            from torch.distributed.tensor import DTensor
+
             with torch.no_grad():
                 for mine, theirs in zip(self.local(), state["shards"], strict=True):
                     mine.copy_(theirs)
+                adam = state["adam"] or [None] * len(self.local())  # no state before the first step
+                self.opt.state.clear()
+                for p, entry in zip(self.model.parameters(), adam, strict=True):
+                    if entry is None:
+                        continue
+                    step, *moments = entry
+                    assert isinstance(p, DTensor)
+                    self.opt.state[p] = {
+                        "step": step.clone(),
+                        **{
+                            k: DTensor.from_local(m.clone(), p.device_mesh, p.placements, run_check=False)
+                            for k, m in zip(ADAM_KEYS, moments, strict=True)
+                        },
+                    }
         self.emit("healed")
 
 

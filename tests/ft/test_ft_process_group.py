@@ -5,7 +5,8 @@ processes or torchruns, real SIGKILLs at points the replicas report), kills a pr
 restarts its replica (it heals) and starts a brand-new replica, then checks after every committed
 step that every process that committed it holds bit-identical parameters, equal to a
 single-process replay without fault tolerance of the same data and membership schedule
-(``pg_workers.reference``).
+(``pg_workers.reference``). A test on the gang plugin's processes checks which way FSDP2's hooks
+average: once per backward pass, or at once when gradients accumulate.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import pytest
 import torch
 from pg_workers import reference
 from test_ft import STEPS, WORKER, Cluster
+
+from gang import Gang
 
 PG_WORKER = Path(__file__).parent / "pg_workers.py"
 
@@ -142,7 +145,64 @@ def test_fsdp2_hsdp_across_replicas_kill_restart_and_new_replica(make_cluster: A
     # shard the model with fully_shard on gang_mesh.fsdp_mesh and average shards across replicas
     # through gang.replicate_fsdp. Replica rank 1 of replica 1 is killed inside step 3 (its
     # torchrun ends the replica), the replica is restarted (each process heals from the process
-    # of equal replica rank), and replica 3 is new.
+    # of equal replica rank: its parameter shards and Adam's sharded exp_avg/exp_avg_sq), and
+    # replica 3 is new.
     cluster = make_cluster("fsdp")
     _kill_restart_and_add(cluster, nproc=2)
     _check_schedule(cluster, cluster.check_steps())
+
+
+@pytest.mark.gang(world_size=2)
+def test_fsdp_hooks_average_once_per_backward_and_at_once_when_gradients_accumulate(gang: Gang) -> None:
+    # replicate_fsdp over the 2 processes that FSDP2 shards over (a real gang standing in for the
+    # replicas): each process's gradient shards are averaged with the other process's.
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    import gang.ft.process_group as process_group
+    from gang import create_fsdp_gangs, create_parallel_gangs
+    from gang_mesh import fsdp_mesh
+
+    mesh = fsdp_mesh(create_fsdp_gangs(create_parallel_gangs(gang)))
+    models = []
+    for _ in range(2):  # the same model with the hooks, and without as the reference
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        for layer in (model[0], model[2], model):
+            fully_shard(layer, mesh=mesh)
+        models.append(model)
+    hooked, plain = models
+    sizes: list[int] = []
+    untimed = process_group.average
+
+    def counted(gang: Gang, tensor: torch.Tensor) -> None:
+        sizes.append(tensor.numel())
+        untimed(gang, tensor)
+
+    def local_grads(model: torch.nn.Module) -> torch.Tensor:
+        return torch.cat([p.grad.to_local().reshape(-1) for p in model.parameters()])  # type: ignore[union-attr]
+
+    def averaged(local: torch.Tensor) -> torch.Tensor:  # (rank 0's + rank 1's) / 2, as `average` sums
+        rows = torch.empty(2, *local.shape)
+        gang.all_gather(rows, local)
+        return rows[0].clone().add_(rows[1]).div_(2)
+
+    process_group.average = counted
+    try:
+        process_group.replicate_fsdp(gang, hooked)
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(gang.rank))
+        for model in models:
+            model(x).square().sum().backward()
+        # Fresh gradients: one exchange for the whole backward pass, of every local shard.
+        assert sizes == [sum(p.to_local().numel() for p in hooked.parameters() if isinstance(p, DTensor))], sizes
+        first = local_grads(hooked)
+        assert torch.equal(first, averaged(local_grads(plain)))
+        # A second backward pass accumulates into the gradients: each FSDP module averages at once.
+        sizes.clear()
+        for model in models:
+            model(x * 2).square().sum().backward()
+        assert sorted(sizes) == sorted([8 * 4 // 2 + 8 // 2, 2 * 8 // 2 + 2 // 2]), sizes
+        second = local_grads(hooked)
+        assert torch.equal(averaged(second), second), "the processes' accumulated gradients differ"
+    finally:
+        process_group.average = untimed

@@ -15,7 +15,9 @@ every such use has a fallback: the public ``new_group`` (with a warning, since i
 
 It also builds the standalone groups of :mod:`gang.ft` (:func:`new_standalone_group`), enters
 its Python process group in torch's group registry (:func:`register_python_group`), fixes DDP's
-gradient buckets for it (:func:`fix_ddp_buckets`) and
+gradient buckets for it (:func:`fix_ddp_buckets`), tells when FSDP2's gradients are views of what
+its all-reduce hook receives and runs a callback at the end of a backward pass (so that
+:func:`gang.ft.process_group.replicate_fsdp` averages once per backward pass), and
 re-exports torch's store classes (``TCPStore``, ``PrefixStore``, ``Store``) and DDP's ``GradBucket``,
 which torch's stubs only declare in the private ``torch._C`` module.
 """
@@ -56,8 +58,11 @@ __all__ = [
     "StandaloneGroup",
     "Store",
     "TCPStore",
+    "at_end_of_backward",
+    "backward_pass_id",
     "can_split",
     "fix_ddp_buckets",
+    "fsdp_grads_view_reduce_output",
     "group_timeout",
     "init_fake_process_group",
     "is_fake_backend",
@@ -276,3 +281,48 @@ def fix_ddp_buckets(ddp_model: Any) -> bool:
         return bool(reducer._rebuild_buckets())
     except (AttributeError, RuntimeError, TypeError):  # a renamed or changed private API
         return False
+
+
+def fsdp_grads_view_reduce_output(module: Any, reduce_output: torch.Tensor) -> bool:
+    """Whether FSDP2 will make ``module``'s sharded gradients plain views of ``reduce_output``.
+
+    ``reduce_output`` is what FSDP2 passes to ``module``'s all-reduce hook. After the hook, FSDP2
+    views the gradient shards out of it unchanged when it casts nothing (the gradients have the
+    reduce dtype), divides nothing afterwards (float32 or bfloat16 without forced sum
+    reductions), offloads nothing and accumulates into no existing gradient. Then whatever is
+    written into ``reduce_output`` before the optimizer reads the gradients is the gradient.
+    Reads FSDP2's parameter group (private); ``False`` if it cannot tell.
+    """
+    try:
+        group = module._get_fsdp_state()._fsdp_param_group
+        if group is None or getattr(group, "force_sum_reduction_for_comms", False):
+            return False
+        params = list(group.fsdp_params)
+        return (
+            reduce_output.dtype in (torch.float32, torch.bfloat16)
+            and reduce_output.device.type in ("cpu", "cuda")
+            and bool(params)
+            and all(
+                not p.offload_to_cpu and p.sharded_param.grad is None and p.sharded_param.dtype == reduce_output.dtype
+                for p in params
+            )
+        )
+    except (AttributeError, RuntimeError, TypeError):  # a renamed or changed private API
+        return False
+
+
+def backward_pass_id() -> int:
+    """The id of the backward pass running on this thread (``-1`` outside one)."""
+    return int(torch._C._current_graph_task_id())
+
+
+def at_end_of_backward(callback: Any) -> bool:
+    """Run ``callback()`` when the backward pass running on this thread ends (after FSDP2's own end-of-backward work).
+
+    :returns: ``False`` (and nothing is queued) outside a backward pass.
+    """
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(callback)
+    except RuntimeError:  # "Final callbacks can only be installed during backward pass."
+        return False
+    return True

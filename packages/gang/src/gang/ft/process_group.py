@@ -11,11 +11,13 @@ Every collective returns a completed ``Work``: the gang's collectives block.
 average gradients over the replicas of the current quorum. The average is :func:`average`: an
 all-gather followed by a sum in rank order and a division by the quorum size, so every replica,
 and a single-process replay of the same steps, gets the same bits whatever algorithm the backend
-picks for a reduction.
+picks for a reduction. DDP averages each gradient bucket; FSDP2's hooks collect the gradient
+shards of a backward pass and average them in one exchange when it ends (see
+:func:`replicate_fsdp`).
 """
 
 # No `from __future__ import annotations`: DDP checks the comm hook's annotations as objects.
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Protocol, final, runtime_checkable
@@ -28,7 +30,13 @@ from torch.futures import Future
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from gang._torch_groups import GradBucket, fix_ddp_buckets
+from gang._torch_groups import (
+    GradBucket,
+    at_end_of_backward,
+    backward_pass_id,
+    fix_ddp_buckets,
+    fsdp_grads_view_reduce_output,
+)
 from gang.errors import GangError, NotSupportedError
 from gang.gang import Gang
 from gang.ops import ReduceOperation
@@ -277,7 +285,14 @@ def replicate_ddp(gang: Gang, ddp_model: object) -> None:
 
 
 def replicate_fsdp(gang: Gang, module: object) -> None:
-    """Average every gradient shard of ``module`` over the quorum (:meth:`ReplicaGang.replicate_fsdp`)."""
+    """Average every gradient shard of ``module`` over the quorum (:meth:`ReplicaGang.replicate_fsdp`).
+
+    Installs one all-reduce hook per FSDP module. Where FSDP2 turns what the hook receives into
+    the gradients as they are (float32 or bfloat16 gradients of the reduce dtype, nothing to
+    accumulate into, no offload: the usual case), the hooks of one backward pass only collect
+    the shards and a single :func:`average` of all of them runs when the backward pass ends;
+    otherwise each hook averages its shards at once. The bits are the same either way.
+    """
     from torch.distributed.fsdp import FSDPModule
 
     if not isinstance(module, torch.nn.Module):
@@ -296,11 +311,59 @@ def replicate_fsdp(gang: Gang, module: object) -> None:
                 "average a second time)."
             )
 
-    def hook(reduce_output: Tensor) -> None:
-        average(gang, reduce_output)
-
+    averager = _BackwardAverage(gang)
     for m in fsdp_modules:
-        m.set_all_reduce_hook(hook)
+        m.set_all_reduce_hook(averager.hook(m))
+
+
+class _BackwardAverage:
+    """FSDP2 all-reduce hooks that average every gradient shard of one backward pass in one exchange.
+
+    FSDP2 calls the hook of each FSDP module once per backward pass with the module's reduced
+    gradient shards (``reduce_output``). When FSDP2 then only views the gradients out of it
+    (:func:`~gang._torch_groups.fsdp_grads_view_reduce_output`: no cast, no division after the
+    hook, no accumulation into existing gradients, no offload), the hook only collects it, and
+    at the end of the backward pass the collected shards are averaged together, concatenated
+    (per dtype): one :func:`average` per backward pass instead of one per module, with the same
+    sum, element by element, in rank order. Otherwise the hook averages at once.
+    """
+
+    def __init__(self, gang: Gang) -> None:
+        self._gang = gang
+        self._pass = -1
+        self._pending: list[Tensor] = []
+
+    def hook(self, module: object) -> Callable[[Tensor], None]:
+        """The all-reduce hook of FSDP module ``module``."""
+
+        def run(reduce_output: Tensor) -> None:
+            if not fsdp_grads_view_reduce_output(module, reduce_output):
+                average(self._gang, reduce_output)
+                return
+            current = backward_pass_id()
+            if current != self._pass:  # the first shard of this pass (a pass that raised left nothing to do)
+                self._pending = []
+                if current < 0 or not at_end_of_backward(self._flush):
+                    average(self._gang, reduce_output)
+                    return
+                self._pass = current
+            self._pending.append(reduce_output)
+
+        return run
+
+    def _flush(self) -> None:
+        pending, self._pending, self._pass = self._pending, [], -1
+        by_dtype: dict[torch.dtype, list[Tensor]] = {}
+        for tensor in pending:
+            by_dtype.setdefault(tensor.dtype, []).append(tensor)
+        for tensors in by_dtype.values():
+            if len(tensors) == 1:
+                average(self._gang, tensors[0])
+                continue
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            average(self._gang, flat)
+            for tensor, part in zip(tensors, torch.split(flat, [t.numel() for t in tensors]), strict=True):
+                tensor.view(-1).copy_(part)
 
 
 __all__ = ["BACKEND_NAME", "ReplicaProcessGroup", "average", "replicate_ddp", "replicate_fsdp"]
