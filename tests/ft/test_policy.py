@@ -160,3 +160,12 @@ def test_due_is_when_a_waited_for_heartbeat_goes_stale_or_the_quorum_timeout() -
     assert abs(POLICY.due(v, None) - 0.5) < 1e-9
     v = view({"0": 1, "1": 1, "2": 1}, {("0", 0): 3, ("1", 0): 3}, ages={("2", 0): 0.5}, waited=9.75)
     assert abs(POLICY.due(v, None) - 0.25) < 1e-9  # quorum_timeout comes first
+
+
+def test_due_ignores_an_older_larger_incarnations_extra_ranks() -> None:
+    # Replica 2 was of 2 processes and restarted as 1: its rank 1's old beat is silent for good and
+    # must not make the leader read the round again at once (a tight loop until quorum_timeout).
+    v = view({"0": 1, "1": 1, "2": 2}, {("0", 0): 3, ("1", 0): 3}, ages={("2", 0): 1.0, ("2", 1): 60.0})
+    v = View({"0": 1, "1": 1, "2": 1}, v.beats, v.joins, v.waited)
+    assert POLICY.decide(4, v, None, False) is None
+    assert abs(POLICY.due(v, None) - 4.0) < 1e-9

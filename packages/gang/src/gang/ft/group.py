@@ -1,5 +1,8 @@
 """The cross-replica process group of a :mod:`gang.ft` step: waiting on its collectives while
-watching the peers, and dropping it off the training thread."""
+watching the peers, and dropping it off the training thread.
+
+Internal to :mod:`gang.ft` (its names may change); not part of the public API.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The heartbeat of one :mod:`gang.ft` process: a background thread that writes it to the store.
 
 The keys it writes are described in :mod:`gang.ft.quorum`. The thread has its own store
-connection, so a training thread blocked in a request never delays a heartbeat.
+connection, so a training thread blocked in a request never delays a heartbeat. Internal to
+:mod:`gang.ft` (its names may change); not part of the public API.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ class Heartbeat:
 
     :param protocol: A quorum client of this process with a store connection of its own.
     :param step: Returns the process's step number (written with every heartbeat).
-    :param closed_round: Returns the last round this process published as leader.
+    :param closed_rounds: Returns the rounds this process published as leader since the last call
+        (:meth:`~gang.ft.quorum.QuorumClient.take_closed`).
     :param heartbeat_timeout: The process's ``heartbeat_timeout`` in seconds.
     :param name: The thread's name.
     """
@@ -32,7 +34,7 @@ class Heartbeat:
         self,
         protocol: QuorumClient,
         step: Callable[[], int],
-        closed_round: Callable[[], int],
+        closed_rounds: Callable[[], list[int]],
         heartbeat_timeout: float,
         name: str,
     ) -> None:
@@ -41,7 +43,7 @@ class Heartbeat:
         error), ``None`` while it runs."""
         self._protocol = protocol
         self._step = step
-        self._closed_round = closed_round
+        self._closed_rounds = closed_rounds
         self._interval = heartbeat_period(heartbeat_timeout)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -53,22 +55,18 @@ class Heartbeat:
         self._thread.join(timeout=timeout)
 
     def _run(self) -> None:
-        collected = 0
         while not self._stop.wait(self._interval):
             try:
                 self._protocol.beat(self._step())
             except _BEAT_ERRORS as ex:
                 self.error = ex
                 return
-            # This process closed round `closed`: delete every round up to two before it that
-            # is not deleted yet by this thread (at most 101 at once; a failure here only leaves
-            # keys behind, and a lost store shows at the next beat).
-            closed = self._closed_round()
-            if closed > collected:
-                with suppress(*BACKEND_ERRORS):
-                    for n in range(max(collected + 1, closed - 100), closed + 1):
-                        collect(self._protocol.client, n)
-                collected = closed
+            # Delete the keys of the rounds before those this process closed as leader: a few
+            # requests per round it led, so a beat is never late behind a long clean-up (a failure
+            # here only leaves keys behind, and a lost store shows at the next beat).
+            with suppress(*BACKEND_ERRORS):
+                for n in self._closed_rounds():
+                    collect(self._protocol.client, n)
 
 
 __all__ = ["Heartbeat"]

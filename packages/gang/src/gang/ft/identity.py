@@ -1,6 +1,9 @@
 """Who a :mod:`gang.ft` process is and where it meets the others: the checks of
 :meth:`~gang.ft.ReplicaGang.join`'s identity arguments (replica id, replica rank and size), the
-store's address and the device, each from its argument or else from the environment."""
+store's address and the device, each from its argument or else from the environment.
+
+Internal to :mod:`gang.ft` (its names may change); not part of the public API.
+"""
 
 from __future__ import annotations
 

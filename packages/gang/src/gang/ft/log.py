@@ -60,3 +60,6 @@ def log_quorum(replica_id: str, old: Quorum | None, new: Quorum) -> None:
 def abort_reason(error: Exception | None) -> str:
     """The reason an aborted step is logged with: the recorded error, or a member that failed or did not vote."""
     return "a member failed or did not vote in time" if error is None else str(error)
+
+
+__all__ = ["log_event", "logger"]

@@ -234,8 +234,14 @@ class Policy:
         if view.store_age < self.heartbeat_timeout:
             return self.heartbeat_timeout - view.store_age
         _, _, waiting = self._waiting(view, previous)
-        silent = [self.heartbeat_timeout - b.age for (rid, _), b in view.beats.items() if rid in waiting]
-        return max(0.0, min([self.quorum_timeout - view.waited, *silent]))
+        # The processes of the replicas waited for (an older, larger incarnation's extra ranks do
+        # not count) that are not silent yet.
+        terms = [
+            left
+            for (rid, rank), b in view.beats.items()
+            if rid in waiting and rank < view.sizes.get(rid, 0) and (left := self.heartbeat_timeout - b.age) > 0
+        ]
+        return max(0.0, min([self.quorum_timeout - view.waited, *terms]))
 
     def _waiting(self, view: View, previous: Quorum | None) -> tuple[dict[str, list[int]], set[str], set[str]]:
         """The live replicas that joined (their processes' steps), the stalled ones still not

@@ -46,6 +46,7 @@ import json
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -198,7 +199,9 @@ class QuorumClient:
         self.token = token
         self.policy = policy
         self.closed_round = 0
-        """The last round this process published as leader (its keys' collection is due)."""
+        """The last round this process published as leader."""
+        self._closed: deque[int] = deque()
+        self._suspect: tuple[bytes, float] | None = None  # a heartbeat seen silent, and when
         self._me = f"{replica_id}|{replica_rank}|{token}"
 
     def describe(self) -> str:
@@ -359,9 +362,11 @@ class QuorumClient:
             change the decision (:meth:`Policy.due`).
         """
         prev, committed = self._previous(n, previous)
+        view = self._view(n, waited)
+        # Read after the joins: a member marks `dropped` before it joins this round, so a join in
+        # the view comes with its mark.
         if committed and self.client.peek(_key("r", n - 1, "dropped")) is not None:
             committed = False  # a member dropped the group after the vote: the next one is new
-        view = self._view(n, waited)
         decision = self.policy.decide(n, view, prev, committed)
         if decision is None:
             return self.policy.due(view, prev)
@@ -373,7 +378,16 @@ class QuorumClient:
         if self.client.compare_set(_key("r", n, "result"), "", text) == text.encode():
             self.client.set(_key("closed"), str(n))
             self.closed_round = n
+            self._closed.append(n)
         return None
+
+    def take_closed(self) -> list[int]:
+        """The rounds this process published as leader since the last call: their collection
+        (:func:`collect`) is due. Each round has one leader, so each is collected once, by it."""
+        rounds: list[int] = []
+        while self._closed:
+            rounds.append(self._closed.popleft())
+        return rounds
 
     def _view(self, n: int, waited: float) -> View:
         sizes: dict[str, int] = {}
@@ -422,21 +436,34 @@ class QuorumClient:
         after the vote (:meth:`mark_dropped`), or when the process this one
         watches (:func:`gang.ft.policy.watched`) has been silent for ``heartbeat_timeout`` (or was
         replaced by another incarnation, or left): its decision is then set to ``abort``, so every
-        member that checks learns it from one key. A heartbeat missing from the store (a restarted
+        member that checks learns it from one key. Silence is confirmed by a second read a
+        heartbeat period later that finds the same heartbeat, so a stalled store or clocks that
+        differ between hosts are not taken for it. A heartbeat missing from the store (a restarted
         store that the process has not registered with again) does not count as silence.
         """
         decision_key = _key("r", quorum.round, "decision")
         target = watched(quorum, self.replica_id, self.replica_rank)
         if target is not None:
             (rid, rank), token = target
-            beat = _parse_beat(self.client.peek(_key("hb", rid, rank)), time.time())
-            if beat is not None and (beat.token != token or not self.policy.alive(beat)):
-                self.client.compare_set(decision_key, "", "abort")
-                who = f"replica {rid!r} rank {rank} of the quorum"
-                if beat.token != token or beat.left:
-                    return f"{who} is gone (it left, or a new incarnation replaced it)"
+            raw = self.client.peek(_key("hb", rid, rank))
+            beat = _parse_beat(raw, time.time())
+            gone = beat is not None and (beat.token != token or beat.left)
+            silent = beat is not None and not gone and not self.policy.alive(beat)
+            # A heartbeat that looks silent counts only when a later read, a heartbeat period on,
+            # finds it unchanged: a store that stalled (or a clock that differs) is not silence.
+            now = time.monotonic()
+            if not silent or raw is None or self._suspect is None or self._suspect[0] != raw:
+                self._suspect = (raw, now) if silent and raw is not None else None
+            elif now - self._suspect[1] >= self.watch_interval:
+                assert beat is not None
+                self._abort(quorum)
                 limit = self.policy.heartbeat_timeout
+                who = f"replica {rid!r} rank {rank} of the quorum"
                 return f"{who} was silent for {beat.age:.3g} s (`heartbeat_timeout` is {limit:g} s)"
+            if gone:
+                self._abort(quorum)
+                who = f"replica {rid!r} rank {rank} of the quorum"
+                return f"{who} is gone (it left, or a new incarnation replaced it)"
         if self.client.peek(decision_key) == b"abort":
             return "a member of the quorum aborted the step"
         if self.client.peek(_key("r", quorum.round, "dropped")) is not None:
@@ -445,8 +472,15 @@ class QuorumClient:
 
     def mark_dropped(self, quorum: Quorum) -> None:
         """Record that this process dropped the group of ``quorum`` after its vote, so the next
-        round builds a new group even when the step was committed."""
-        self.client.set(_key("r", quorum.round, "dropped"), "1")
+        round builds a new group even when the step was committed (nothing is written once the
+        round's keys are deleted)."""
+        if self.client.peek(_key("r", quorum.round, "result")) is not None:
+            self.client.set(_key("r", quorum.round, "dropped"), "1")
+
+    def _abort(self, quorum: Quorum) -> None:
+        """Set the decision of ``quorum``'s step to ``abort`` unless it is decided or its keys are deleted."""
+        if self.client.peek(_key("r", quorum.round, "result")) is not None:
+            self.client.compare_set(_key("r", quorum.round, "decision"), "", "abort")
 
     # -- the commit vote ------------------------------------------------------------------------------
 

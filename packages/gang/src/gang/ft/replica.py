@@ -141,7 +141,7 @@ class ReplicaGang(Gang):
         self._heartbeat = Heartbeat(
             QuorumClient(self._connect(), replica_id, replica_rank, replica_size, self._token, policy),
             lambda: self._step_number,
-            lambda: self._protocol.closed_round,
+            self._protocol.take_closed,
             heartbeat_timeout.total_seconds(),
             f"gang.ft heartbeat {replica_id}",
         )
@@ -446,7 +446,12 @@ class ReplicaGang(Gang):
         self._quorum = quorum
         self._round = quorum.round
         self._rank, self._size = quorum.members.index(self._replica_id), len(quorum.members)
-        if self._pg_round != quorum.group:
+        if self._pg_round != quorum.group and quorum.group != quorum.round:
+            # The quorum reuses a group this process dropped after the last vote (its mark did not
+            # reach the leader): building it again would wait for peers that never come. Vote
+            # against at once; the next quorum builds a new group.
+            self._record("step", GangError(f"the group of round {quorum.group} was dropped by this process"))
+        elif self._pg_round != quorum.group:
             self._rebuild(quorum)
         if self._error is None:
             self._heal(quorum)
