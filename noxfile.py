@@ -141,8 +141,8 @@ def plugin(session: nox.Session) -> None:
     ``pyproject.toml`` configures pytest and nothing of this repository's test set-up is loaded.
     """
     project = ROOT / "examples" / "plugin-project"
-    install(session, "pytest", packages=["gang"])
-    session.install(*CONSTRAINTS, "-e", str(project))  # editable: no build/ copy of it in the tree
+    # One pip call; the project editable, so that no build/ copy of it is left in the tree.
+    install(session, "pytest", "-e", str(project), packages=["gang"])
     session.chdir(project)
     session.run("pytest", "tests", "-p", "no:cacheprovider", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
