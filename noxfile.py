@@ -12,8 +12,13 @@ made fresh once per nox run: torch and JAX are installed once, not once per sess
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nox
@@ -79,14 +84,20 @@ def shared(session: nox.Session) -> None:
 @nox.parametrize("target", TEST_TARGETS)
 def tests(session: nox.Session, target: str) -> None:
     """Run one package's tests (or the cross-package tests in ``tests/``) on real local processes."""
-    ignore: list[str] = []
-    if target == "integration":
-        path = ROOT / "tests"
-        ignore = ["--ignore", str(LAUNCHER_TESTS)]  # the `launchers` session runs them
-    else:
-        path = ROOT / "packages" / target / "tests"
     shared(session)
-    session.run(str(SHARED_BIN / "pytest"), str(path), "-p", "no:cacheprovider", *ignore, *session.posargs)
+    pytest = [str(SHARED_BIN / "pytest"), "-p", "no:cacheprovider"]
+    if target != "integration":
+        session.run(*pytest, str(ROOT / "packages" / target / "tests"), *session.posargs)
+        return
+    tests = [str(ROOT / "tests"), "--ignore", str(LAUNCHER_TESTS)]  # the `launchers` session runs them
+    if session.posargs:
+        session.run(*pytest, *tests, *session.posargs)
+        return
+    # Two halves of about equal length, side by side: each keeps about one core busy (its processes
+    # mostly take turns), so together they use the two cores of the CI machine.
+    ft = ROOT / "tests" / "ft"
+    halves = {"tests/ft": [[*pytest, str(ft)]], "tests (but tests/ft)": [[*pytest, *tests, "--ignore", str(ft)]]}
+    run_side_by_side(session, halves, env={})
 
 
 LAUNCHER_TESTS = ROOT / "tests" / "launchers"
@@ -130,8 +141,8 @@ def plugin(session: nox.Session) -> None:
     ``pyproject.toml`` configures pytest and nothing of this repository's test set-up is loaded.
     """
     project = ROOT / "examples" / "plugin-project"
-    install(session, "pytest", packages=["gang"])
-    session.install(*CONSTRAINTS, "-e", str(project))  # editable: no build/ copy of it in the tree
+    # One pip call; the project editable, so that no build/ copy of it is left in the tree.
+    install(session, "pytest", "-e", str(project), packages=["gang"])
     session.chdir(project)
     session.run("pytest", "tests", "-p", "no:cacheprovider", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
@@ -166,16 +177,62 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def docs(session: nox.Session) -> None:
-    """Build the Sphinx site warning-free, run its doctests, and run every example."""
+    """Build the Sphinx site warning-free, run its doctests, and run every example.
+
+    Two lanes side by side (see :func:`run_side_by_side`): the html and doctest builds (the doctest
+    build reads the pages the html build pickled) and then every second example, and the other
+    examples.
+    """
     shared(session)  # sphinx, furo, and pytest (the API reference documents the pytest plugin)
     build = ROOT / "docs" / "_build"
-    sphinx = str(SHARED_BIN / "sphinx-build")
-    session.run(sphinx, "-W", "--keep-going", "-b", "html", "docs", str(build / "html"))
-    session.run(sphinx, "-W", "--keep-going", "-b", "doctest", "docs", str(build / "doctest"))
-    for example in sorted((ROOT / "examples").glob("*.py")):
-        if example.name.startswith("_"):
-            continue
-        session.run(str(SHARED_BIN / "python"), str(example), env={"OMP_NUM_THREADS": "1"})
+    sphinx = [str(SHARED_BIN / "sphinx-build"), "-W", "--keep-going", "-d", str(build / "doctrees")]
+    builds = [[*sphinx, "-b", builder, "docs", str(build / builder)] for builder in ("html", "doctest")]
+    examples = [
+        [str(SHARED_BIN / "python"), str(example)]
+        for example in sorted((ROOT / "examples").glob("*.py"))
+        if not example.name.startswith("_")
+    ]
+    lanes = {"sphinx, examples": builds + examples[1::2], "examples": examples[::2]}
+    run_side_by_side(session, lanes, env={"OMP_NUM_THREADS": "1"})
+
+
+LANES = 2
+"""How many jobs :func:`run_side_by_side` runs at once: the cores of the CI machine.
+
+Each job given to it keeps about one core busy on its own (CPU seconds about equal to its wall
+seconds, measured with ``/usr/bin/time``), so two of them use the machine without crowding it.
+"""
+
+
+def run_side_by_side(session: nox.Session, jobs: dict[str, list[list[str]]], *, env: dict[str, str]) -> None:
+    """Run ``jobs`` (each a list of commands, run one after another) at most :data:`LANES` at a time.
+
+    A job's output is printed whole when the job ends, so that outputs never interleave. After every
+    job has ended, the session fails if a command failed (a failing command ends its own job).
+    """
+    full_env = {**os.environ, **{k: v for k, v in session.env.items() if v is not None}, **env}
+    lock = threading.Lock()
+
+    def run(name: str) -> bool:
+        start = time.monotonic()
+        for command in jobs[name]:
+            done = subprocess.run(command, env=full_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            with lock:
+                session.log(f"[{name}] {shlex.join(command)}")
+                print(done.stdout.decode(errors="replace"), end="", flush=True)
+            if done.returncode != 0:
+                with lock:
+                    session.log(f"[{name}] failed with exit status {done.returncode}")
+                return False
+        with lock:
+            session.log(f"[{name}] done in {time.monotonic() - start:.0f} s")
+        return True
+
+    with ThreadPoolExecutor(max_workers=LANES) as pool:
+        outcomes = dict(zip(jobs, pool.map(run, jobs), strict=True))
+    failed = [name for name, ok in outcomes.items() if not ok]
+    if failed:
+        session.error(f"failed: {', '.join(failed)}")
 
 
 @nox.session

@@ -175,3 +175,23 @@ def test_importlib_mode_and_nested_folders(pytester: pytest.Pytester) -> None:
     )
     result = pytester.runpytest_subprocess(*PLUGIN, "--import-mode=importlib", "-v")
     result.assert_outcomes(passed=1)
+
+
+def test_run_timeout_options_and_their_deprecated_names(pytester: pytest.Pytester) -> None:
+    # `gang_run_timeout` bounds a test body; `gang_timeout`, its former name (a gang's timeout is
+    # that of its collectives, as in `World`), still works with a deprecation warning.
+    pytester.makepyfile(
+        test_timeouts="""
+        from gang.pytest_plugin import _default_run_timeout
+
+        def test_print(request):
+            print(f"RUN_TIMEOUT={_default_run_timeout(request.config):g}")
+        """
+    )
+    pytester.makeini("[pytest]\ngang_run_timeout = 9\n")
+    result = pytester.runpytest_subprocess(*PLUGIN, "-s", "-W", "error::pytest.PytestDeprecationWarning")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*RUN_TIMEOUT=9*"])
+    result = pytester.runpytest_subprocess(*PLUGIN, "-s", "--gang-timeout", "6")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*RUN_TIMEOUT=6*", "*PytestDeprecationWarning: `gang_timeout` (`--gang-timeout`)*"])

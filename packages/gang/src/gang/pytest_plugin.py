@@ -9,9 +9,10 @@ and stopped at the end of the session. ``world_size=[2, 4]`` runs the test once 
   rank by pickle (a value that does not pickle fails the test, naming the argument).
 * A failure on any rank fails the test with that rank's traceback (assertions are rewritten as
   pytest rewrites them); the other ranks are stopped and the processes of that size restarted.
-* ``timeout=`` (seconds) bounds the body; the default is the ``gang_timeout`` ini option or the
-  ``--gang-timeout`` command-line option (120 seconds). A test that runs past it fails, and its
-  processes are stopped.
+* ``timeout=`` (seconds) bounds the body; the default is the ``gang_run_timeout`` ini option or the
+  ``--gang-run-timeout`` command-line option (120 seconds). A test that runs past it fails, and its
+  processes are stopped. (The deprecated ``gang_timeout`` and ``--gang-timeout`` still work, with a
+  warning: a gang's timeout is that of its collectives, as in :class:`gang.testing.World`.)
 * ``pytest.skip()`` in the body on every rank skips the test.
 
 The test module is loaded again in each process, from its file and under the name pytest gave
@@ -71,21 +72,55 @@ class _Skipped:
     reason: str
 
 
+_RUN_TIMEOUT = "gang_run_timeout"
+"""The ini option (and, as ``--gang-run-timeout``, the command-line option) of the default run timeout."""
+_DEPRECATED = {"gang_timeout": _RUN_TIMEOUT}
+"""The deprecated names of the options, each with its new name (ini; the command line adds ``--``)."""
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Add ``--gang-timeout`` and the ``gang_timeout`` ini option."""
+    """Add ``--gang-run-timeout`` and the ``gang_run_timeout`` ini option (and their deprecated aliases)."""
     help_text = f"default seconds a @pytest.mark.gang test body may run (default {DEFAULT_RUN_TIMEOUT:g})"
-    parser.addini("gang_timeout", help_text, default=str(DEFAULT_RUN_TIMEOUT))
     group = parser.getgroup("gang", "distributed tests on real local processes")
-    group.addoption("--gang-timeout", type=float, default=None, dest="gang_timeout", help=help_text)
+    parser.addini(_RUN_TIMEOUT, help_text, default="")
+    group.addoption("--gang-run-timeout", type=float, default=None, dest=_RUN_TIMEOUT, help=help_text)
+    for old, new in _DEPRECATED.items():
+        parser.addini(old, f"deprecated: use {new}", default="")
+        group.addoption(f"--{old.replace('_', '-')}", type=float, default=None, dest=old, help=f"deprecated: --{new}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the marker (so ``--strict-markers`` accepts it)."""
+    """Register the marker (so ``--strict-markers`` accepts it); warn of a deprecated option."""
     config.addinivalue_line(
         "markers",
         "gang(world_size, timeout=None): run the test body, whose first parameter is `gang`, on "
         "`world_size` real local gloo processes (a list of sizes parametrizes the test).",
     )
+    for old, new in _DEPRECATED.items():
+        if config.getoption(old) is not None or config.getini(old):
+            warning = pytest.PytestDeprecationWarning(
+                f"`{old}` (`--{old.replace('_', '-')}`) is deprecated: it is the run timeout of a test body, "
+                f"now `{new}` (`--{new.replace('_', '-')}`)."
+            )
+            config.issue_config_time_warning(warning, stacklevel=2)
+
+
+def _default_run_timeout(config: pytest.Config) -> float:
+    """The seconds a ``@pytest.mark.gang`` body without ``timeout=`` may run.
+
+    The first set of: ``--gang-run-timeout``, ``--gang-timeout`` (deprecated), the
+    ``gang_run_timeout`` ini option, ``gang_timeout`` (deprecated); else
+    :data:`gang.testing.DEFAULT_RUN_TIMEOUT`.
+    """
+    for name in (_RUN_TIMEOUT, *_DEPRECATED):
+        option = config.getoption(name)
+        if option is not None:
+            return float(option)
+    for name in (_RUN_TIMEOUT, *_DEPRECATED):
+        value = config.getini(name)
+        if value:
+            return float(value)
+    return DEFAULT_RUN_TIMEOUT
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -195,10 +230,7 @@ def _timeout(item: pytest.Function, marker: pytest.Mark) -> float:
     timeout = marker.kwargs.get("timeout")
     if timeout is not None:
         return float(timeout)
-    option = item.config.getoption("gang_timeout")
-    if option is not None:
-        return float(option)
-    return float(item.config.getini("gang_timeout"))
+    return _default_run_timeout(item.config)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -222,7 +254,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         world.close(force=True)
         failure = (
             f"{pyfuncitem.nodeid} ran past its timeout of {timeout:g} s on {size} ranks; every rank was stopped "
-            "(raise it with `@pytest.mark.gang(..., timeout=SECONDS)` or `--gang-timeout`)."
+            "(raise it with `@pytest.mark.gang(..., timeout=SECONDS)` or `--gang-run-timeout`)."
         )
     except WorkerDiedError as ex:
         world.close(force=True)
