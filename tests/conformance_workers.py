@@ -38,21 +38,16 @@ class GangKind:
     :param same_data: The gang assumes every rank holds the same data (as :class:`~gang.FakeGang`
         does), so both gangs get rank 0's inputs on every rank.
     :param objects: Whether ``broadcast_objects`` really moves objects between ranks.
-    :param engine_of: The entry whose engine runs this gang's collectives (the isolated JaxGang
-        forwards every call to the engine of an in-process one, in a child process). The suite
-        then checks the forwarding of each operation, each dtype and each collective, not their
-        product, which it checks on that entry.
     """
 
     create: Callable[[Gang], Gang]
     same_data: bool = False
     objects: bool = True
-    engine_of: str | None = None
 
 
 GANGS: dict[str, GangKind] = {
     "jax": GangKind(lambda _: JaxGang.create_default(isolated=False)),
-    "jax-isolated": GangKind(lambda _: JaxGang.create_default(isolated=True), engine_of="jax"),
+    "jax-isolated": GangKind(lambda _: JaxGang.create_default(isolated=True)),
     "fake": GangKind(lambda pg: FakeGang(pg.device, rank=pg.rank, size=pg.size), same_data=True, objects=False),
 }
 """The gangs compared with the reference, by name (the suite's test ids)."""
