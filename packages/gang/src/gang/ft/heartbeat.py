@@ -1,8 +1,10 @@
 """The heartbeat of one :mod:`gang.ft` process: a background thread that writes it to the store.
 
 The keys it writes are described in :mod:`gang.ft.quorum`. The thread has its own store
-connection, so a training thread blocked in a request never delays a heartbeat. Internal to
-:mod:`gang.ft` (its names may change); not part of the public API.
+connection, so a training thread blocked in a request never delays a heartbeat. It also serves
+this process's death signal and watches that of the process this one watches
+(:mod:`gang.ft.liveness`): when that process dies, it marks it dead in the store at once. Internal
+to :mod:`gang.ft` (its names may change); not part of the public API.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from collections.abc import Callable
 from contextlib import suppress
 
 from gang.errors import BACKEND_ERRORS
+from gang.ft.liveness import Liveness
+from gang.ft.log import log_event
+from gang.ft.policy import Process
 from gang.ft.quorum import IdentityError, QuorumClient, collect, heartbeat_period
 
 _BEAT_ERRORS: tuple[type[Exception], ...] = (IdentityError, *BACKEND_ERRORS)
@@ -28,6 +33,7 @@ class Heartbeat:
         (:meth:`~gang.ft.quorum.QuorumClient.take_closed`).
     :param heartbeat_timeout: The process's ``heartbeat_timeout`` in seconds.
     :param name: The thread's name.
+    :param liveness: This process's death signal (served and used to watch; closed by its owner).
     """
 
     def __init__(
@@ -37,6 +43,7 @@ class Heartbeat:
         closed_rounds: Callable[[], list[int]],
         heartbeat_timeout: float,
         name: str,
+        liveness: Liveness,
     ) -> None:
         self.error: Exception | None = None
         """What stopped the heartbeat (an :class:`~gang.ft.quorum.IdentityError` or a store
@@ -45,9 +52,16 @@ class Heartbeat:
         self._step = step
         self._closed_rounds = closed_rounds
         self._interval = heartbeat_period(heartbeat_timeout)
+        self._liveness = liveness
+        self._target: tuple[Process, str] | None = None  # set by the training thread
+        self._watching: tuple[Process, str] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+
+    def watch(self, target: tuple[Process, str] | None) -> None:
+        """Watch the death signal of process ``target`` (with its incarnation) from the next beat on."""
+        self._target = target
 
     def stop(self, timeout: float) -> None:
         """Stop the thread and wait up to ``timeout`` seconds for it to end."""
@@ -61,12 +75,30 @@ class Heartbeat:
             except _BEAT_ERRORS as ex:
                 self.error = ex
                 return
+            with suppress(*BACKEND_ERRORS):  # a lost store shows at the next beat
+                self._watch()
             # Delete the keys of the rounds before those this process closed as leader: a few
             # requests per round it led, so a beat is never late behind a long clean-up (a failure
             # here only leaves keys behind, and a lost store shows at the next beat).
             with suppress(*BACKEND_ERRORS):
                 for n in self._closed_rounds():
                     collect(self._protocol.client, n)
+
+    def _watch(self) -> None:
+        """Serve the processes watching this one; mark the watched one dead if its signal fired."""
+        self._liveness.serve()
+        target = self._target
+        if target != self._watching:
+            self._liveness.watch(None if target is None else self._protocol.address_of(*target))
+            self._watching = target
+        elif target is not None and self._liveness.died() and self._protocol.mark_dead(*target):
+            (rid, rank), _ = target
+            log_event(
+                "died",
+                f"replica {rid!r} rank {rank} died: the connection its process held open closed",
+                replica=rid,
+                replica_rank=rank,
+            )
 
 
 __all__ = ["Heartbeat"]

@@ -29,7 +29,8 @@ class Beat:
     :ivar token: The incarnation that wrote it (a new one at every ``join``).
     :ivar age: Seconds since it was written.
     :ivar step: The process's step number when it was written.
-    :ivar left: Whether the process closed its gang.
+    :ivar left: Whether the process is gone: it closed its gang, or the process watching it saw
+        it die (:mod:`gang.ft.liveness`).
     """
 
     token: str

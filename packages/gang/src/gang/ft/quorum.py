@@ -4,10 +4,14 @@ The decisions (who is live, who heals from whom, when to give up) are :class:`ga
 this module only reads and writes the coordination store (torch's ``TCPStore``), under :data:`ROOT`:
 
 - ``id/<replica>/<rank>``: the incarnation that owns process (replica id, replica rank):
-  ``"<token> <host>:<pid> <unix time>"``. Every ``join`` makes a new token; a process claims the
-  key with ``compare_set`` and is refused while the owner heartbeats (a duplicate).
+  ``"<token> <host>:<pid> <unix time> <address>"``, where ``address`` is the ``host:port`` its
+  death signal listens on (:mod:`gang.ft.liveness`; ``-`` if none). Every ``join`` makes a new
+  token; a process claims the key with ``compare_set`` and is refused while the owner heartbeats
+  (a duplicate).
 - ``hb/<replica>/<rank>``: its heartbeat ``"<unix time> <step> <token>"`` (``"left <token>"``
-  once it closed), written by a background thread that first checks it still owns the claim.
+  once it closed), written by a background thread that first checks it still owns the claim;
+  ``"dead <token>"`` once the process watching it saw its death signal (a live process that was
+  taken for dead writes its next heartbeat over it).
 - ``reg``: every incarnation appends ``replica|rank|size`` once.
 - ``started``: the time ``python -m gang.ft.store`` started. A leader closes no round until
   ``heartbeat_timeout`` after it: a restarted store learns the live processes only as each
@@ -189,10 +193,18 @@ class QuorumClient:
     :param replica_size: The number of processes of the replica.
     :param token: This incarnation's token (unique per ``join``).
     :param policy: The quorum decisions.
+    :param address: ``host:port`` of this process's death signal (:mod:`gang.ft.liveness`), ``-`` if none.
     """
 
     def __init__(
-        self, client: StoreClient, replica_id: str, replica_rank: int, replica_size: int, token: str, policy: Policy
+        self,
+        client: StoreClient,
+        replica_id: str,
+        replica_rank: int,
+        replica_size: int,
+        token: str,
+        policy: Policy,
+        address: str = "-",
     ) -> None:
         self.client = client
         self.replica_id, self.replica_rank, self.replica_size = replica_id, replica_rank, replica_size
@@ -203,6 +215,7 @@ class QuorumClient:
         self._closed: deque[int] = deque()
         self._suspect: tuple[bytes, float] | None = None  # a heartbeat seen silent, and when
         self._me = f"{replica_id}|{replica_rank}|{token}"
+        self._address = address
 
     def describe(self) -> str:
         """Name this process for messages."""
@@ -216,11 +229,11 @@ class QuorumClient:
         :raises IdentityError: If a live process of another incarnation owns the identity.
         """
         claim = _key("id", self.replica_id, self.replica_rank)
-        mine = f"{self.token} {socket.gethostname()}:{os.getpid()} {time.time():.6f}"
+        mine = f"{self.token} {socket.gethostname()}:{os.getpid()} {time.time():.6f} {self._address}"
         current = self.client.peek(claim)
         while True:
             if current is not None and self._owner_alive(current.decode()):
-                _, who, _ = current.decode().split(" ")
+                _, who, *_ = current.decode().split(" ")
                 raise IdentityError(
                     f"{self.describe()} is already taken by a live process at {who}; "
                     f"this process at {socket.gethostname()}:{os.getpid()} is a duplicate"
@@ -237,7 +250,7 @@ class QuorumClient:
         heartbeat while it lives (every 0.1 s), so a fresh one that never changes is a process
         that just died (restarted at once by its launcher) or is stopped; wait for it to change
         or to grow older than ``heartbeat_timeout``."""
-        token, _, since = claim.split(" ")
+        token, _, since, *_ = claim.split(" ")
         key = _key("hb", self.replica_id, self.replica_rank)
         first = self.client.peek(key)
         while True:
@@ -264,13 +277,31 @@ class QuorumClient:
         if claim is None:
             self.register(step)
             return
-        owner, who, _ = claim.decode().split(" ")
+        owner, who, *_ = claim.decode().split(" ")
         if owner != self.token:
             raise IdentityError(
                 f"{self.describe()} was taken over by a new incarnation at {who} after this process "
                 f"was silent for longer than `heartbeat_timeout` ({self.policy.heartbeat_timeout:g} s)"
             )
         self.client.set(_key("hb", self.replica_id, self.replica_rank), f"{time.time():.6f} {step} {self.token}")
+
+    def address_of(self, process: Process, token: str) -> str | None:
+        """Where the death signal of ``process``'s incarnation ``token`` listens, if it owns its claim."""
+        claim = self.client.peek(_key("id", *process))
+        if claim is None:
+            return None
+        owner, _, _, *address = claim.decode().split(" ")
+        return address[0] if owner == token and address else None
+
+    def mark_dead(self, process: Process, token: str) -> bool:
+        """Mark ``process``'s incarnation ``token`` dead (its death signal fired), so no round waits
+        for its heartbeat to go silent; whether this call marked it (not if it left or was replaced)."""
+        key = _key("hb", *process)
+        raw = self.client.peek(key)
+        beat = _parse_beat(raw, time.time())
+        if raw is None or beat is None or beat.token != token or beat.left:
+            return False
+        return self.client.compare_set(key, raw.decode(), f"dead {token}") == f"dead {token}".encode()
 
     def leave(self) -> None:
         """Mark this process as gone, so the next round does not wait for its replica."""
@@ -463,6 +494,8 @@ class QuorumClient:
             if gone:
                 self._abort(quorum)
                 who = f"replica {rid!r} rank {rank} of the quorum"
+                if raw is not None and raw.startswith(b"dead "):
+                    return f"{who} died (the connection its process held open closed)"
                 return f"{who} is gone (it left, or a new incarnation replaced it)"
         if self.client.peek(decision_key) == b"abort":
             return "a member of the quorum aborted the step"
@@ -536,7 +569,7 @@ def _parse_beat(value: bytes | None, now: float) -> Beat | None:
     if value is None:
         return None
     parts = value.decode().split(" ")
-    if parts[0] == "left":
+    if parts[0] in ("left", "dead"):
         return Beat(parts[1], 0.0, 0, left=True)
     return Beat(parts[2], now - float(parts[0]), int(parts[1]))
 

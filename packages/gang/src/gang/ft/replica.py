@@ -31,8 +31,9 @@ from gang.ft.group import reaper, reduce_options, root_options, settle
 from gang.ft.heal import receive_state, send_state
 from gang.ft.heartbeat import Heartbeat
 from gang.ft.identity import check_device, check_replica_id, check_replica_rank, check_store
+from gang.ft.liveness import Liveness
 from gang.ft.log import abort_reason, log_event, log_quorum
-from gang.ft.policy import Policy, Quorum
+from gang.ft.policy import Policy, Quorum, watched
 from gang.ft.process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
 from gang.ft.quorum import ROOT, IdentityError, QuorumClient, QuorumTimeoutError, StoreClient
 from gang.gang import Gang, ReduceOperation
@@ -131,19 +132,24 @@ class ReplicaGang(Gang):
         self._commit: bool | None = None
         policy = Policy(min_replicas, quorum_timeout.total_seconds(), heartbeat_timeout.total_seconds(), init_sync)
         self._store = self._connect()
-        self._protocol = QuorumClient(self._store, replica_id, replica_rank, replica_size, self._token, policy)
+        self._liveness = Liveness(address[0])
+        args = (replica_id, replica_rank, replica_size, self._token, policy, self._liveness.address)
+        self._protocol = QuorumClient(self._store, *args)
         try:
             self._protocol.register(0)
         except IdentityError as ex:
+            self._liveness.close()
             raise GangError(f"`join` failed: {ex}.") from ex
         except BACKEND_ERRORS as ex:
+            self._liveness.close()
             raise self._store_error("join", ex) from ex
         self._heartbeat = Heartbeat(
-            QuorumClient(self._connect(), replica_id, replica_rank, replica_size, self._token, policy),
+            QuorumClient(self._connect(), *args),
             lambda: self._step_number,
             self._protocol.take_closed,
             heartbeat_timeout.total_seconds(),
             f"gang.ft heartbeat {replica_id}",
+            self._liveness,
         )
 
     @classmethod
@@ -443,6 +449,7 @@ class ReplicaGang(Gang):
         except BACKEND_ERRORS as ex:
             raise self._store_error("step", ex) from ex
         log_quorum(self._replica_id, self._quorum, quorum)
+        self._heartbeat.watch(watched(quorum, self._replica_id, self._replica_rank))
         self._quorum = quorum
         self._round = quorum.round
         self._rank, self._size = quorum.members.index(self._replica_id), len(quorum.members)
@@ -721,6 +728,7 @@ class ReplicaGang(Gang):
         self._heartbeat.stop(self._quorum_timeout.total_seconds() + self._heartbeat_timeout.total_seconds())
         with suppress(*BACKEND_ERRORS):  # if the store is gone, the others see the heartbeat stop
             self._protocol.leave()
+        self._liveness.close()
         self._drop_group()
         if self._process_group is not None:
             unregister_python_group(self._process_group)

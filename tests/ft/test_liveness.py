@@ -1,0 +1,102 @@
+"""gang.ft's death signal (:mod:`gang.ft.liveness`) on real processes and real sockets."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from gang.ft.liveness import Liveness
+
+# A process that listens, prints its address, waits for its watcher, then forks a child that
+# sleeps (as a data-loader worker does, holding copies of every socket), prints the child's pid
+# and serves until it is killed.
+_WATCHED = """
+import os, sys, time
+from gang.ft.liveness import Liveness
+me = Liveness("127.0.0.1")
+print(me.address, flush=True)
+while me.watchers == 0:
+    me.serve()
+    time.sleep(0.01)
+child = os.fork()
+if child == 0:
+    time.sleep(120)
+    os._exit(0)
+print(child, flush=True)
+while True:
+    me.serve()
+    time.sleep(0.01)
+"""
+
+
+def _until(check: Callable[[], bool], limit: float = 30.0) -> bool:
+    """Poll ``check()`` until it is true or ``limit`` seconds passed; return its last answer."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _served(liveness: Liveness) -> int:
+    liveness.serve()
+    return liveness.watchers
+
+
+@pytest.fixture
+def watched() -> Iterator[tuple[subprocess.Popen[str], Liveness, int]]:
+    proc = subprocess.Popen([sys.executable, "-c", _WATCHED], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    address = proc.stdout.readline().strip()
+    me = Liveness("127.0.0.1")
+    me.watch(address)
+    child = int(proc.stdout.readline())
+    yield proc, me, child
+    me.close()
+    for pid in (proc.pid, child):
+        subprocess.run(["kill", "-9", str(pid)], check=False, capture_output=True)
+    proc.wait()
+
+
+def test_a_killed_process_is_seen_dead_and_a_stopped_one_is_not(
+    watched: tuple[subprocess.Popen[str], Liveness, int],
+) -> None:
+    proc, me, _ = watched
+    assert not me.died()
+    # Stopped: its sockets stay open, so only its heartbeat can tell.
+    proc.send_signal(signal.SIGSTOP)
+    time.sleep(0.3)
+    assert not me.died()
+    proc.send_signal(signal.SIGCONT)
+    # Killed: its child, forked while the connection was open, closed its copy at the fork, so
+    # the connection ends with the process.
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert _until(me.died)
+    assert not me.died()  # reported once, then nothing is watched
+
+
+def test_a_connection_never_made_is_no_death_and_a_closed_watcher_is_let_go() -> None:
+    me, other = Liveness("127.0.0.1"), Liveness("127.0.0.1")
+    try:
+        port = int(other.address.rpartition(":")[2])
+        other.close()  # nobody listens there any more: the connection is refused
+        me.watch(f"127.0.0.1:{port}")
+        assert not _until(me.died, limit=0.3)
+        me.watch("-")
+        assert not me.died()
+        # A watcher that goes away (a new quorum) is closed on the watched side at its next serve.
+        third = Liveness("127.0.0.1")
+        me.watch(third.address)
+        assert _until(lambda: _served(third) == 1)
+        me.watch(None)
+        assert _until(lambda: _served(third) == 0)
+        third.close()
+    finally:
+        me.close()
