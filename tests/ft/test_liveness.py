@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from gang.ft.liveness import Liveness
 _WATCHED = """
 import os, sys, time
 from gang.ft.liveness import Liveness
-me = Liveness("127.0.0.1")
+me = Liveness("127.0.0.1", "watched")
 print(me.address, flush=True)
 while me.watchers == 0:
     me.serve()
@@ -54,8 +55,8 @@ def watched() -> Iterator[tuple[subprocess.Popen[str], Liveness, int]]:
     proc = subprocess.Popen([sys.executable, "-c", _WATCHED], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     address = proc.stdout.readline().strip()
-    me = Liveness("127.0.0.1")
-    me.watch(address)
+    me = Liveness("127.0.0.1", "watcher")
+    me.watch(address, "watched")
     child = int(proc.stdout.readline())
     yield proc, me, child
     me.close()
@@ -82,21 +83,34 @@ def test_a_killed_process_is_seen_dead_and_a_stopped_one_is_not(
     assert not me.died()  # reported once, then nothing is watched
 
 
-def test_a_connection_never_made_is_no_death_and_a_closed_watcher_is_let_go() -> None:
-    me, other = Liveness("127.0.0.1"), Liveness("127.0.0.1")
+def test_only_the_end_of_a_connection_that_greeted_as_expected_is_a_death() -> None:
+    me, other = Liveness("127.0.0.1", "me"), Liveness("127.0.0.1", "other")
     try:
         port = int(other.address.rpartition(":")[2])
         other.close()  # nobody listens there any more: the connection is refused
-        me.watch(f"127.0.0.1:{port}")
+        me.watch(f"127.0.0.1:{port}", "other")
         assert not _until(me.died, limit=0.3)
         me.watch("-")
         assert not me.died()
-        # A watcher that goes away (a new quorum) is closed on the watched side at its next serve.
-        third = Liveness("127.0.0.1")
-        me.watch(third.address)
+        # Something else listens at the address (a port taken over by another program, an
+        # address not reachable as published): it accepts, then closes the connection.
+        with socket.create_server(("127.0.0.1", 0)) as stranger:
+            me.watch(f"127.0.0.1:{stranger.getsockname()[1]}", "other")
+            conn, _ = stranger.accept()
+            conn.close()
+            assert not _until(me.died, limit=0.3)
+        # Another incarnation listens there: its greeting is not the one expected.
+        third = Liveness("127.0.0.1", "third")
+        me.watch(third.address, "other")
         assert _until(lambda: _served(third) == 1)
-        me.watch(None)
-        assert _until(lambda: _served(third) == 0)
         third.close()
+        assert not _until(me.died, limit=0.3)
+        # A watcher that goes away (a new quorum) is closed on the watched side at its next serve.
+        fourth = Liveness("127.0.0.1", "fourth")
+        me.watch(fourth.address, "fourth")
+        assert _until(lambda: _served(fourth) == 1)
+        me.watch(None)
+        assert _until(lambda: _served(fourth) == 0)
+        fourth.close()
     finally:
         me.close()

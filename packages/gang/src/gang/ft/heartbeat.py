@@ -89,7 +89,8 @@ class Heartbeat:
         self._liveness.serve()
         target = self._target
         if target != self._watching:
-            self._liveness.watch(None if target is None else self._protocol.address_of(*target))
+            address = None if target is None else self._protocol.address_of(*target)
+            self._liveness.watch(address, "" if target is None else target[1])
             self._watching = target
         elif target is not None and self._liveness.died() and self._protocol.mark_dead(*target):
             (rid, rank), _ = target

@@ -132,7 +132,7 @@ class ReplicaGang(Gang):
         self._commit: bool | None = None
         policy = Policy(min_replicas, quorum_timeout.total_seconds(), heartbeat_timeout.total_seconds(), init_sync)
         self._store = self._connect()
-        self._liveness = Liveness(address[0])
+        self._liveness = Liveness(address[0], self._token)
         args = (replica_id, replica_rank, replica_size, self._token, policy, self._liveness.address)
         self._protocol = QuorumClient(self._store, *args)
         try:
