@@ -2,9 +2,11 @@
 
 ``python -m benchmarks.ft_hsdp [--quick] [--out results.json] [--torchft-python PATH]`` (``nox -s
 bench`` runs it) starts local processes itself, gloo on CPU: 2 replicas of 2 processes. Each step of
-the MLP (4 layers of 256, each a ``fully_shard`` unit) runs its forward and backward, sleeps for the
-rest of a step of 50 or 10 ms (the compute of a larger model, without competing for this machine's
-cores), and takes an optimizer step.
+the MLP (each layer a ``fully_shard`` unit; :data:`SHAPES`: 2 layers of 256 for the 50 ms step, 1
+of 64 for the 10 ms step) runs its forward and backward, sleeps for the rest of the step (the
+compute of a larger model, without competing for this machine's cores), and takes an optimizer
+step. FSDP2's own collectives alone take longer than 10 ms here, so the "10 ms" step is the
+shortest this machine runs, without a sleep.
 
 * **Per-step cost** (ops ``hsdp_step_50ms`` and ``hsdp_step_10ms``): one ``torchrun`` of 4
   processes holds two copies of the model and trains them in interleaved rounds (the order
@@ -72,7 +74,12 @@ from _ft_launch import Line, LocalJob, free_port, wait_for_port
 
 from gang.bench.metrics import Row, make_row
 
-REPLICAS, PROCESSES, WIDTH, BATCH = 2, 2, 256, 32
+REPLICAS, PROCESSES, BATCH = 2, 2, 32
+SHAPES = {50: (2, 256), 10: (1, 64)}
+"""The MLP of each step (ms): (layers, width). FSDP2's own collectives take about 11 ms per layer
+here (4 processes on 2 cores), so the 50 ms step holds 2 layers of 256 with time to spare, and the
+10 ms step the smallest model, 1 layer of 64: the shortest HSDP step this machine runs (12 to 20 ms
+of FSDP2's collectives alone, so that step has no pacing sleep)."""
 _COMMIT = re.compile(r"commit (\d+) ([\d.]+) (\d+)")
 _PID = re.compile(r"pid (\d+)")
 _STAGE = re.compile(r"stage (\w+) ([\d.]+)")
@@ -93,9 +100,9 @@ unsharded tensors between its forward and its backward, and torchft reads ``stat
 quorum thread while the next step's forward runs."""
 
 
-def _model(mesh: Any) -> tuple[nn.Module, torch.optim.Optimizer]:
+def _model(mesh: Any, layers: int, width: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = nn.Sequential(*(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(4)))
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(layers)))
     for layer in [*model, model]:
         fully_shard(layer, mesh=mesh)
     _SHARDED[model] = {n: p for n, p in model.named_parameters() if isinstance(p, DTensor)}
@@ -149,7 +156,8 @@ def _averaging(clock: _Clock, average: Callable[[Tensor], None]) -> Callable[[Te
 
 
 def _compute(model: nn.Module, step: int, rank: int) -> Tensor:
-    x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(step * 1000 + rank))
+    width = next(m for m in model.modules() if isinstance(m, nn.Linear)).in_features
+    x = torch.randn(BATCH, width, generator=torch.Generator().manual_seed(step * 1000 + rank))
     loss: Tensor = model(x).square().mean()
     loss.backward()  # type: ignore[no-untyped-call]
     return loss
@@ -314,8 +322,9 @@ def worker_overhead(args: argparse.Namespace) -> None:
     replica, replica_rank = divmod(rank, PROCESSES)
     mesh = init_device_mesh("cpu", (REPLICAS, PROCESSES), mesh_dim_names=("rdp", "sdp"))
     clock = _Clock()
-    static_model, static_optimizer = _model(mesh)
-    ft_model, ft_optimizer = _model(mesh["sdp"])  # the replica's own 2 processes
+    shape = SHAPES[args.step_ms]
+    static_model, static_optimizer = _model(mesh, *shape)
+    ft_model, ft_optimizer = _model(mesh["sdp"], *shape)  # the replica's own 2 processes
     closer: Callable[[], None]
     if args.impl == "gang":
         gang = _join_gang(ft_model, clock, replica, replica_rank, REPLICAS)
@@ -366,7 +375,7 @@ def worker_recovery(args: argparse.Namespace) -> None:
         from gang_mesh import fsdp_mesh
 
         mesh = fsdp_mesh(create_fsdp_gangs(create_parallel_gangs(create_default_gang(torch.device("cpu")))))
-        model, optimizer = _model(mesh)
+        model, optimizer = _model(mesh, *SHAPES[50])
         gang = _join_gang(model, clock, replica, rank, 1, RECOVERY_TIMEOUT_S)
         step = _gang_step(model, optimizer, gang, replica * PROCESSES + rank)
 
@@ -380,7 +389,7 @@ def worker_recovery(args: argparse.Namespace) -> None:
 
         dist.init_process_group("gloo")
         mesh = init_device_mesh("cpu", (PROCESSES,), mesh_dim_names=("sdp",))
-        model, optimizer = _model(mesh)
+        model, optimizer = _model(mesh, *SHAPES[50])
         manager = _join_torchft(model, clock, replica, rank, 1, args.lighthouse, mesh.get_group())
         step = _torchft_step(model, optimizer, manager, replica * PROCESSES + rank)
 
@@ -558,7 +567,7 @@ def main() -> None:
     parser.add_argument("--lighthouse", default="")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps-per-round", type=int, default=8)
-    parser.add_argument("--step-ms", type=int, default=50)
+    parser.add_argument("--step-ms", type=int, default=50, choices=sorted(SHAPES))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path)
     parser.add_argument(

@@ -105,6 +105,19 @@ def test_only_the_end_of_a_connection_that_greeted_as_expected_is_a_death() -> N
         assert _until(lambda: _served(third) == 1)
         third.close()
         assert not _until(me.died, limit=0.3)
+        # The network resets the connection (the watched side's end closes, the process lives):
+        # connecting again is greeted, so it is no death, and the watch goes on.
+        fifth = Liveness("127.0.0.1", "fifth")
+        me.watch(fifth.address, "fifth")
+        assert _until(lambda: _served(fifth) == 1)
+        assert not _until(lambda: _served(fifth) < 0 or me.died(), limit=0.3)  # greeted
+        for conn in fifth._accepted:  # as a middlebox that resets an idle connection would
+            conn.close()
+        fifth._accepted.clear()
+        assert not _until(lambda: _served(fifth) < 0 or me.died(), limit=0.5)
+        assert fifth.watchers == 1  # the watch goes on over a new connection
+        fifth.close()
+        assert _until(me.died)  # now nobody listens: refused
         # A watcher that goes away (a new quorum) is closed on the watched side at its next serve.
         fourth = Liveness("127.0.0.1", "fourth")
         me.watch(fourth.address, "fourth")

@@ -212,6 +212,32 @@ def test_a_restart_right_after_a_death_takes_the_identity_over(server: TCPStore)
         dead.beat(1)
 
 
+def test_a_process_seen_dead_is_marked_once_by_its_incarnation_and_a_beat_undoes_a_false_mark(
+    server: TCPStore,
+) -> None:
+    watched, watcher = _client(server, "w"), _client(server, "x")
+    watched.register(0)
+    assert watcher.address_of(("w", 0), "another incarnation") is None
+    assert watcher.address_of(("w", 0), watched.token) == "-"  # the address it published
+    assert not watcher.mark_dead(("w", 0), "another incarnation")
+    assert watcher.mark_dead(("w", 0), watched.token)
+    assert not watcher.mark_dead(("w", 0), watched.token)  # already marked
+    policy = Policy(1, SECONDS, SECONDS)
+    assert "w" not in policy.live(watcher._view(1, 0.0))
+    # A restart is let in at once: the old incarnation was seen dead.
+    restarted = _client(server, "w")
+    restarted.register(0)
+    assert "w" in policy.live(watcher._view(1, 0.0))
+    with pytest.raises(IdentityError, match="taken over by a new incarnation"):
+        watched.beat(1)
+    # A live process taken for dead writes its next heartbeat over the mark.
+    assert watcher.mark_dead(("w", 0), restarted.token)
+    restarted.beat(1)
+    assert "w" in policy.live(watcher._view(1, 0.0))
+    restarted.leave()
+    assert not watcher.mark_dead(("w", 0), restarted.token)  # it left: not a death
+
+
 def test_a_silent_incarnation_is_replaced_and_learns_it(server: TCPStore) -> None:
     old = _client(server, "r", heartbeat=0.05)
     old.register(0)

@@ -55,7 +55,10 @@ class Heartbeat:
         self._liveness = liveness
         self._target: tuple[Process, str] | None = None  # set by the training thread
         self._watching: tuple[Process, str] | None = None
+        self._dead: tuple[Process, str] | None = None  # seen dead, not marked in the store yet
         self._stop = threading.Event()
+        self._release = threading.Lock()
+        self._released = self._ended = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -68,14 +71,33 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=timeout)
 
+    def release(self) -> None:
+        """Close the death signal's sockets once the thread has ended: now, or when it ends (a
+        beat stuck on a hung store may outlive :meth:`stop`'s wait)."""
+        with self._release:
+            self._released = True
+            if self._ended:
+                self._liveness.close()
+
     def _run(self) -> None:
+        try:
+            self._beat()
+        finally:
+            with self._release:
+                self._ended = True
+                if self._released:
+                    self._liveness.close()
+
+    def _beat(self) -> None:
         while not self._stop.wait(self._interval):
             try:
                 self._protocol.beat(self._step())
             except _BEAT_ERRORS as ex:
                 self.error = ex
                 return
-            with suppress(*BACKEND_ERRORS):  # a lost store shows at the next beat
+            if self._stop.is_set():
+                return
+            with suppress(*BACKEND_ERRORS, OSError):  # a lost store shows at the next beat
                 self._watch()
             # Delete the keys of the rounds before those this process closed as leader: a few
             # requests per round it led, so a beat is never late behind a long clean-up (a failure
@@ -89,17 +111,25 @@ class Heartbeat:
         self._liveness.serve()
         target = self._target
         if target != self._watching:
+            self._dead = None
             address = None if target is None else self._protocol.address_of(*target)
             self._liveness.watch(address, "" if target is None else target[1])
-            self._watching = target
-        elif target is not None and self._liveness.died() and self._protocol.mark_dead(*target):
-            (rid, rank), _ = target
-            log_event(
-                "died",
-                f"replica {rid!r} rank {rank} died: the connection its process held open closed",
-                replica=rid,
-                replica_rank=rank,
-            )
+            if address is not None or target is None:  # a claim not found (a restarted store) is read again
+                self._watching = target
+        elif target is not None and self._liveness.died():
+            self._dead = target
+        if self._dead is not None:
+            # Mark it now; a store error leaves `_dead` set, to mark it at the next beat.
+            (rid, rank), token = self._dead
+            marked = self._protocol.mark_dead((rid, rank), token)
+            self._dead = None
+            if marked:
+                log_event(
+                    "died",
+                    f"replica {rid!r} rank {rank} died: the connection its process held open closed",
+                    replica=rid,
+                    replica_rank=rank,
+                )
 
 
 __all__ = ["Heartbeat"]

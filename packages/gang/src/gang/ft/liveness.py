@@ -10,10 +10,13 @@ the watcher reads the end of it at its next heartbeat (within 0.1 s) instead of 
 
 What it does not see is left to the heartbeat: a stopped (``SIGSTOP``) or hung process keeps its
 connections open, and a lost host closes nothing. Only a connection that greeted the watcher with
-the token it expects and then closed counts; one that cannot be made (a firewall, a process that
-died before it was watched) or that reached anything else is not a death. Children forked by the
-process (data-loader workers) close their copies of these sockets at once
-(``os.register_at_fork``), so a child cannot hold a dead parent's connection open.
+the token it expects counts; one that cannot be made (a firewall, a process that died before it
+was watched) or that reached anything else is not a death. When such a connection ends, the
+watcher connects again to confirm: only a refused connection (nobody listens there any more) is a
+death; a new greeting means the end came from the network (a reset idle connection), and the
+watch goes on over the new connection. Children forked by the process with ``os.fork``
+(data-loader workers) close their copies of these sockets at once (``os.register_at_fork``), so
+such a child does not hold a dead parent's connection open.
 
 Used by the heartbeat thread only (its owner closes it once that thread stopped). Internal to
 :mod:`gang.ft` (its names may change); not part of the public API.
@@ -22,13 +25,17 @@ Used by the heartbeat thread only (its owner closes it once that thread stopped)
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
+import threading
 import weakref
 from contextlib import suppress
 
 _CONNECTED = (0, errno.EISCONN)
 _PENDING = (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK)
+_KEEPALIVE_IDLE = 60  # seconds an idle watch connection waits before TCP keepalive probes start
+_LOCK = threading.Lock()  # held while sockets are made or closed, and across a fork (see the end)
 
 
 class Liveness:
@@ -39,46 +46,49 @@ class Liveness:
     reached something else (an address not reachable as published, a port reused by another
     program) is never taken for the watched process, nor its end for a death.
 
-    :param toward: The store's host: the socket listens on the address this host reaches it from,
-        so processes on other hosts of the job can connect.
+    :param toward: The store's host. The socket listens on the address this host reaches it from;
+        when that is a loopback address but the store was named otherwise (a host that maps its
+        own name to 127.0.1.1), it listens on every interface and publishes the address of the
+        default route, so that processes on other hosts can connect.
     :param token: This process's incarnation, sent to every watcher.
     """
 
     def __init__(self, toward: str, token: str) -> None:
         self._greeting = _greeting(token)
         self._accepted: list[socket.socket] = []
-        self._watching: socket.socket | None = None
+        self._sock: socket.socket | None = None  # the connection to the watched process
         self._peer: tuple[str, int] = ("", 0)
-        self._established = False
-        self._expected = b""  # the rest of the watched process's greeting, not read yet
+        self._connected = False
+        self._want = b""  # the greeting of the watched process
+        self._expected = b""  # the rest of it, not read yet
+        self._confirming = False  # the connection ended: this one confirms (refused: a death)
         self.address = "-"
         """``"host:port"`` this process listens on (``"-"`` when no socket could be opened)."""
         self._listener: socket.socket | None = None
-        with suppress(OSError):  # no usable address: the heartbeat alone tells this process's death
-            host = _local_address(toward)
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            self._listener = socket.create_server((host, 0), family=family, backlog=64)
+        with suppress(OSError), _LOCK:  # no usable address: the heartbeat alone tells this process's death
+            bind, publish = _listen_address(toward)
+            family = socket.AF_INET6 if ":" in publish else socket.AF_INET
+            self._listener = socket.create_server((bind, 0), family=family, backlog=64)
             self._listener.setblocking(False)
-            self.address = f"{host}:{self._listener.getsockname()[1]}"
+            self.address = f"{publish}:{self._listener.getsockname()[1]}"
         _OPEN.add(self)
 
     def serve(self) -> None:
         """Accept and greet the connections of the processes that watch this one; close those
         they closed."""
-        if self._listener is None:
-            return
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                return
-            conn.setblocking(False)
-            with suppress(OSError):  # a few bytes on a new connection: the send buffer holds them
-                conn.send(self._greeting)
-            self._accepted.append(conn)
-        self._accepted = [c for c in self._accepted if _open(c) or _close(c)]
+        with _LOCK:
+            while self._listener is not None:
+                try:
+                    conn, _ = self._listener.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    return
+                conn.setblocking(False)
+                with suppress(OSError):  # a few bytes on a new connection: the send buffer holds them
+                    conn.send(self._greeting)
+                self._accepted.append(conn)
+            self._accepted = [c for c in self._accepted if _open(c) or _close(c)]
 
     @property
     def watchers(self) -> int:
@@ -87,64 +97,96 @@ class Liveness:
 
     def watch(self, address: str | None, token: str = "") -> None:
         """Watch the process of incarnation ``token`` listening at ``address`` (``"host:port"``)
-        instead; ``None`` (or ``"-"``) watches nothing."""
-        if self._watching is not None:
-            _close(self._watching)
-        self._watching, self._established, self._expected = None, False, _greeting(token)
-        if address is None or address == "-":
-            return
-        host, _, port = address.rpartition(":")
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        self._peer = (host, int(port))
-        if sock.connect_ex(self._peer) not in (*_CONNECTED, *_PENDING):
-            _close(sock)
-            return
-        self._watching = sock
+        instead; ``None`` (or ``"-"``, or an address that cannot be connected to) watches nothing."""
+        self._drop()
+        self._want = self._expected = _greeting(token)
+        if address is not None and address != "-":
+            host, _, port = address.rpartition(":")
+            with suppress(OSError, ValueError):
+                self._connect((host, int(port)))
 
     def died(self) -> bool:
-        """Whether the watched process's connection, once it greeted this one, was closed: it exited.
+        """Whether the watched process exited: its connection, once it greeted this one, ended,
+        and a new connection to the same address is refused.
 
         A connection that could not be made, or that answered anything but the greeting expected
         (or ended before it), stops the watch (``False``: the heartbeat decides).
         """
-        sock = self._watching
-        if sock is None:
-            return False
-        if not self._established:
-            code = sock.connect_ex(self._peer)  # a connect in progress answers how it went
-            if code in _PENDING:
+        for _ in range(2):  # a confirming connect to this host is refused at once: read it in this call
+            sock = self._sock
+            if sock is None:
                 return False
-            if code not in _CONNECTED:
-                self.watch(None)
+            if not self._connected:
+                code = sock.connect_ex(self._peer)  # a connect in progress answers how it went
+                if code in _PENDING:
+                    return False
+                if code not in _CONNECTED:
+                    dead = self._confirming and code == errno.ECONNREFUSED
+                    self._drop()
+                    return dead
+                self._connected = True
+            if self._expected:
+                try:
+                    data = sock.recv(len(self._expected))
+                except (BlockingIOError, InterruptedError):
+                    return False
+                except OSError:
+                    data = b""
+                if not data or not self._expected.startswith(data):
+                    self._drop()
+                    return False
+                self._expected = self._expected[len(data) :]
+                if not self._expected:
+                    self._confirming = False  # greeted again: the end was the network's, not a death
                 return False
-            self._established = True
-        if self._expected:
-            try:
-                data = sock.recv(len(self._expected))
-            except (BlockingIOError, InterruptedError):
+            if _open(sock):
                 return False
-            except OSError:
-                data = b""
-            if not data or not self._expected.startswith(data):
-                self.watch(None)
-                return False
-            self._expected = self._expected[len(data) :]
-            return False
-        if _open(sock):
-            return False
-        self.watch(None)
-        return True
+            # The connection ended: connect again to tell a death (refused) from a network reset.
+            peer, code = self._peer, -1
+            self._drop()
+            self._expected = self._want
+            with suppress(OSError):
+                code = self._connect(peer)
+            if code == errno.ECONNREFUSED:
+                return True
+            self._confirming = self._sock is not None
+        return False
 
     def close(self) -> None:
         """Close every socket: the processes watching this one see it end."""
-        self.watch(None)
-        for conn in self._accepted:
-            _close(conn)
-        self._accepted = []
-        if self._listener is not None:
-            _close(self._listener)
-            self._listener = None
+        self._drop()
+        with _LOCK:
+            for conn in self._accepted:
+                _close(conn)
+            self._accepted = []
+            if self._listener is not None:
+                _close(self._listener)
+                self._listener = None
+
+    def _connect(self, peer: tuple[str, int]) -> int:
+        """Start connecting to ``peer``; return ``connect``'s answer (the socket is kept unless it failed)."""
+        with _LOCK:
+            sock = socket.socket(socket.AF_INET6 if ":" in peer[0] else socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                if hasattr(socket, "TCP_KEEPIDLE"):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, _KEEPALIVE_IDLE)
+                code = sock.connect_ex(peer)
+            except OSError:
+                _close(sock)
+                raise
+            if code not in (*_CONNECTED, *_PENDING):
+                _close(sock)
+                return code
+            self._sock, self._peer, self._connected = sock, peer, False
+            return code
+
+    def _drop(self) -> None:
+        with _LOCK:
+            if self._sock is not None:
+                _close(self._sock)
+            self._sock, self._connected, self._confirming = None, False, False
 
 
 def _greeting(token: str) -> bytes:
@@ -152,11 +194,39 @@ def _greeting(token: str) -> bytes:
 
 
 def _local_address(host: str) -> str:
-    """The address of this host's interface that reaches ``host`` (no packet is sent)."""
-    family, _, _, _, where = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+    """The address of this host's interface that reaches ``host``, IPv4 if it has one (no packet is sent)."""
+    found = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+    family, _, _, _, where = next((f for f in found if f[0] == socket.AF_INET), found[0])
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
         probe.connect(where)
         return str(probe.getsockname()[0])
+
+
+def _listen_address(toward: str) -> tuple[str, str]:
+    """Where to listen and which address to publish, for a store at host ``toward``."""
+    local = _local_address(toward)
+    if _is_loopback(local) and not _names_loopback(toward):
+        try:
+            outward = _local_address("192.0.2.1")  # any routed address: only the route is looked up
+        except OSError:  # no default route: this host is reached on its loopback only
+            outward = local
+        if not _is_loopback(outward):
+            return ("::" if ":" in outward else "0.0.0.0"), outward
+    return local, local  # the store's own address tells where this host is reached
+
+
+def _is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address.partition("%")[0]).is_loopback
+
+
+def _names_loopback(host: str) -> bool:
+    """Whether ``host`` is written as a loopback address (or ``localhost``): every process is on one host."""
+    if host == "localhost":
+        return True
+    try:
+        return _is_loopback(host)
+    except ValueError:
+        return False
 
 
 def _open(sock: socket.socket) -> bool:
@@ -178,12 +248,15 @@ def _close(sock: socket.socket) -> bool:
 _OPEN: weakref.WeakSet[Liveness] = weakref.WeakSet()
 
 
-def _close_in_child() -> None:
-    """In a forked child: close the copies of every socket, which only the parent may hold."""
+def _after_fork_in_child() -> None:
+    """In a forked child: close the copies of every socket, which only the parent may hold.
+
+    The lock was taken before the fork, so no socket was half made or half closed then."""
+    _LOCK.release()
     for liveness in list(_OPEN):
         liveness.close()
 
 
-os.register_at_fork(after_in_child=_close_in_child)
+os.register_at_fork(before=_LOCK.acquire, after_in_parent=_LOCK.release, after_in_child=_after_fork_in_child)
 
 __all__ = ["Liveness"]

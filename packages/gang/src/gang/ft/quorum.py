@@ -466,7 +466,8 @@ class QuorumClient:
         The step is over when its decision is already ``abort``, when a member dropped its group
         after the vote (:meth:`mark_dropped`), or when the process this one
         watches (:func:`gang.ft.policy.watched`) has been silent for ``heartbeat_timeout`` (or was
-        replaced by another incarnation, or left): its decision is then set to ``abort``, so every
+        marked dead by the heartbeat thread watching its death signal, replaced by another
+        incarnation, or left): its decision is then set to ``abort``, so every
         member that checks learns it from one key. Silence is confirmed by a second read a
         heartbeat period later that finds the same heartbeat, so a stalled store or clocks that
         differ between hosts are not taken for it. A heartbeat missing from the store (a restarted

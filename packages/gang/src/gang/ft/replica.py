@@ -143,8 +143,13 @@ class ReplicaGang(Gang):
         except BACKEND_ERRORS as ex:
             self._liveness.close()
             raise self._store_error("join", ex) from ex
+        try:
+            beats = QuorumClient(self._connect(), *args)
+        except GangError:
+            self._liveness.close()
+            raise
         self._heartbeat = Heartbeat(
-            QuorumClient(self._connect(), *args),
+            beats,
             lambda: self._step_number,
             self._protocol.take_closed,
             heartbeat_timeout.total_seconds(),
@@ -728,7 +733,7 @@ class ReplicaGang(Gang):
         self._heartbeat.stop(self._quorum_timeout.total_seconds() + self._heartbeat_timeout.total_seconds())
         with suppress(*BACKEND_ERRORS):  # if the store is gone, the others see the heartbeat stop
             self._protocol.leave()
-        self._liveness.close()
+        self._heartbeat.release()  # after `leave`: a watcher that sees the sockets close finds it gone
         self._drop_group()
         if self._process_group is not None:
             unregister_python_group(self._process_group)
