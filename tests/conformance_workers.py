@@ -53,6 +53,9 @@ class GangKind:
     :param same_data: The gang assumes every rank holds the same data (as :class:`~gang.FakeGang`
         does), so both gangs get rank 0's inputs on every rank.
     :param objects: Whether ``broadcast_objects`` really moves objects between ranks.
+    :param large: Whether to run the reduce-scatter of 2**20 elements a rank, a check of a data path
+        at a size where some JAX CPU builds went wrong (a gang that assumes equal data has no data
+        path; a ReplicaGang's reduce-scatter is a gloo all_reduce of every row, as at any size).
     :param subgangs: Whether the gang makes sub-gangs (``create_gang``, ``split`` and the parallel
         layouts built on them); the cases that need them are skipped for a gang that refuses them.
     :param call: ``call(gang, body)`` runs one case's body (every use of the gang in that case,
@@ -63,6 +66,7 @@ class GangKind:
     create: Callable[[Gang], Gang]
     same_data: bool = False
     objects: bool = True
+    large: bool = True
     subgangs: bool = True
     call: Callable[[Gang, Body], Any] = _directly
 
@@ -111,8 +115,10 @@ def _in_a_committed_step(g: Gang, body: Body) -> Any:
 GANGS: dict[str, GangKind] = {
     "jax": GangKind(lambda _: JaxGang.create_default(isolated=False)),
     "jax-isolated": GangKind(lambda _: JaxGang.create_default(isolated=True)),
-    "fake": GangKind(lambda pg: FakeGang(pg.device, rank=pg.rank, size=pg.size), same_data=True, objects=False),
-    "replica": GangKind(_join_replicas, subgangs=False, call=_in_a_committed_step),
+    "fake": GangKind(
+        lambda pg: FakeGang(pg.device, rank=pg.rank, size=pg.size), same_data=True, objects=False, large=False
+    ),
+    "replica": GangKind(_join_replicas, large=False, subgangs=False, call=_in_a_committed_step),
 }
 """The gangs compared with the reference, by name (the suite's test ids)."""
 
