@@ -4,21 +4,27 @@ and through each gang of :data:`GANGS`.
 The reference is the torch :class:`~gang.ProcessGroupGang` that :class:`gang.testing.World`
 created. :data:`GANGS` is the table of the other kinds of gang, one entry each; a new kind of gang
 joins the suite by one entry there. Each entry's gang is created on a rank's first use and kept in
-a module global, so a whole test module shares one JAX runtime of each kind per process. Every
-worker takes the entry's name.
+a module global, so a whole test module shares one gang (one JAX runtime, one replica) of each kind
+per process; :func:`close_gangs` closes them. Every worker takes the entry's name and runs each
+case's body once on the reference gang and once, through the entry's ``call``, on the tested gang.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from core_workers import try_call
 from torch import Tensor
 
 from gang import FakeGang, Gang, Gangs, NotSupportedError, ReduceOperation, create_fsdp_gangs, create_parallel_gangs
+from gang._torch_groups import TCPStore
+from gang.ft import ReplicaGang
 from gang_jax import JaxGang
 
 DTYPES = {
@@ -29,28 +35,95 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 
+Body = Callable[[], Any]
+_GANG_REPR = re.compile(r"\b\w*Gang\(rank=")  # the start of a gang's repr, in an error message
+
+
+def _directly(_: Gang, body: Body) -> Any:
+    """Run a case's body as it is: the ``call`` of a gang whose collectives need no context."""
+    return body()
+
 
 @dataclass(frozen=True)
 class GangKind:
     """One kind of gang in the conformance suite.
 
-    :param create: Makes this rank's gang from the reference gang (called once per process).
+    :param create: Makes this rank's gang from the reference gang (called once per process, on
+        every rank at once, so it may communicate on the reference gang).
     :param same_data: The gang assumes every rank holds the same data (as :class:`~gang.FakeGang`
         does), so both gangs get rank 0's inputs on every rank.
     :param objects: Whether ``broadcast_objects`` really moves objects between ranks.
+    :param large: Whether to run the reduce-scatter of 2**20 elements a rank, a check of a data path
+        at a size where some JAX CPU builds went wrong (a gang that assumes equal data has no data
+        path; a ReplicaGang's reduce-scatter is a gloo all_reduce of every row, as at any size).
+    :param subgangs: Whether the gang makes sub-gangs (``create_gang``, ``split`` and the parallel
+        layouts built on them); the cases that need them are skipped for a gang that refuses them.
+    :param call: ``call(gang, body)`` runs one case's body (every use of the gang in that case,
+        its ``rank`` and ``size`` included) and returns what ``body()`` returned; it checks
+        whatever the gang promises around a call (a :class:`~gang.ft.ReplicaGang`: a committed step).
     """
 
     create: Callable[[Gang], Gang]
     same_data: bool = False
     objects: bool = True
+    large: bool = True
+    subgangs: bool = True
+    call: Callable[[Gang, Body], Any] = _directly
+
+
+_SERVERS: list[TCPStore] = []  # the coordination store of the ReplicaGang entry, kept alive on rank 0
+
+
+def _join_replicas(pg: Gang) -> Gang:
+    """Join a :class:`~gang.ft.ReplicaGang` in which each rank is a replica of one process.
+
+    Rank 0 serves the world's coordination store (a TCPStore master) and sends its address to the others.
+    """
+    address: list[object] = [None]
+    if pg.rank == 0:
+        _SERVERS.append(TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False))
+        address = [f"127.0.0.1:{_SERVERS[-1].port}"]
+    pg.broadcast_objects(address, 0)
+
+    def load(state: Mapping[str, Any]) -> None:
+        assert not state, state  # the suite keeps no state: an initial sync or a heal moves nothing
+
+    return ReplicaGang.join(
+        replica_id=pg.rank,
+        replica_rank=0,
+        replica_size=1,
+        store=str(address[0]),
+        state_dict=dict,
+        load_state_dict=load,
+        min_replicas=pg.size,
+        timeout=timedelta(seconds=20),
+    )
+
+
+def _in_a_committed_step(g: Gang, body: Body) -> Any:
+    """Run ``body`` inside one step of the ReplicaGang ``g``; check that the step was committed."""
+    assert isinstance(g, ReplicaGang)
+    before = g.step_number
+    with g.step():
+        result = body()
+        committed = g.should_commit()
+    assert committed, f"the step was not committed: {g.errored()!r}"
+    assert g.step_number == before + 1, f"the step number went from {before} to {g.step_number}"
+    return result
 
 
 GANGS: dict[str, GangKind] = {
     "jax": GangKind(lambda _: JaxGang.create_default(isolated=False)),
     "jax-isolated": GangKind(lambda _: JaxGang.create_default(isolated=True)),
-    "fake": GangKind(lambda pg: FakeGang(pg.device, rank=pg.rank, size=pg.size), same_data=True, objects=False),
+    "fake": GangKind(
+        lambda pg: FakeGang(pg.device, rank=pg.rank, size=pg.size), same_data=True, objects=False, large=False
+    ),
+    "replica": GangKind(_join_replicas, large=False, subgangs=False, call=_in_a_committed_step),
 }
 """The gangs compared with the reference, by name (the suite's test ids)."""
+
+NEEDS_SUBGANGS = frozenset({"collective on closed gang"})
+"""The rows of the bad-call catalogue that need a working sub-gang (skipped where ``subgangs`` is false)."""
 
 _MADE: dict[str, Gang] = {}
 
@@ -63,9 +136,22 @@ def gang_of(name: str, pg: Gang) -> Gang:
     return g
 
 
-def _pair(pg: Gang, name: str) -> tuple[tuple[str, Gang], tuple[str, Gang]]:
-    """The reference gang and the gang of kind ``name``, as (result key, gang)."""
-    return ("reference", pg), ("tested", gang_of(name, pg))
+def close_gangs(_: Gang) -> None:
+    """Close every gang this process made (a ReplicaGang must be closed before the process exits)."""
+    while _MADE:
+        _MADE.popitem()[1].close()
+
+
+def _run_both(pg: Gang, name: str, body: Callable[[Gang], Any]) -> dict[str, Any]:
+    """Run ``body`` on the reference gang and, through the entry's ``call``, on the gang ``name``.
+
+    Both gangs must have the same rank and size (checked after the call: a ReplicaGang has its
+    quorum's only inside a step).
+    """
+    tested = gang_of(name, pg)
+    results = {"reference": body(pg), "tested": GANGS[name].call(tested, lambda: body(tested))}
+    assert (tested.rank, tested.size) == (pg.rank, pg.size), (name, tested.rank, tested.size)
+    return results
 
 
 def _data_rank(name: str, rank: int) -> int:
@@ -108,7 +194,7 @@ def run_collective(
     dtype = DTYPES[dtype_name]
     op = ReduceOperation[op_name] if op_name else None
     data_rank = _data_rank(name, pg.rank)
-    return {key: _run_one(g, kind, op, dtype, shape, data_rank=data_rank) for key, g in _pair(pg, name)}
+    return _run_both(pg, name, lambda g: _run_one(g, kind, op, dtype, shape, data_rank=data_rank))
 
 
 def _run_one(
@@ -158,9 +244,9 @@ def _run_one(
 
 def run_on_subgangs(pg: Gang, name: str, how: str) -> dict[str, Any]:
     """Build sub-gangs of both roots the same way and run a few collectives on them."""
-    results: dict[str, Any] = {}
     data_rank = _data_rank(name, pg.rank)
-    for key, root in _pair(pg, name):
+
+    def body(root: Gang) -> dict[str, Any] | None:
         if how == "create_gang":
             sub = root.create_gang([0, root.size - 1])
         elif how == "split":
@@ -168,8 +254,7 @@ def run_on_subgangs(pg: Gang, name: str, how: str) -> dict[str, Any]:
         else:  # a group of three ranks (MEAN then divides by 3)
             sub = root.create_gang(list(range(min(3, root.size))))
         if sub is None:
-            results[key] = None
-            continue
+            return None
         out: dict[str, Any] = {"rank": sub.rank, "size": sub.size}
         t = make_input(data_rank, (5,), torch.float64, None)
         sub.all_reduce(t, ReduceOperation.SUM)
@@ -184,8 +269,9 @@ def run_on_subgangs(pg: Gang, name: str, how: str) -> dict[str, Any]:
         sub.broadcast(b, sub.size - 1)
         out["broadcast"] = b
         sub.close()
-        results[key] = out
-    return results
+        return out
+
+    return _run_both(pg, name, body)
 
 
 def _summarise(gangs: Gangs, data_rank: int) -> dict[str, Any]:
@@ -200,25 +286,39 @@ def _summarise(gangs: Gangs, data_rank: int) -> dict[str, Any]:
 
 def run_parallel_gangs(pg: Gang, name: str, tp_size: int) -> dict[str, Any]:
     """Build parallel and FSDP gangs on both roots and all-reduce along every axis."""
-    results: dict[str, Any] = {}
     data_rank = _data_rank(name, pg.rank)
-    for key, root in _pair(pg, name):
+
+    def body(root: Gang) -> dict[str, Any]:
         gangs = create_parallel_gangs(root, tp_size=tp_size)
         fsdp = create_fsdp_gangs(gangs, intra_node_size=2 if gangs.dp.size % 2 == 0 else None)
-        results[key] = {"parallel": _summarise(gangs, data_rank), "fsdp": _summarise(fsdp, data_rank)}
+        summary = {"parallel": _summarise(gangs, data_rank), "fsdp": _summarise(fsdp, data_rank)}
         _close_all(fsdp)
         _close_all(gangs)
-    return results
+        return summary
+
+    return _run_both(pg, name, body)
 
 
 def run_broadcast_objects(pg: Gang, name: str) -> dict[str, Any]:
-    """Broadcast a list of objects from the last rank on both gangs."""
-    results: dict[str, Any] = {}
-    for key, g in _pair(pg, name):
+    """Broadcast a list of objects from the last rank on both gangs, then pass a barrier."""
+
+    def body(g: Gang) -> list[object]:
         objects: list[object] = [{"from": g.rank}, "x" * 1000] if g.rank == g.size - 1 else []
         g.broadcast_objects(objects, g.size - 1)
-        results[key] = objects
-    return results
+        g.barrier()
+        return objects
+
+    return _run_both(pg, name, body)
+
+
+def run_bad_calls(pg: Gang, name: str, names: list[str]) -> dict[str, Any]:
+    """Make the bad calls ``names`` of the core's catalogue on both gangs; return each outcome's text.
+
+    Each call is followed by an all_reduce on the same gang, which proves every rank went on. A
+    message that names its gang (``JaxGang(rank=0, size=2, device=cpu)``) is returned with the
+    class name left out (``Gang(rank=0, ...)``): the rest of the text must be the same.
+    """
+    return _run_both(pg, name, lambda g: {call: _GANG_REPR.sub("Gang(rank=", try_call(g, call)) for call in names})
 
 
 def moved_dtypes(_: Gang) -> list[str]:

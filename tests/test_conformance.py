@@ -1,10 +1,12 @@
 """One body per collective, run on a reference gang and on every gang of a table, in the same processes.
 
 The reference is the torch ProcessGroupGang; the table is :data:`conformance_workers.GANGS` (an
-in-process JaxGang, an isolated one with JAX in a child process, and a FakeGang on inputs equal on
-every rank, as its semantics assume). A new kind of gang joins by one entry there. Inputs are chosen
-so that every reduction is exact whatever order a backend combines values in (see
-:func:`conformance_workers.make_input`); results must then be equal bit for bit.
+in-process JaxGang, an isolated one with JAX in a child process, a FakeGang on inputs equal on
+every rank, as its semantics assume, and a ReplicaGang whose ranks are one-process replicas, each
+case in a step that must be committed). A new kind of gang joins by one entry there. Inputs are
+chosen so that every reduction is exact whatever order a backend combines values in (see
+:func:`conformance_workers.make_input`); results must then be equal bit for bit. The bad-call
+catalogue of the core package runs on every entry too: the same error, the same text.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import conformance_workers as cw
 import pytest
 import torch
+from bad_call_workers import CATALOGUE
 
 from gang.extend import SUPPORTED_DTYPES
 from gang.testing import World
@@ -28,12 +31,19 @@ SHAPE = (2, 3)
 def world(request: pytest.FixtureRequest) -> Iterator[World]:
     with World(request.param, env={"OMP_NUM_THREADS": "1"}) as w:
         yield w
+        if w.alive:
+            w.run(cw.close_gangs)
 
 
 @pytest.fixture(params=list(cw.GANGS))
 def name(request: pytest.FixtureRequest) -> str:
     """The entry of the table of gangs under test."""
     return str(request.param)
+
+
+def _entries(flag: str) -> list[str]:
+    """The entries of the table whose :class:`~conformance_workers.GangKind` field ``flag`` is true."""
+    return [name for name, kind in cw.GANGS.items() if getattr(kind, flag)]
 
 
 def _assert_same(results: list[dict[str, Any]]) -> None:
@@ -83,11 +93,11 @@ def test_odd_shapes(world: World, name: str, kind: str, shape: tuple[int, ...]) 
     _assert_same(world.run(cw.run_collective, name, kind, "SUM", "float32", shape))
 
 
-@pytest.mark.parametrize("name", [name for name, kind in cw.GANGS.items() if not kind.same_data])
+@pytest.mark.parametrize("name", _entries("large"))
 @pytest.mark.parametrize(("op", "dtype"), [("SUM", "float32"), ("MAX", "int64"), ("SUM", "int32")])
 def test_large_reduce_scatter(world: World, name: str, op: str, dtype: str) -> None:
     # 2**20 elements per chunk: a size at which some JAX CPU builds returned wrong reduce-scatter data
-    # (a check of the data path; a gang that assumes equal data on every rank has none).
+    # (a check of the data path, for the entries whose field `large` says they have one at this size).
     results = world.run(cw.run_collective, name, "reduce_scatter", op, dtype, (1 << 20,))
     _assert_same(results)
 
@@ -101,6 +111,7 @@ def test_results_are_not_trivial(world: World, name: str) -> None:
         assert torch.equal(r["tested"], expected)
 
 
+@pytest.mark.parametrize("name", _entries("subgangs"))
 @pytest.mark.parametrize("how", ["create_gang", "split", "three"])
 def test_subgangs(world: World, name: str, how: str) -> None:
     results = world.run(cw.run_on_subgangs, name, how)
@@ -117,6 +128,7 @@ def test_subgangs(world: World, name: str, how: str) -> None:
     assert members >= 2
 
 
+@pytest.mark.parametrize("name", _entries("subgangs"))
 @pytest.mark.parametrize("tp_size", [1, 2])
 def test_parallel_gangs(world: World, name: str, tp_size: int) -> None:
     results = world.run(cw.run_parallel_gangs, name, tp_size)
@@ -128,11 +140,24 @@ def test_parallel_gangs(world: World, name: str, tp_size: int) -> None:
                 assert torch.equal(value, j_value), (layout, axis)
 
 
-@pytest.mark.parametrize("name", [name for name, kind in cw.GANGS.items() if kind.objects])
+@pytest.mark.parametrize("name", _entries("objects"))
 def test_broadcast_objects(world: World, name: str) -> None:
     results = world.run(cw.run_broadcast_objects, name)
     for r in results:
         assert r["reference"] == r["tested"] == [{"from": world.world_size - 1}, "x" * 1000]
+
+
+def test_bad_calls_raise_what_the_reference_raises(world: World, name: str) -> None:
+    # Every bad call of the catalogue raises the same exception with the same text on the tested gang
+    # as on the reference, before any communication (an all_reduce after each proves no rank waits).
+    # The row that needs a working sub-gang is left out where the gang makes none.
+    names = [call for call in CATALOGUE if cw.GANGS[name].subgangs or call not in cw.NEEDS_SUBGANGS]
+    for rank, r in enumerate(world.run(cw.run_bad_calls, name, names)):
+        for call in names:
+            _, error, text = CATALOGUE[call]
+            outcome = r["tested"][call]
+            assert outcome.startswith(error.__name__ + ":") and text in outcome, f"rank {rank} {call}: {outcome}"
+            assert outcome == r["reference"][call], f"rank {rank} {call}: {outcome} != {r['reference'][call]}"
 
 
 def test_supported_dtypes_are_what_every_backend_moves(world: World) -> None:

@@ -1,9 +1,8 @@
-"""The conformance matrix and the bad-call catalogue run on a :class:`ReplicaGang` (rank functions).
+"""Failure, healing and retry scenarios on a :class:`ReplicaGang` (rank functions).
 
 Each rank of a :class:`gang.testing.World` joins its own replica (replica id = its rank, one
 process per replica) through a coordination store the test started, and keeps that gang in a
-module global across calls. A suite function runs inside one ``with gang.step():`` and returns
-what it saw; the test compares it with the plain torch gang of the same world.
+module global across calls. A scenario runs its steps and returns what each step and the caller saw.
 """
 
 from __future__ import annotations
@@ -15,8 +14,6 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from conformance_workers import DTYPES, _run_one
-from core_workers import try_call
 
 import gang.ft.replica as replica_module
 from gang import Gang, ReduceOperation
@@ -25,9 +22,6 @@ from gang.ft.heal import flatten
 
 _GANG: dict[str, ReplicaGang] = {}
 _STATE: dict[str, Any] = {}  # what the replica gang of this rank heals from or into
-OPS = ["SUM", "MEAN", "PRODUCT", "MIN", "MAX"]
-KINDS = ["all_gather", "all_gather_to_list", "all_to_all", "broadcast_first", "broadcast_last"]
-SHAPES: list[tuple[int, ...]] = [(2, 3), (), (0,), (1, 1, 5)]
 
 
 def _state() -> Mapping[str, Any]:
@@ -62,51 +56,6 @@ def replica_gang(g: Gang, store: str) -> ReplicaGang:
     if gang is None or gang.closed:
         gang = _GANG[store] = _join(g, store)
     return gang
-
-
-def cases() -> list[tuple[str, str | None, str, tuple[int, ...]]]:
-    """Every (collective, reduction, dtype, shape) of the conformance matrix."""
-    out: list[tuple[str, str | None, str, tuple[int, ...]]] = []
-    for dtype in DTYPES:
-        for op in OPS:
-            if op == "MEAN" and dtype.startswith("int"):
-                continue
-            out += [("all_reduce", op, dtype, (2, 3)), ("reduce_scatter", op, dtype, (2, 3))]
-        out += [(kind, None, dtype, (2, 3)) for kind in KINDS]
-    out += [
-        (kind, "SUM", "float32", shape)
-        for kind in ("all_reduce", "all_gather", "broadcast_last")
-        for shape in SHAPES[1:]
-    ]
-    return out
-
-
-def run_conformance(g: Gang, store: str) -> dict[str, Any]:
-    """Run every case on the plain gang and, inside one committed step, on the replica gang."""
-    ft = replica_gang(g, store)
-    plain = {repr(case): _run_one(g, case[0], _op(case[1]), DTYPES[case[2]], case[3]) for case in cases()}
-    with ft.step():
-        assert (ft.rank, ft.size) == (g.rank, g.size)
-        replica = {repr(case): _run_one(ft, case[0], _op(case[1]), DTYPES[case[2]], case[3]) for case in cases()}
-        objects: list[object] = [{"rank": ft.rank}, "x"] if ft.rank == 1 else [None, None]
-        ft.broadcast_objects(objects, source_rank=1)
-        ft.barrier()
-        committed = ft.should_commit()
-    return {"plain": plain, "replica": replica, "objects": objects, "committed": committed, "error": repr(ft.errored())}
-
-
-def _op(name: str | None) -> ReduceOperation | None:
-    return None if name is None else ReduceOperation[name]
-
-
-def run_bad_calls(g: Gang, store: str, names: list[str]) -> dict[str, Any]:
-    """Make every bad call inside one step; each is followed by an all_reduce proving all ranks go on."""
-    ft = replica_gang(g, store)
-    plain = {name: try_call(g, name) for name in names}
-    with ft.step():
-        replica = {name: try_call(ft, name) for name in names}
-        committed = ft.should_commit()
-    return {"plain": plain, "replica": replica, "committed": committed, "error": repr(ft.errored())}
 
 
 def close(g: Gang, store: str) -> None:

@@ -99,9 +99,9 @@ class FakeGang(Gang):
 
     @override
     def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:
-        payload, error = pickle_or_error(objects)
-        if payload is None:
-            raise ValueError(_unpicklable_objects(source_rank, error))
+        payload, error = pickle_or_error(objects)  # this rank's list stands for the source's (same data)
+        if payload is None:  # as on a real gang, only the source names the pickling error
+            raise ValueError(_unpicklable_objects(source_rank, error if self._rank == source_rank else ""))
 
     @override
     def _close(self) -> None:
