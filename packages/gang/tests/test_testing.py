@@ -12,7 +12,7 @@ import time
 import pytest
 from core_workers import fail_on, raise_worker_only, rank_and_pid, sleep_forever
 
-from gang.testing import RemoteTraceback, World, spawn
+from gang.testing import RemoteTraceback, World, launch, spawn
 
 
 def _alive(pid: int) -> bool:
@@ -111,3 +111,14 @@ def test_workers_end_when_their_caller_is_killed() -> None:
     finally:
         for pid in filter(_alive, pids):  # only after a failure
             os.kill(pid, signal.SIGKILL)
+
+
+def test_workers_see_the_callers_environment_as_it_is_when_the_world_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fork server keeps the environment it started with; a world passes on the caller's own.
+    launch(os.getpid, 1)  # the fork server runs from here on
+    monkeypatch.setenv("GANG_TESTING_PROBE", "set after the fork server started")
+    monkeypatch.delenv("GANG_DEBUG", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    assert launch(os.getenv, 1, "GANG_TESTING_PROBE") == ["set after the fork server started"]
+    with World(1, init_gang=False, env={"OMP_NUM_THREADS": "3"}) as world:
+        assert world.run(os.getenv, "OMP_NUM_THREADS") == ["3"]  # `env` wins over the caller's

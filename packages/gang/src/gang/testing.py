@@ -98,6 +98,8 @@ def _watch_caller() -> None:
 
 
 def _worker_main(conn: Connection, env: dict[str, str], init_gang: bool, gang_timeout: float) -> None:
+    # The whole environment, as the caller had it when the world started (the fork server's is older).
+    os.environ.clear()
     os.environ.update(env)
     threading.Thread(target=_watch_caller, daemon=True).start()
     torch.set_num_threads(1)
@@ -188,8 +190,9 @@ class World:
     :param gang_timeout: The timeout of the gangs' collectives, in seconds.
     :param init_gang: Whether each process creates the default gang.
     :param start_timeout: Seconds the processes may take to start.
-    :param env: Extra environment variables for the processes. They are set as a process starts,
-        after torch and gang are imported (a variable that torch reads at import is not seen).
+    :param env: Extra environment variables for the processes, on top of the caller's environment
+        as it is when the world starts. They are set as a process starts, after torch and gang are
+        imported (a variable that torch reads at import is not seen).
     :raises ValueError: If ``world_size``, ``gang_timeout`` or ``start_timeout`` is not positive.
     """
 
@@ -214,6 +217,7 @@ class World:
         self._conns: list[Connection] = []
         self._procs: list[Any] = []
         base_env = {
+            **os.environ,
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(self._store.port),
             "WORLD_SIZE": str(world_size),
