@@ -8,9 +8,9 @@ runs ``fn(*args)`` with torchrun's environment but no gang, for code that create
 The processes are forked from a fork server that has imported torch and gang once, so that each
 starts in a fraction of a second instead of importing torch again (where the platform has no fork
 server, they are spawned). ``fn`` and its arguments travel by pickle, so ``fn`` must be a
-module-level function of an importable module. A failure on any rank is re-raised in the caller as the same exception type,
-with the rank and the remote traceback attached; every other rank is then stopped, and no process
-outlives the call (or the :class:`World`).
+module-level function of an importable module. A failure on any rank is re-raised in the caller
+as the same exception type, with the rank and the remote traceback attached; every other rank is
+then stopped, and no process outlives the call (or the :class:`World`).
 """
 
 from __future__ import annotations
