@@ -32,7 +32,8 @@ PACKAGES = ("gang", "gang-mesh", "gang-jax")
 # Each package's tests, and the cross-package tests in tests/.
 TEST_TARGETS = [*PACKAGES, "integration"]
 
-nox.options.sessions = ["lint", "typecheck", "tests", "launchers", "plugin", "docs"]
+# `packages` runs the first three targets of `tests` side by side; `tests` runs any one of them.
+nox.options.sessions = ["lint", "typecheck", "packages", "tests(target='integration')", "launchers", "plugin", "docs"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -80,11 +81,32 @@ def shared(session: nox.Session) -> None:
     session.env["PATH"] = os.pathsep.join([str(SHARED_BIN), os.environ.get("PATH", "")])
 
 
+JAX_CACHE = ROOT / ".nox" / "jax-cache"
+_jax_cache_made = False
+
+
+def share_jax_compilations(session: nox.Session) -> None:
+    """Let the JAX processes of this run's test sessions share compiled programs through JAX's cache.
+
+    Many worlds of JAX processes compile the same programs (the conformance worlds, the isolated
+    engines, the fault tests); with a persistent compilation cache (emptied once per nox run) a
+    later process loads a program an earlier one compiled. JAX reads these variables at import.
+    """
+    global _jax_cache_made
+    if not _jax_cache_made:
+        shutil.rmtree(JAX_CACHE, ignore_errors=True)
+        _jax_cache_made = True
+    session.env["JAX_COMPILATION_CACHE_DIR"] = str(JAX_CACHE)
+    session.env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    session.env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+
 @nox.session(venv_backend="none")
 @nox.parametrize("target", TEST_TARGETS)
 def tests(session: nox.Session, target: str) -> None:
     """Run one package's tests (or the cross-package tests in ``tests/``) on real local processes."""
     shared(session)
+    share_jax_compilations(session)
     pytest = [str(SHARED_BIN / "pytest"), "-p", "no:cacheprovider"]
     if target != "integration":
         session.run(*pytest, str(ROOT / "packages" / target / "tests"), *session.posargs)
@@ -103,6 +125,21 @@ def tests(session: nox.Session, target: str) -> None:
         "the other tests": [[*pytest, *tests, "--ignore", str(ft), "--ignore", str(debug)]],
     }
     run_side_by_side(session, halves, env={})
+
+
+@nox.session(venv_backend="none")
+def packages(session: nox.Session) -> None:
+    """Every package's own tests (``tests`` with each package as the target), side by side.
+
+    Each package's pytest keeps about one core busy, so they run :data:`LANES` at a time (see
+    :func:`run_side_by_side`): ``gang`` in one lane, ``gang-mesh`` then ``gang-jax`` in the other.
+    """
+    shared(session)
+    share_jax_compilations(session)
+    pytest = [str(SHARED_BIN / "pytest"), "-p", "no:cacheprovider"]
+    suites = {name: [*pytest, str(ROOT / "packages" / name / "tests"), *session.posargs] for name in PACKAGES}
+    lanes = {"gang": [suites["gang"]], "gang-mesh, gang-jax": [suites["gang-mesh"], suites["gang-jax"]]}
+    run_side_by_side(session, lanes, env={})
 
 
 LAUNCHER_TESTS = ROOT / "tests" / "launchers"

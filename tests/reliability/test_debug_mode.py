@@ -20,10 +20,27 @@ from gang.testing import World
 Scenario = Callable[[str], list[Any]]
 
 
+@pytest.fixture(scope="module")
+def plain_world(monkeypatch_module: pytest.MonkeyPatch) -> Iterator[Callable[[int], World]]:
+    """``plain_world(n)``: this module's world of ``n`` processes without ``GANG_DEBUG`` (started on
+    first use), shared by the JAX scenarios and the checks of the defaults."""
+    monkeypatch_module.delenv("GANG_DEBUG", raising=False)
+    worlds: dict[int, World] = {}
+
+    def get(size: int) -> World:
+        if size not in worlds:
+            worlds[size] = World(size, env={"OMP_NUM_THREADS": "1"})
+        return worlds[size]
+
+    yield get
+    for world in worlds.values():
+        world.close()
+
+
 @pytest.fixture(
     scope="module", params=[("torch", 2), ("torch", 4), ("jax", 2), ("jax", 4)], ids=lambda p: f"{p[0]}{p[1]}"
 )
-def run(request: pytest.FixtureRequest, monkeypatch_module: pytest.MonkeyPatch) -> Iterator[tuple[Scenario, int]]:
+def run(request: pytest.FixtureRequest, plain_world: Callable[[int], World]) -> Iterator[tuple[Scenario, int]]:
     """Run a scenario of ``fault_workers`` by name on every rank of a debug-mode gang."""
     backend, size = request.param
     if backend == "torch":
@@ -32,9 +49,8 @@ def run(request: pytest.FixtureRequest, monkeypatch_module: pytest.MonkeyPatch) 
     else:
         # Without GANG_DEBUG the workers' default JAX gang has debug mode off; the scenarios get a
         # second gang with `debug=True`.
-        monkeypatch_module.delenv("GANG_DEBUG", raising=False)
-        with World(size, env={"OMP_NUM_THREADS": "1"}) as world:
-            yield (lambda name: world.run(jax_reliability_workers.on_debug_gang, name)), size
+        world = plain_world(size)
+        yield (lambda name: world.run(jax_reliability_workers.on_debug_gang, name)), size
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +88,12 @@ def test_matching_calls_still_work_in_debug_mode(run: tuple[Scenario, int]) -> N
     assert scenario("matching_calls_work") == [[total, total * 4 * size, 1.0]] * size
 
 
-def test_debug_mode_is_off_by_default_on_torch_gangs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("GANG_DEBUG", raising=False)
+def test_debug_mode_is_off_by_default_on_torch_gangs(plain_world: Callable[[int], World]) -> None:
     assert FakeGang(torch.device("cpu")).debug is False
     assert FakeGang(torch.device("cpu"), debug=True).debug is True
-    with World(2) as world:
-        assert world.run(fault_workers.debug_flag) == [False, False]
+    assert plain_world(2).run(fault_workers.debug_flag) == [False, False]
 
 
-def test_debug_mode_is_off_by_default_on_jax_gangs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_debug_mode_is_off_by_default_on_jax_gangs(plain_world: Callable[[int], World]) -> None:
     # Default gang off (no GANG_DEBUG), its sub-gang off, debug=False off, debug=True on.
-    monkeypatch.delenv("GANG_DEBUG", raising=False)
-    with World(2, env={"OMP_NUM_THREADS": "1"}) as world:
-        assert world.run(jax_reliability_workers.default_debug_flags) == [[False, False, False, True]] * 2
+    assert plain_world(2).run(jax_reliability_workers.default_debug_flags) == [[False, False, False, True]] * 2

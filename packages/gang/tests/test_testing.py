@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from core_workers import fail_on, raise_worker_only, rank_and_pid, sleep_forever
 
-from gang.testing import RemoteTraceback, World, spawn
+from gang.testing import RemoteTraceback, World, launch, spawn
 
 
 def _alive(pid: int) -> bool:
@@ -75,3 +79,46 @@ def test_what_cannot_be_pickled_or_unpickled_gives_a_clear_error() -> None:
 def test_remote_traceback_pickles() -> None:
     rt = pickle.loads(pickle.dumps(RemoteTraceback(1, "tb")))
     assert isinstance(rt, RemoteTraceback)
+
+
+CALLER = """
+from core_workers import rank_and_pid, sleep_forever
+from gang.testing import World
+
+world = World(2)
+print(" ".join(str(pid) for _, pid, _ in world.run(rank_and_pid, "")), flush=True)
+world.run(sleep_forever, timeout=600)
+"""
+
+
+def test_workers_end_when_their_caller_is_killed() -> None:
+    # The workers are forked by a fork server, not by the caller. A caller killed while they are
+    # busy (so that they do not read their end of the pipe) still takes them down: the fork server
+    # ends with its last client, and the workers watch their parent.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    caller = subprocess.Popen([sys.executable, "-c", CALLER], stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        assert caller.stdout is not None
+        pids = [int(pid) for pid in caller.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+    finally:
+        caller.kill()
+        caller.wait()
+    try:
+        # Polled until gone; the harness timeout bounds the wait.
+        while any(_alive(pid) for pid in pids):
+            time.sleep(0.1)
+    finally:
+        for pid in filter(_alive, pids):  # only after a failure
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_workers_see_the_callers_environment_as_it_is_when_the_world_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fork server keeps the environment it started with; a world passes on the caller's own.
+    launch(os.getpid, 1)  # the fork server runs from here on
+    monkeypatch.setenv("GANG_TESTING_PROBE", "set after the fork server started")
+    monkeypatch.delenv("GANG_DEBUG", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    assert launch(os.getenv, 1, "GANG_TESTING_PROBE") == ["set after the fork server started"]
+    with World(1, init_gang=False, env={"OMP_NUM_THREADS": "3"}) as world:
+        assert world.run(os.getenv, "OMP_NUM_THREADS") == ["3"]  # `env` wins over the caller's
