@@ -17,7 +17,9 @@ harness kills or stops it there). Several pauses are separated by commas; ``<poi
 pauses replica rank ``k`` only; ``fork:<step>`` is no pause: at the ``collective`` point of that
 step (before its pause) the process forks a child that only sleeps, holding every socket open
 (as a forked data-loader worker does), and logs ``forked`` with its ``child`` pid: a SIGKILL of
-the process then closes none of its gloo connections. ``FT_GATE=1`` adds ``enter:<first step>`` on every process.
+the process then closes none of its gloo connections (it forks once the process watching it
+holds a connection to its death signal, which the child closes). ``FT_GATE=1`` adds
+``enter:<first step>`` on every process.
 ``FT_TIMEOUT``, ``FT_QUORUM_TIMEOUT``, ``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` set the
 gang's timeouts and ``min_replicas``. ``FT_SEEDED=1`` starts every replica but ``0`` from its own
 random parameters (the gang's ``init_sync`` makes them adopt replica 0's). ``FT_CHECKPOINT=<dir>``
@@ -131,6 +133,13 @@ class Replica:
     def maybe_fork(self, step: int) -> None:
         if ("fork", step) in self.pauses:
             self.pauses.discard(("fork", step))
+            # First wait until the process watching this one holds a greeted connection to its
+            # death signal (made within two heartbeat periods of the quorum), so that the kill
+            # this scenario prepares is seen as a death, not only as a silence (test-only look).
+            assert self.gang is not None
+            deadline = time.monotonic() + 60
+            while self.gang._liveness.watchers == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
             child = os.fork()
             if child == 0:  # holds the inherited sockets until killed
                 time.sleep(3600)
