@@ -11,7 +11,10 @@ point the replica reports in its log, and then checks:
 - the expected replicas finished (or raised the expected ``GangError``), and no process is left.
 
 Replicas wait at step 1 until all of them have joined, so the membership schedule depends only
-on the injected failures. The timeouts are short (3 s); nothing asserts wall-clock bounds.
+on the injected failures. The timeouts are short (3 s); nothing asserts wall-clock bounds. The
+store and the one-process replicas are forked from ``gang.testing``'s fork server, which has
+imported torch already (``forked.py``): real processes, started without importing torch again;
+torchrun and its workers are started as commands.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 import pytest
 import torch
+from forked import Forked, can_fork
 from ft_workers import reference
 
 from gang._torch_groups import TCPStore
@@ -47,12 +51,12 @@ class Cluster:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[subprocess.Popen[bytes] | Forked] = []
         self.logs: dict[str, list[Path]] = {}
         self.store = self._serve("0")
         self.address = "127.0.0.1:" + self._port_file.read_text().strip().rpartition(":")[2]
 
-    def _serve(self, port: str) -> subprocess.Popen[bytes]:
+    def _serve(self, port: str) -> subprocess.Popen[bytes] | Forked:
         """Start ``python -m gang.ft.store`` on ``port`` and wait until it listens."""
         self._port_file = self.root / f"store.{len(self.procs)}.port"
         cmd = [sys.executable, "-m", "gang.ft.store", "--port", port, "--host", "127.0.0.1"]
@@ -68,8 +72,15 @@ class Cluster:
         self.store = self._serve(self.address.rpartition(":")[2])
         self.procs.insert(0, self.procs.pop())
 
-    def _popen(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    def _popen(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | Forked:
+        """Start ``cmd``: forked from the fork server (a replica or a store), or anew (torchrun)."""
+        proc: subprocess.Popen[bytes] | Forked
+        if can_fork(cmd):
+            proc = Forked(cmd, env, self.root / f"stderr.{len(self.procs)}")
+        else:
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            )
         self.procs.append(proc)
         return proc
 
@@ -88,7 +99,7 @@ class Cluster:
         checkpoint: Path | None = None,
         name: str | None = None,
         env: dict[str, str] | None = None,
-    ) -> subprocess.Popen[bytes]:
+    ) -> subprocess.Popen[bytes] | Forked:
         """Start one incarnation of replica ``rid``: a torchrun of ``nproc`` processes if
         ``nproc > 1``, split over ``nnodes`` torchrun agents (nodes, static rendezvous on
         loopback). ``name`` logs under another name than ``rid`` (a process that is not one of
@@ -259,11 +270,10 @@ class Cluster:
                 try:
                     os.killpg(proc.pid, signal.SIGCONT)
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                except ProcessLookupError:  # a forked process not yet in a session of its own
+                    with suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
-            if proc.stderr is not None:
-                proc.stderr.close()
 
     def dump(self) -> str:
         lines = []

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from forked import Forked
 from pg_workers import reference
 from test_ft import STEPS, WORKER, Cluster
 
@@ -34,7 +35,7 @@ class PGCluster(Cluster):
         self.mode = mode
         super().__init__(root)
 
-    def _popen(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _popen(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | Forked:
         if str(WORKER) in cmd:
             at = cmd.index(str(WORKER))
             cmd = [*cmd[:at], str(PG_WORKER), self.mode, *cmd[at + 1 :]]
