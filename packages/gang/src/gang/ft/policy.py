@@ -31,12 +31,14 @@ class Beat:
     :ivar step: The process's step number when it was written.
     :ivar left: Whether the process is gone: it closed its gang, or the process watching it saw
         it die (:mod:`gang.ft.liveness`).
+    :ivar died: Whether it is gone because the process watching it saw it die (then ``left`` too).
     """
 
     token: str
     age: float
     step: int
     left: bool = False
+    died: bool = False
 
 
 @dataclass(frozen=True)

@@ -495,7 +495,7 @@ class QuorumClient:
             if gone:
                 self._abort(quorum)
                 who = f"replica {rid!r} rank {rank} of the quorum"
-                if raw is not None and raw.startswith(b"dead "):
+                if beat is not None and beat.died:
                     return f"{who} died (the connection its process held open closed)"
                 return f"{who} is gone (it left, or a new incarnation replaced it)"
         if self.client.peek(decision_key) == b"abort":
@@ -571,7 +571,7 @@ def _parse_beat(value: bytes | None, now: float) -> Beat | None:
         return None
     parts = value.decode().split(" ")
     if parts[0] in ("left", "dead"):
-        return Beat(parts[1], 0.0, 0, left=True)
+        return Beat(parts[1], 0.0, 0, left=True, died=parts[0] == "dead")
     return Beat(parts[2], now - float(parts[0]), int(parts[1]))
 
 

@@ -135,17 +135,15 @@ class ReplicaGang(Gang):
         self._liveness = Liveness(address[0], self._token)
         args = (replica_id, replica_rank, replica_size, self._token, policy, self._liveness.address)
         self._protocol = QuorumClient(self._store, *args)
-        try:
-            self._protocol.register(0)
-        except IdentityError as ex:
-            self._liveness.close()
-            raise GangError(f"`join` failed: {ex}.") from ex
-        except BACKEND_ERRORS as ex:
-            self._liveness.close()
-            raise self._store_error("join", ex) from ex
-        try:
+        try:  # a failed join closes the death signal's sockets
+            try:
+                self._protocol.register(0)
+            except IdentityError as ex:
+                raise GangError(f"`join` failed: {ex}.") from ex
+            except BACKEND_ERRORS as ex:
+                raise self._store_error("join", ex) from ex
             beats = QuorumClient(self._connect(), *args)
-        except GangError:
+        except BaseException:
             self._liveness.close()
             raise
         self._heartbeat = Heartbeat(
