@@ -2,10 +2,12 @@
 
 A real job runs the coordination store (``python -m gang.ft.store``) on one host and one launcher
 per replica (``torchrun`` on each replica's node). :class:`LocalJob` does the same with local
-processes, so that an example can kill a replica with ``SIGKILL`` and start it again: every
-process's output is read line by line in a thread (each line stamped with the wall time it was
-read at, and echoed with the seconds since the job started and the process's name), and
-:meth:`LocalJob.close` kills every process that is still running, so nothing outlives the example.
+processes, all on loopback (the store listens on ``127.0.0.1``, so every process's death signal
+does too, and gloo uses the loopback interface), so that an example can kill a replica with
+``SIGKILL`` and start it again: every process's output is read line by line in a thread (each line
+stamped with the wall time it was read at, and echoed with the seconds since the job started and
+the process's name), and :meth:`LocalJob.close` kills every process that is still running, so
+nothing outlives the example.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from gang.testing import LOOPBACK, local_env
 
 
 def free_port() -> int:
@@ -90,8 +94,9 @@ class LocalJob:
         signal.signal(signal.SIGTERM, self._old_sigterm)  # type: ignore[arg-type]
 
     def start_store(self, *, timeout: float = 60) -> str:
-        """Start ``python -m gang.ft.store --port 0``; return the ``host:port`` it prints once it listens."""
-        self.start("store", ["-m", "gang.ft.store", "--port", "0"])
+        """Start ``python -m gang.ft.store --host 127.0.0.1 --port 0``; return the ``host:port`` it
+        prints once it listens (on loopback: every process of a local job is on this machine)."""
+        self.start("store", ["-m", "gang.ft.store", "--host", LOOPBACK, "--port", "0"])
         line = self.expect(matching("GANG_FT_STORE=", "store"), timeout)
         return line.text.removeprefix("GANG_FT_STORE=")
 
@@ -101,11 +106,12 @@ class LocalJob:
         """Start ``python args`` as process ``name`` (output read line by line); return ``time.time()`` of the launch.
 
         ``env`` is added to this process's environment; ``PYTHONUNBUFFERED`` is set so that lines
-        arrive when they are printed. ``python`` is the interpreter (default: this one).
+        arrive when they are printed, and :func:`gang.address.local_env` keeps gloo on loopback.
+        ``python`` is the interpreter (default: this one).
         """
         if name in self._procs and self._procs[name].poll() is None:
             raise ValueError(f"`name` must not be a running process, but {name!r} is running.")
-        full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **local_env(), **(env or {})}
         launched = time.time()
         proc = subprocess.Popen(
             [python or sys.executable, *args],
@@ -173,6 +179,10 @@ class LocalJob:
                 continue
             if match(line):
                 return line
+
+    def pid(self, name: str) -> int:
+        """Return the pid of the latest process started as ``name``."""
+        return self._procs[name].pid
 
     def names(self) -> list[str]:
         """Return the names of every process started so far."""

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from gang import InvalidOperationError, NotSupportedError, ReduceOperation
+from gang.address import non_loopback_sockets
 from gang_jax import JaxGang, functional
 
 _GANG: JaxGang | None = None
@@ -36,6 +37,7 @@ def properties() -> dict[str, Any]:
         "members": g.members,
         "jax_process": jax.process_index(),
         "jax_device_process": g.jax_device.process_index,
+        "outside_loopback": non_loopback_sockets(os.getpid()),  # the coordinator and XLA's collectives
     }
 
 

@@ -28,6 +28,7 @@ def test_properties(world: World) -> None:
         assert r["device"] == torch.device("cpu")
         assert r["supports_pg"] is False
         assert r["members"] == (0, 1, 2)
+        assert r["outside_loopback"] == []  # a local run stays on loopback
 
 
 def test_as_process_group_raises(world: World) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
@@ -13,6 +14,7 @@ import torch.distributed as dist
 
 import gang
 from gang import Gang, ReduceOperation
+from gang.testing import non_loopback_sockets
 
 DTYPES = {
     "float32": torch.float32,
@@ -393,3 +395,8 @@ def numpy_ranks_and_cpu0(g: Gang) -> dict[str, Any]:
     result = {"device": str(wrapped.device), "broadcast": t.tolist(), "sub": members(sub)}
     wrapped.close()
     return result
+
+
+def outside_loopback(gang: Gang) -> list[str]:
+    """The TCP sockets of this process that reach beyond loopback (none in a local world)."""
+    return non_loopback_sockets(os.getpid())

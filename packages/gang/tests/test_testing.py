@@ -10,9 +10,9 @@ import sys
 import time
 
 import pytest
-from core_workers import fail_on, raise_worker_only, rank_and_pid, sleep_forever
+from core_workers import fail_on, outside_loopback, raise_worker_only, rank_and_pid, sleep_forever
 
-from gang.testing import RemoteTraceback, World, launch, spawn
+from gang.testing import RemoteTraceback, World, launch, non_loopback_sockets, spawn
 
 
 def _alive(pid: int) -> bool:
@@ -122,3 +122,13 @@ def test_workers_see_the_callers_environment_as_it_is_when_the_world_starts(monk
     assert launch(os.getenv, 1, "GANG_TESTING_PROBE") == ["set after the fork server started"]
     with World(1, init_gang=False, env={"OMP_NUM_THREADS": "3"}) as world:
         assert world.run(os.getenv, "OMP_NUM_THREADS") == ["3"]  # `env` wins over the caller's
+
+
+def test_a_world_stays_on_loopback() -> None:
+    # Its store listens on 127.0.0.1 only, and a process whose sockets reach beyond loopback fails
+    # the world's start (checked in every process once its gang is up).
+    with World(2) as world:
+        assert world.run(outside_loopback) == [[], []]
+        assert non_loopback_sockets(os.getpid()) == []  # the world's store, served here
+    with pytest.raises(ValueError, match=r"`env\['MASTER_ADDR'\]` must be a loopback address, but is '192.0.2.1'"):
+        World(1, env={"MASTER_ADDR": "192.0.2.1"})

@@ -23,6 +23,7 @@ from jax.extend.backend import clear_backends
 from torch import Tensor
 
 from gang import ReduceOperation
+from gang.address import is_loopback
 from gang_jax._collectives import Communicator, HostCall
 from gang_jax._convert import as_raw_bits, to_numpy
 from gang_jax._rendezvous import Rendezvous
@@ -38,7 +39,17 @@ def start_runtime(where: Rendezvous, timeout: timedelta) -> None:
         initialization_timeout=seconds,
         heartbeat_timeout_seconds=seconds,
         shutdown_timeout_seconds=seconds,
+        coordinator_bind_address=_bind_address(where.coordinator_address),
     )
+
+
+def _bind_address(coordinator: str | None) -> str | None:
+    """Where process 0's coordinator listens: on its loopback address when it is reached on one (a
+    local run stays on loopback), else where JAX binds it by default (every interface)."""
+    if coordinator is None:
+        return None
+    host = coordinator.rpartition(":")[0].strip("[]")
+    return coordinator if host and is_loopback(host) else None
 
 
 def stop_runtime() -> None:

@@ -17,13 +17,15 @@ It also builds the standalone groups of :mod:`gang.ft` (:func:`new_standalone_gr
 its Python process group in torch's group registry (:func:`register_python_group`), fixes DDP's
 gradient buckets for it (:func:`fix_ddp_buckets`), tells when FSDP2's gradients are views of what
 its all-reduce hook receives and runs a callback at the end of a backward pass (so that
-:func:`gang.ft.process_group.replicate_fsdp` averages once per backward pass), and
-re-exports torch's store classes (``TCPStore``, ``PrefixStore``, ``Store``) and DDP's ``GradBucket``,
-which torch's stubs only declare in the private ``torch._C`` module.
+:func:`gang.ft.process_group.replicate_fsdp` averages once per backward pass), serves a store on
+one interface only (:func:`serve_store`), and re-exports torch's store classes (``TCPStore``,
+``PrefixStore``, ``Store``) and DDP's ``GradBucket``, which torch's stubs only declare in the
+private ``torch._C`` module.
 """
 
 from __future__ import annotations
 
+import socket
 import warnings
 from contextlib import suppress
 from datetime import timedelta
@@ -70,6 +72,7 @@ __all__ = [
     "new_named_group",
     "new_standalone_group",
     "register_python_group",
+    "serve_store",
     "unregister_python_group",
 ]
 
@@ -326,3 +329,26 @@ def at_end_of_backward(callback: Any) -> bool:
     except RuntimeError:  # "Final callbacks can only be installed during backward pass."
         return False
     return True
+
+
+_WILDCARDS = ("", "0.0.0.0", "::")
+
+
+def serve_store(
+    host: str, port: int = 0, *, world_size: int | None = None, timeout: timedelta = timedelta(seconds=300)
+) -> TCPStore:
+    """Serve a ``TCPStore`` that listens on ``host`` only (``port`` 0: a free port).
+
+    torch's store server listens on every interface whatever host it is given; here the listening
+    socket is bound to ``host`` first and handed to the store (``master_listen_fd``), so a store on
+    ``127.0.0.1`` cannot be reached from outside this machine. A wildcard ``host`` (``0.0.0.0``,
+    ``::`` or empty) leaves the choice of interfaces to torch (every one).
+    """
+    if host in _WILDCARDS:
+        return TCPStore(host, port, world_size, is_master=True, wait_for_workers=False, timeout=timeout)
+    listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    bound = int(listener.getsockname()[1])
+    fd = listener.detach()  # the store owns the socket from here on
+    return TCPStore(
+        host, bound, world_size, is_master=True, wait_for_workers=False, timeout=timeout, master_listen_fd=fd
+    )

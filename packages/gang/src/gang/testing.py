@@ -32,15 +32,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, but not in torch's stubs
 
 from gang import rendezvous
-from gang._torch_groups import init_fake_process_group
+from gang._torch_groups import init_fake_process_group, serve_store
+from gang.address import LOOPBACK, is_loopback, local_env, non_loopback_sockets
 from gang.errors import InvalidOperationError
 from gang.extend import check_device, check_int, check_rank
 from gang.process_group import ProcessGroupGang
 
 __all__ = [
+    "LOOPBACK",
     "DEFAULT_GANG_TIMEOUT",
     "DEFAULT_RUN_TIMEOUT",
     "RemoteTraceback",
@@ -48,7 +49,10 @@ __all__ = [
     "WorkerDiedError",
     "close_shared_worlds",
     "dry_run",
+    "is_loopback",
     "launch",
+    "local_env",
+    "non_loopback_sockets",
     "shared_world",
     "spawn",
 ]
@@ -111,6 +115,7 @@ def _worker_main(conn: Connection, env: dict[str, str], init_gang: bool, gang_ti
             gang = ProcessGroupGang.create_default_process_group(
                 torch.device("cpu"), timeout=timedelta(seconds=gang_timeout)
             )
+            _check_loopback_only()
         conn.send_bytes(pickle.dumps(("ok", None)))
     except BaseException as ex:
         conn.send_bytes(_error_reply(ex))
@@ -133,6 +138,16 @@ def _worker_main(conn: Connection, env: dict[str, str], init_gang: bool, gang_ti
         gang.close()
     elif dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _check_loopback_only() -> None:
+    """Raise if this process's sockets (its gang's: the store, gloo's pairs) reach beyond loopback."""
+    try:
+        outside = non_loopback_sockets(os.getpid())
+    except OSError:  # no /proc to read (not Linux): nothing to check
+        return
+    if outside:
+        raise RuntimeError(f"A local world must talk over loopback only, but {'; '.join(outside)}.")
 
 
 def _add_note(ex: BaseException, note: str) -> None:
@@ -193,7 +208,9 @@ class World:
     :param env: Extra environment variables for the processes, on top of the caller's environment
         as it is when the world starts. They are set as a process starts, after torch and gang are
         imported (a variable that torch reads at import is not seen).
-    :raises ValueError: If ``world_size``, ``gang_timeout`` or ``start_timeout`` is not positive.
+    :raises ValueError: If ``world_size``, ``gang_timeout`` or ``start_timeout`` is not positive, or
+        ``env`` sets ``MASTER_ADDR`` to anything but a loopback address (a world's store listens on
+        ``127.0.0.1`` only, and its processes talk over loopback only).
     """
 
     def __init__(
@@ -209,21 +226,25 @@ class World:
         for name, seconds in (("gang_timeout", gang_timeout), ("start_timeout", start_timeout)):
             if seconds <= 0:
                 raise ValueError(f"`{name}` must be positive, but is {seconds} instead.")
+        master = (env or {}).get("MASTER_ADDR", LOOPBACK)
+        if not is_loopback(master):  # a local world talks over loopback only
+            raise ValueError(f"`env['MASTER_ADDR']` must be a loopback address, but is {master!r} instead.")
         self.world_size = world_size
         self.init_gang = init_gang
         self._gang_timeout = gang_timeout
-        self._store = TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False)
+        self._store = serve_store(LOOPBACK, world_size=world_size)
         ctx = _context()
         self._conns: list[Connection] = []
         self._procs: list[Any] = []
         base_env = {
             **os.environ,
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": LOOPBACK,
             "MASTER_PORT": str(self._store.port),
             "WORLD_SIZE": str(world_size),
             "LOCAL_WORLD_SIZE": str(world_size),
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "OMP_NUM_THREADS": "1",
+            **local_env(),  # gloo on the loopback interface
             **(env or {}),
         }
         _WORLDS.add(self)

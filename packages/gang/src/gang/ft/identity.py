@@ -1,12 +1,13 @@
 """Who a :mod:`gang.ft` process is and where it meets the others: the checks of
 :meth:`~gang.ft.ReplicaGang.join`'s identity arguments (replica id, replica rank and size), the
-store's address and the device, each from its argument or else from the environment.
+store's address, the death signal's address and the device, each from its argument or else from the environment.
 
 Internal to :mod:`gang.ft` (its names may change); not part of the public API.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 
 import torch
@@ -14,6 +15,7 @@ import torch
 from gang.env import get_rank, get_world_size
 from gang.extend import check_device as _check_device_type
 from gang.extend import check_int
+from gang.ft.liveness import ROUTE
 
 
 def check_replica_id(replica_id: object) -> str:
@@ -76,6 +78,27 @@ def check_store(store: object) -> tuple[str, int]:
     return host, int(port)
 
 
+def check_liveness_address(address: object) -> str | None:
+    """Where the death signal listens (see :func:`gang.ft.liveness.listen_address`): ``address``,
+    else ``GANG_FT_LIVENESS_ADDRESS``; ``None`` (neither set) is the interface that reaches the store."""
+    name = "liveness_address"
+    if address is None:
+        address = os.environ.get("GANG_FT_LIVENESS_ADDRESS") or None
+        if address is None:
+            return None
+        name = "GANG_FT_LIVENESS_ADDRESS"
+    if not isinstance(address, str):
+        raise TypeError(f"`{name}` must be a `str`, but is {address!r} instead.")
+    if address == ROUTE:
+        return address
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        raise ValueError(
+            f"`{name}` must be {ROUTE!r} or an IP address of this host, but is {address!r} instead."
+        ) from None
+
+
 def check_device(device: object) -> torch.device:
     """The gang's device: ``cpu`` (gloo, the default) or ``cuda[:N]`` (NCCL)."""
     if device is None:
@@ -86,4 +109,4 @@ def check_device(device: object) -> torch.device:
     return device
 
 
-__all__ = ["check_device", "check_replica_id", "check_replica_rank", "check_store"]
+__all__ = ["check_device", "check_liveness_address", "check_replica_id", "check_replica_rank", "check_store"]

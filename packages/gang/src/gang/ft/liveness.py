@@ -25,7 +25,6 @@ Used by the heartbeat thread only (its owner closes it once that thread stopped)
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
 import socket
 import threading
@@ -46,14 +45,14 @@ class Liveness:
     reached something else (an address not reachable as published, a port reused by another
     program) is never taken for the watched process, nor its end for a death.
 
-    :param toward: The store's host. The socket listens on the address this host reaches it from;
-        when that is a loopback address but the store was named otherwise (a host that maps its
-        own name to 127.0.1.1), it listens on every interface and publishes the address of the
-        default route, so that processes on other hosts can connect.
+    :param toward: The store's host.
     :param token: This process's incarnation, sent to every watcher.
+    :param publish: Where to listen and what to publish (see :func:`listen_address`): ``None``
+        (the address of this host's interface that reaches the store), :data:`ROUTE` (every
+        interface; the address of the default route's interface is published) or an IP address.
     """
 
-    def __init__(self, toward: str, token: str) -> None:
+    def __init__(self, toward: str, token: str, publish: str | None = None) -> None:
         self._greeting = _greeting(token)
         self._accepted: list[socket.socket] = []
         self._sock: socket.socket | None = None  # the connection to the watched process
@@ -66,11 +65,11 @@ class Liveness:
         """``"host:port"`` this process listens on (``"-"`` when no socket could be opened)."""
         self._listener: socket.socket | None = None
         with suppress(OSError), _LOCK:  # no usable address: the heartbeat alone tells this process's death
-            bind, publish = _listen_address(toward)
-            family = socket.AF_INET6 if ":" in publish else socket.AF_INET
+            bind, shown = listen_address(toward, publish)
+            family = socket.AF_INET6 if ":" in shown else socket.AF_INET
             self._listener = socket.create_server((bind, 0), family=family, backlog=64)
             self._listener.setblocking(False)
-            self.address = f"{publish}:{self._listener.getsockname()[1]}"
+            self.address = f"{shown}:{self._listener.getsockname()[1]}"
         _OPEN.add(self)
 
     def serve(self) -> None:
@@ -202,31 +201,32 @@ def _local_address(host: str) -> str:
         return str(probe.getsockname()[0])
 
 
-def _listen_address(toward: str) -> tuple[str, str]:
-    """Where to listen and which address to publish, for a store at host ``toward``."""
-    local = _local_address(toward)
-    if _is_loopback(local) and not _names_loopback(toward):
+ROUTE = "route"
+"""The ``publish`` choice for a multi-host job whose store host reaches the store over loopback
+(a host that maps its own name to 127.0.1.1): listen on every interface and publish the address of
+the interface of the default route, which the other hosts can reach."""
+
+
+def listen_address(toward: str, publish: str | None = None) -> tuple[str, str]:
+    """Where to listen and which address to publish, for a store at host ``toward``.
+
+    - ``None`` (the default): the address of this host's interface that reaches the store, for both.
+      A store on loopback (every process on one machine) gives a loopback address, and nothing is
+      listened on or published outside it.
+    - :data:`ROUTE`: every interface (``0.0.0.0`` or ``::``), publishing the address of the default
+      route's interface (no packet is sent to find it); with no default route, as ``None``.
+    - an IP address: that address, for both.
+    """
+    if publish == ROUTE:
         try:
             outward = _local_address("192.0.2.1")  # any routed address: only the route is looked up
         except OSError:  # no default route: this host is reached on its loopback only
-            outward = local
-        if not _is_loopback(outward):
-            return ("::" if ":" in outward else "0.0.0.0"), outward
-    return local, local  # the store's own address tells where this host is reached
-
-
-def _is_loopback(address: str) -> bool:
-    return ipaddress.ip_address(address.partition("%")[0]).is_loopback
-
-
-def _names_loopback(host: str) -> bool:
-    """Whether ``host`` is written as a loopback address (or ``localhost``): every process is on one host."""
-    if host == "localhost":
-        return True
-    try:
-        return _is_loopback(host)
-    except ValueError:
-        return False
+            outward = _local_address(toward)
+        return ("::" if ":" in outward else "0.0.0.0"), outward
+    if publish is not None:
+        return publish, publish
+    local = _local_address(toward)
+    return local, local
 
 
 def _open(sock: socket.socket) -> bool:

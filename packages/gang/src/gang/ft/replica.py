@@ -30,7 +30,13 @@ from gang.extend import check_int, check_open, check_timeout, operation_error
 from gang.ft.group import reaper, reduce_options, root_options, settle
 from gang.ft.heal import receive_state, send_state
 from gang.ft.heartbeat import Heartbeat
-from gang.ft.identity import check_device, check_replica_id, check_replica_rank, check_store
+from gang.ft.identity import (
+    check_device,
+    check_liveness_address,
+    check_replica_id,
+    check_replica_rank,
+    check_store,
+)
 from gang.ft.liveness import Liveness
 from gang.ft.log import abort_reason, log_event, log_quorum
 from gang.ft.policy import Policy, Quorum, watched
@@ -103,6 +109,7 @@ class ReplicaGang(Gang):
         heartbeat_timeout: timedelta,
         init_sync: bool = True,
         max_retries: int | None = None,
+        liveness_address: str | None = None,
     ) -> None:
         super().__init__(rank=0, size=1, device=device, debug=False)
         self._max_retries = max_retries
@@ -132,7 +139,7 @@ class ReplicaGang(Gang):
         self._commit: bool | None = None
         policy = Policy(min_replicas, quorum_timeout.total_seconds(), heartbeat_timeout.total_seconds(), init_sync)
         self._store = self._connect()
-        self._liveness = Liveness(address[0], self._token)
+        self._liveness = Liveness(address[0], self._token, liveness_address)
         args = (replica_id, replica_rank, replica_size, self._token, policy, self._liveness.address)
         self._protocol = QuorumClient(self._store, *args)
         try:  # a failed join closes the death signal's sockets
@@ -172,6 +179,7 @@ class ReplicaGang(Gang):
         heartbeat_timeout: timedelta | None = None,
         init_sync: bool = True,
         max_retries: int | None = None,
+        liveness_address: str | None = None,
     ) -> ReplicaGang:
         """Join the replicas that train together through the coordination store.
 
@@ -209,6 +217,13 @@ class ReplicaGang(Gang):
         :param max_retries: Raise :class:`~gang.GangError` (with the reasons) at the end of the
             ``max_retries``-th consecutive step that was not committed; ``None`` (the default)
             never gives up.
+        :param liveness_address: Where this process's death signal listens, and the address it
+            publishes for its watchers (``GANG_FT_LIVENESS_ADDRESS`` when ``None``; see
+            :ref:`liveness`). Unset: the address of the interface this host reaches the store from,
+            so a store on loopback keeps every process on loopback. ``"route"``: every interface,
+            publishing the address of the default route's interface (a multi-host job whose store
+            is named by a host name that maps to a loopback address on the store's own host).
+            Otherwise an IP address of this host, listened on and published as it is.
         :raises ValueError: If an argument has a bad value or an environment variable is missing.
         :raises TypeError: If an argument has the wrong type.
         :raises GangError: If the store cannot be reached, or another live process is this
@@ -243,6 +258,7 @@ class ReplicaGang(Gang):
             ),
             init_sync=init_sync,
             max_retries=max_retries,
+            liveness_address=check_liveness_address(liveness_address),
         )
 
     # -- properties -----------------------------------------------------------------------------

@@ -7,8 +7,13 @@ reconnects, registers again and re-joins its round; a step whose vote was in fli
 committed on the processes that had not read its decision, and they heal at the next step).
 Every replica reaches it at ``GANG_FT_STORE=host:P``.
 With ``--port 0`` the system picks a free port. Once the store listens, it prints one line
-``GANG_FT_STORE=<host>:<port>`` to standard output (the host is the machine's name when it listens
-on every address) and writes ``<host>:<port>`` to ``--port-file`` if given, so a launcher can wait.
+``GANG_FT_STORE=<host>:<port>`` to standard output and writes ``<host>:<port>`` to ``--port-file``
+if given, so a launcher can wait.
+
+It listens on ``127.0.0.1`` unless told otherwise: a job on one machine stays on loopback. A job
+whose replicas run on several hosts chooses ``--host 0.0.0.0`` (every IPv4 interface; ``::`` for
+every interface), and the printed host is then this machine's name, or ``--host <address>`` (one
+interface, printed as it is).
 """
 
 from __future__ import annotations
@@ -22,18 +27,19 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from gang._torch_groups import TCPStore
+from gang._torch_groups import serve_store
 from gang.ft.quorum import STARTED
 
 
-def serve(port: int, *, host: str = "0.0.0.0", port_file: Path | None = None) -> None:
+def serve(port: int, *, host: str = "127.0.0.1", port_file: Path | None = None) -> None:
     """Serve a ``TCPStore`` on ``host:port`` until ``SIGTERM`` or ``SIGINT``.
 
     :param port: The port to listen on; ``0`` picks a free one (printed on standard output).
-    :param host: The address to listen on.
+    :param host: The address to listen on (``0.0.0.0`` or ``::``: every interface, and the printed
+        host is this machine's name).
     :param port_file: If given, the ``host:port`` line is also written to this file.
     """
-    store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    store = serve_store(host, port, timeout=timedelta(seconds=30))
     store.set(STARTED, f"{time.time():.6f}")  # replicas wait for each other to register again after a restart
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -54,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the command line and serve the store."""
     parser = argparse.ArgumentParser(prog="python -m gang.ft.store", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True, help="port to listen on (0: pick a free one)")
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0: every interface, multi-host)",
+    )
     parser.add_argument("--port-file", type=Path, default=None, help="also write host:port to this file")
     args = parser.parse_args(argv)
     if not 0 <= args.port < 65536:
