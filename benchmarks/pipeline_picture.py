@@ -123,9 +123,10 @@ def draw(output: Path, stages: int = STAGES, microbatches: int = MICROBATCHES) -
 
 
 def main() -> None:
+    """Parse ``--output`` and draw."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=OUTPUT, help=f"the PNG to write (default: {OUTPUT})")
-    draw(parser.parse_args().out)
+    parser.add_argument("--output", type=Path, default=OUTPUT, help="where to write the PNG")
+    draw(parser.parse_args().output)
 
 
 if __name__ == "__main__":
