@@ -10,6 +10,7 @@ import torch
 
 from gang.bench import collectives as bc
 from gang.bench import metrics as bm
+from gang.bench import traffic as bt
 
 
 @pytest.mark.parametrize(
@@ -191,3 +192,24 @@ def test_a_case_counts_its_wrong_elements() -> None:
     assert bc.count_wrong(out[:, :4], expected) == 5  # a result of the wrong shape is all wrong
     out_of_place = bc.Case(lambda: None, lambda: None, lambda: torch.zeros(1, 5), expected)
     assert out_of_place.check() == int((expected != 0).sum()) > 0
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 8])
+@pytest.mark.parametrize("numel", [1, 7, 1000])
+def test_skewed_exchange_expects_what_every_rank_sends(size: int, numel: int) -> None:
+    splits = bt.skewed_splits(size, numel)
+    assert sum(splits) == numel and min(splits) >= 0 and splits[0] == max(splits)
+    if size > 1 and numel >= 1000:  # rank 0 is the hot one: 3 * size shares of 4 * size - 1
+        assert splits[0] >= numel * 3 * size // (4 * size - 1) > splits[1]
+    data = [bt._uneven_data(rank, size, numel, torch.float32) for rank in range(size)]
+    for rank, (_, expected, _, out_splits) in enumerate(data):
+        # What the ranks send this rank, in rank order: the exchange all_to_all_single performs.
+        blocks = []
+        for inp, _, in_splits, _ in data:
+            offsets = [sum(in_splits[:j]) for j in range(size)]
+            blocks.append(inp[offsets[rank] : offsets[rank] + in_splits[rank]])
+        assert [len(b) for b in blocks] == out_splits
+        assert bc.count_wrong(torch.cat(blocks), expected) == 0
+        if size > 1 and len(expected):  # a block from the wrong rank is caught
+            wrong = torch.cat(blocks[1:] + blocks[:1])
+            assert bc.count_wrong(wrong, expected) > 0 or splits[rank] == 0

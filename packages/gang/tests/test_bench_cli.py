@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gang.bench.__main__ import main, without_nproc
-from gang.bench.metrics import OPS, ROW_KEYS, TIME_COLUMNS
+from gang.bench.metrics import OPS, ROW_KEYS, TIME_COLUMNS, TRAFFIC_OPS
 
 
 def test_bench_on_two_local_processes(tmp_path: Path) -> None:
@@ -60,6 +60,36 @@ def test_bench_on_two_local_processes(tmp_path: Path) -> None:
     assert sizes["all_reduce"] == sizes["broadcast"] == [4, 1024]
     assert sizes["all_gather"] == sizes["reduce_scatter"] == sizes["all_to_all"] == [8, 1024]
     assert result["summary"][0].startswith("gang/torch on 2 ranks:")
+
+
+def test_traffic_rows_on_two_local_processes(tmp_path: Path) -> None:
+    # `--traffic` adds the point-to-point, uneven and overlapped rows to `--ops`; one element of the
+    # gang's exchange_rows result is corrupted through the test-only seam and `#wrong` counts it.
+    out = tmp_path / "r.json"
+    command = [sys.executable, "-m", "gang.bench", "--nproc", "2", "--ops", "broadcast", "--traffic"]
+    command += ["--sizes", "4", "1K", "--iters", "3", "--no-jax", "--no-plots", "--out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", GANG_BENCH_CORRUPT="gang:exchange_rows")
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    titles = [line.split()[1] for line in lines if line.startswith("# ") and " on 2 ranks (gloo)" in line]
+    assert titles == ["broadcast", *TRAFFIC_OPS], done.stdout
+    assert "#wrong: 2 result elements differ from the expected values" in lines  # one per size
+    assert any(line.startswith("gang/torch traffic on 2 ranks: send ") for line in lines), done.stdout
+    assert sum("overlap gain through" in line for line in lines) == 2, done.stdout
+    rows = json.loads(out.read_text())["rows"]
+    pairs = {(impl, op) for impl in ("torch", "gang") for op in ("broadcast", *TRAFFIC_OPS)}
+    assert {(r["impl"], r["op"]) for r in rows} == pairs | {
+        ("gang-sequential", "overlap"),
+        ("torch-sequential", "overlap"),
+    }
+    for row in rows:
+        assert row["wrong"] == (1 if (row["impl"], row["op"]) == ("gang", "exchange_rows") else 0), row
+        assert row["time_us"] > 0 and row["busbw_gbps"] > 0
+        assert ("overlap_gain" in row) == (row["op"] == "overlap" and row["impl"] in ("torch", "gang"))
+    # The messages are not rounded to the ranks; the buckets of `overlap` are rounded to whole buckets.
+    sizes = {op: sorted({r["bytes"] for r in rows if r["op"] == op}) for op in TRAFFIC_OPS}
+    assert sizes["send"] == sizes["all_to_all_uneven"] == [4, 1024] and sizes["overlap"] == [32, 1024]
 
 
 @pytest.mark.parametrize(

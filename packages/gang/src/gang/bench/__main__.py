@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 import gang
 from gang.bench import collectives, metrics
-from gang.bench.metrics import OPS, Row
+from gang.bench.metrics import OPS, TRAFFIC_OPS, Row
 from gang.roles import ROLES
 
 
@@ -49,7 +49,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="buffer sizes in bytes, such as 4 64K 16M (default: 4 B and every power of 4 up to 64 MiB)",
     )
     parser.add_argument("--iters", type=int, default=None, help="timed iterations per size (default: by size)")
-    parser.add_argument("--ops", nargs="+", default=list(OPS), choices=OPS, help="the collectives to time")
+    parser.add_argument(
+        "--ops", nargs="+", default=list(OPS), choices=OPS + TRAFFIC_OPS, help="the collectives to time (default: all)"
+    )
+    parser.add_argument(
+        "--traffic",
+        action="store_true",
+        help="time the traffic operations too: send/recv, the send_recv ring, all_to_all_uneven with skewed "
+        "splits, exchange_rows, and 8 async all-reduces overlapped with compute (torch and gang only)",
+    )
     parser.add_argument(
         "--impls",
         nargs="+",
@@ -76,6 +84,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here, and PNG plots next to it")
     parser.add_argument("--no-plots", action="store_true", help="write the JSON only")
     args = parser.parse_args(argv)
+    if args.traffic:
+        args.ops = [*args.ops, *(op for op in TRAFFIC_OPS if op not in args.ops)]
     if args.nproc is not None and args.nproc < 1:
         parser.error(f"`--nproc` must be at least 1, but is {args.nproc} instead.")
     if args.iters is not None and args.iters < 1:
@@ -152,12 +162,14 @@ def default_impls(args: argparse.Namespace, device: torch.device) -> tuple[list[
     torch and gang, plus those of every provider (:func:`gang.bench.collectives.providers`) that
     runs on ``device`` (raw JAX and JaxGang on the CPU when gang_jax is installed), unless
     ``--impls`` names some or ``--no-jax`` leaves out the ``jax`` provider. Only the root gang
-    (``--gang root``) is timed by providers.
+    (``--gang root``) is timed by providers, and only on the collectives (not on the traffic
+    operations of ``--traffic``).
     """
     wanted = None if args.impls is None else set(args.impls)
     makers: list[collectives.Provider] = []
     names: list[str] = [*collectives.TorchImpls.names]
-    if args.gang == "root" and (wanted is None or not wanted <= set(names)):
+    collectives_timed = any(op in OPS for op in args.ops)
+    if args.gang == "root" and collectives_timed and (wanted is None or not wanted <= set(names)):
         for key, make in collectives.providers().items():
             if (key == "jax" and args.no_jax) or device.type not in make.device_types:
                 continue

@@ -35,7 +35,18 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gang import Gang, ReduceOperation
-from gang.bench.metrics import OPS, PAIRS, Row, make_row, mean, median, paired_ratio, percentile
+from gang.bench.metrics import (
+    OPS,
+    OVERLAP_PAIRS,
+    PAIRS,
+    TRAFFIC_OPS,
+    Row,
+    make_row,
+    mean,
+    median,
+    paired_ratio,
+    percentile,
+)
 
 Call = Callable[[], object]
 
@@ -86,10 +97,20 @@ CORRUPT_VARIABLE = "GANG_BENCH_CORRUPT"
 implementation's checked result on rank 0, so that a test sees ``#wrong`` count it."""
 
 
+OVERLAP_BUCKETS = 8
+"""The gradient buckets of the ``overlap`` measurement (:mod:`gang.bench.traffic`)."""
+
+
 def numel_for(nbytes: int, world_size: int, op: str, itemsize: int = 4) -> int:
-    """Return the element count of the full buffer: ``nbytes / itemsize``, rounded up so that ranks split it evenly."""
+    """Return the element count of the full buffer: ``nbytes / itemsize``, rounded up so that ranks split it evenly.
+
+    The buffers that are not split are not rounded (``all_reduce``, ``broadcast``, and the traffic
+    operations' messages and send buffers); ``overlap``'s is rounded up to whole buckets.
+    """
     numel = max(1, nbytes // itemsize)
-    if op == "all_reduce" or op == "broadcast":
+    if op == "overlap":
+        return -(-numel // OVERLAP_BUCKETS) * OVERLAP_BUCKETS
+    if op in ("all_reduce", "broadcast") or op in TRAFFIC_OPS:
         return numel
     return -(-numel // world_size) * world_size
 
@@ -215,7 +236,15 @@ class TorchImpls:
         self.group = gang.as_process_group()
 
     def cases(self, op: str, numel: int, dtype: torch.dtype = torch.float32) -> dict[str, Case]:
-        """Return the ``torch`` and ``gang`` cases of ``op`` on a full buffer of ``numel`` elements of ``dtype``."""
+        """Return the ``torch`` and ``gang`` cases of ``op`` on a full buffer of ``numel`` elements of ``dtype``.
+
+        For an operation of :data:`~gang.bench.metrics.TRAFFIC_OPS`, those of
+        :func:`gang.bench.traffic.traffic_cases` (``overlap`` adds its sequential cases).
+        """
+        if op in TRAFFIC_OPS:
+            from gang.bench.traffic import traffic_cases  # it builds on this module's cases
+
+            return traffic_cases(self.gang, op, numel, dtype)
         group, sum_ = self.group, dist.ReduceOp.SUM
         raw: dict[str, Callable[[Tensor, Tensor], object]] = {
             "all_reduce": lambda out, inp: dist.all_reduce(inp, sum_, group=group),
@@ -358,7 +387,10 @@ def measure(
 
     Called on every rank of the default process group; ``gang`` is this rank's gang of
     ``ProcessGroupGang`` to time (the root, or one gang of a layout: every gang of that role is
-    timed at once). ``extra`` makes the implementations of other packages (see
+    timed at once). ``ops`` may name the traffic operations of
+    :data:`~gang.bench.metrics.TRAFFIC_OPS` too (timed through torch and the gang only; ``overlap``
+    also times its sequential calls, and its overlapped rows get ``overlap_gain``, the paired ratio
+    of the sequential time to theirs). ``extra`` makes the implementations of other packages (see
     :func:`providers`); they are closed at the end. Each row holds the median (``time_us``), mean
     and 95th percentile times and ``wrong``, the number of wrong result elements summed over every
     rank. ``on_progress(op, nbytes, index, total)`` is called before and ``on_row(op, nbytes,
@@ -384,9 +416,10 @@ def measure(
             if on_progress is not None:
                 on_progress(op, nbytes, index, len(plan))
             cases: dict[str, Case] = {}
-            for source in sources:
+            for source in sources if op in OPS else sources[:1]:  # other packages time the collectives only
                 cases.update(source.cases(op, numel, dtype))
-            cases = {name: cases[name] for name in impls if name in cases}
+            sequential = [seq for seq, fast in OVERLAP_PAIRS if fast in impls and seq in cases]
+            cases = {name: cases[name] for name in [*impls, *sequential] if name in cases}
             warmup, timed = iterations(nbytes, quick, iters)
             times = time_interleaved(dict(cases), warmup, timed, gang.device)
             wrong = torch.tensor(
@@ -403,6 +436,9 @@ def measure(
             for ours, base in PAIRS:
                 if ours in times and base in times:
                     by_impl[ours]["paired_ratio"] = paired_ratio(times[ours], times[base])
+            for seq, fast in OVERLAP_PAIRS:
+                if seq in times and fast in times:
+                    by_impl[fast]["overlap_gain"] = paired_ratio(times[seq], times[fast])
             rows.extend(by_impl.values())
             if on_row is not None:
                 on_row(op, nbytes, by_impl)

@@ -17,6 +17,13 @@ from typing import Any
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 """The collectives that are timed, in the order they are reported."""
 
+TRAFFIC_OPS = ("send", "send_recv_ring", "all_to_all_uneven", "exchange_rows", "overlap")
+"""The point-to-point, uneven and overlapped operations :mod:`gang.bench.traffic` times (``--traffic``).
+
+``bytes`` is the message of ``send`` and ``send_recv_ring``, each rank's send buffer of
+``all_to_all_uneven`` and ``exchange_rows``, and all the buckets of ``overlap`` (all-reduced).
+"""
+
 PAIRS = (("gang", "torch"), ("gang-jax", "jax"))
 """(ours, the raw baseline) pairs whose time ratio is the overhead of our API."""
 
@@ -29,18 +36,23 @@ Row = dict[str, Any]
 def bus_factor(op: str, world_size: int) -> float:
     """Return the factor that turns the algorithm bandwidth of ``op`` on ``world_size`` ranks into the bus bandwidth.
 
-    :raises ValueError: If ``op`` is not a known collective or ``world_size`` is not positive.
+    The traffic operations (:data:`TRAFFIC_OPS`) take the factor of the collective they resemble:
+    ``send`` and ``send_recv_ring`` 1 (each rank moves its buffer once, as ``broadcast``), the
+    uneven exchanges that of ``all_to_all`` (exact for even splits; the skewed splits the benchmark
+    sends keep more on rank 0), ``overlap`` that of ``all_reduce``.
+
+    :raises ValueError: If ``op`` is not a known operation or ``world_size`` is not positive.
     """
     if world_size <= 0:
         raise ValueError(f"`world_size` must be positive, but is {world_size} instead.")
     n = world_size
-    if op == "all_reduce":
+    if op in ("all_reduce", "overlap"):
         return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "all_to_all_uneven", "exchange_rows"):
         return (n - 1) / n
-    if op == "broadcast":
+    if op in ("broadcast", "send", "send_recv_ring"):
         return 1.0
-    raise ValueError(f"`op` must be one of {OPS}, but is {op!r} instead.")
+    raise ValueError(f"`op` must be one of {OPS + TRAFFIC_OPS}, but is {op!r} instead.")
 
 
 def algbw_gbps(nbytes: int, seconds: float) -> float:
@@ -153,7 +165,7 @@ def make_row(
         "algbw_gbps": None,
         "busbw_gbps": None,
     }
-    if bandwidth and op in OPS and nbytes > 0:
+    if bandwidth and op in OPS + TRAFFIC_OPS and nbytes > 0:
         row["algbw_gbps"] = algbw_gbps(nbytes, seconds)
         row["busbw_gbps"] = busbw_gbps(op, nbytes, seconds, world_size)
     row.update(extra)
@@ -306,4 +318,36 @@ def summary(rows: Iterable[Mapping[str, Any]]) -> list[str]:
             smallest = {op: min(b for (o, b) in mine if o == op) for op in OPS if any(o == op for (o, _) in mine)}
             tiny = [f"{op} {mine[(op, b)]:.3f} ({format_size(b)})" for op, b in smallest.items()]
             lines.append(f"{'':>4}smallest message: " + ", ".join(tiny))
+    return lines + traffic_summary(rows)
+
+
+OVERLAP_PAIRS = (("gang-sequential", "gang"), ("torch-sequential", "torch"))
+"""(sequential, overlapped) implementations of ``overlap``: their time ratio is the overlap's gain."""
+
+
+def traffic_summary(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Return the summary lines of the traffic rows: per world size and operation of :data:`TRAFFIC_OPS`,
+    the ``gang/torch`` ratio (median over the sizes, and the worst), and the overlap's gain over
+    sequential calls (the time of the sequential calls over the overlapped ones) through each API.
+    """
+    rows = list(rows)
+    ratios = {k: v for k, v in ratio_table(rows, "gang", "torch").items() if k[0] in TRAFFIC_OPS}
+    lines = []
+    for world in sorted({w for (_, w, _) in ratios}):
+        parts = []
+        for op in TRAFFIC_OPS:
+            mine = {b: v for (o, w, b), v in ratios.items() if o == op and w == world}
+            if mine:
+                worst = max(mine, key=lambda b: mine[b])
+                parts.append(f"{op} {median(mine.values()):.3f} (worst {mine[worst]:.3f} at {format_size(worst)})")
+        lines.append(f"gang/torch traffic on {world} ranks: " + ", ".join(parts))
+        for sequential, overlapped in OVERLAP_PAIRS:
+            gains = [
+                v for (o, w, _), v in ratio_table(rows, sequential, overlapped).items() if o == "overlap" and w == world
+            ]
+            if gains:
+                lines.append(
+                    f"{'':>4}overlap gain through {overlapped} (sequential / overlapped): median {median(gains):.3f}, "
+                    f"from {min(gains):.3f} to {max(gains):.3f}"
+                )
     return lines
