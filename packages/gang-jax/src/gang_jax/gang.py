@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import final
+from typing import Any, final
 
 import jax
 import torch
@@ -14,7 +15,7 @@ from typing_extensions import override
 from gang import Gang, InvalidOperationError, NotSupportedError, ReduceOperation
 from gang.extend import check_int, check_rank, check_timeout, guard
 from gang_jax._collectives import Communicator
-from gang_jax._engine import Engine, LocalEngine, start_runtime, stop_runtime
+from gang_jax._engine import Engine, LocalEngine, Op, start_runtime, stop_runtime
 from gang_jax._isolated import IsolatedEngine
 from gang_jax._rendezvous import Rendezvous, resolve
 
@@ -196,43 +197,42 @@ class JaxGang(Gang):
     def _as_process_group(self) -> ProcessGroup:
         raise NotSupportedError("`JaxGang` has no torch process group; use its collectives instead.")
 
+    def _run(self, op: Op, outputs: Sequence[Tensor], inputs: Sequence[Tensor], *args: Any) -> None:
+        """Run the engine's ``op`` (every collective goes through here), reporting a failure as a ``GangError``."""
+        with guard(op.name.lower(), self):
+            self._engine.run(op, outputs, inputs, args)
+
     @override
     def _barrier(self) -> None:
-        with guard("barrier", self):
-            self._engine.barrier()
+        self._run(Op.BARRIER, (), ())
 
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
-        with guard("all_reduce", self):
-            self._engine.all_reduce(tensor, op)
+        self._run(Op.ALL_REDUCE, (tensor,), (tensor,), op)
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        with guard("all_gather", self):
-            self._engine.all_gather(output_tensor, input_tensor)
+        self._run(Op.ALL_GATHER, (output_tensor,), (input_tensor,))
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
         rows = torch.empty((self.size, *input_tensor.shape), dtype=input_tensor.dtype)
         with guard("all_gather_to_list", self):
-            self._engine.all_gather(rows, input_tensor)
+            self._engine.run(Op.ALL_GATHER, (rows,), (input_tensor,), ())
         for row, out in zip(rows, output_tensors, strict=True):
             out.copy_(row)
 
     @override
     def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
-        with guard("reduce_scatter", self):
-            self._engine.reduce_scatter(output_tensor, input_tensor, op)
+        self._run(Op.REDUCE_SCATTER, (output_tensor,), (input_tensor,), op)
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        with guard("all_to_all", self):
-            self._engine.all_to_all(output_tensor, input_tensor)
+        self._run(Op.ALL_TO_ALL, (output_tensor,), (input_tensor,))
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        with guard("broadcast", self):
-            self._engine.broadcast(tensor, source_rank)
+        self._run(Op.BROADCAST, (tensor,), (tensor,), source_rank)
 
     @override
     def _close(self) -> None:
