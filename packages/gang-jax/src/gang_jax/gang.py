@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import override
 
-from gang import Gang, InvalidOperationError, NotSupportedError, ReduceOperation
+from gang import Gang, InvalidOperationError, NotSupportedError, ReduceOperation, Work
 from gang.extend import check_int, check_rank, check_timeout, guard
 from gang_jax._collectives import Communicator
 from gang_jax._engine import Engine, LocalEngine, Op, start_runtime, stop_runtime
@@ -207,12 +207,14 @@ class JaxGang(Gang):
         self._run(Op.BARRIER, (), ())
 
     @override
-    def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
+    def _all_reduce(self, tensor: Tensor, op: ReduceOperation, async_op: bool) -> Work | None:
         self._run(Op.ALL_REDUCE, (tensor,), (tensor,), op)
+        return None
 
     @override
-    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
         self._run(Op.ALL_GATHER, (output_tensor,), (input_tensor,))
+        return None
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
@@ -223,16 +225,21 @@ class JaxGang(Gang):
             out.copy_(row)
 
     @override
-    def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
+    def _reduce_scatter(
+        self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation, async_op: bool
+    ) -> Work | None:
         self._run(Op.REDUCE_SCATTER, (output_tensor,), (input_tensor,), op)
+        return None
 
     @override
-    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
         self._run(Op.ALL_TO_ALL, (output_tensor,), (input_tensor,))
+        return None
 
     @override
-    def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
+    def _broadcast(self, tensor: Tensor, source_rank: int, async_op: bool) -> Work | None:
         self._run(Op.BROADCAST, (tensor,), (tensor,), source_rank)
+        return None
 
     @override
     def _close(self) -> None:

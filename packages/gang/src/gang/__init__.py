@@ -34,6 +34,7 @@ from gang.gangs import Gangs, maybe_get_current_gangs
 from gang.helpers import all_gather_objects, all_reduce_dict, all_sum, broadcast_flag
 from gang.process_group import ProcessGroupGang
 from gang.topology import Grid
+from gang.work import Work
 
 __version__ = "0.1.0"
 
@@ -48,6 +49,7 @@ __all__ = [
     "OperationalError",
     "ProcessGroupGang",
     "ReduceOperation",
+    "Work",
     "all_gather_objects",
     "all_reduce_dict",
     "all_sum",

@@ -1,7 +1,10 @@
 """Building blocks for implementing a kind of gang outside this package.
 
 A new kind of gang subclasses :class:`gang.Gang`, passes its ``rank``, ``size`` and ``device`` to
-``Gang.__init__`` and implements the protected methods (``_all_reduce``, ``_split``, ...). The
+``Gang.__init__`` and implements the protected methods (``_all_reduce(tensor, op, async_op)``,
+``_send_recv(sends, recvs, async_op, operation)``, ``_split``, ...; those that take ``async_op``
+return a :class:`gang.Work`, or ``None`` once the operation is done: see "Adding a kind of gang" in
+``docs/contributing.rst``). The
 public methods of :class:`~gang.Gang` already check their arguments; this module holds those same
 checks and the error builders for the code a gang adds around them (a factory, a JAX-native
 collective, a fault-tolerant wrapper), so that every gang rejects bad input, and reports a failed
