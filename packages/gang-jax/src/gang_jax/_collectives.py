@@ -33,6 +33,7 @@ _pmin = cast(_Collective, jax.lax.pmin)
 _pmax = cast(_Collective, jax.lax.pmax)
 _all_to_all = cast(_Collective, jax.lax.all_to_all)
 _all_gather = cast(_Collective, jax.lax.all_gather)
+_ppermute = cast(_Collective, jax.lax.ppermute)
 _SPEC = cast(Callable[..., PartitionSpec], PartitionSpec)(AXIS)
 _Key = tuple[Any, ...]
 _Program = tuple[_Key, Callable[[], _Body]]
@@ -120,6 +121,13 @@ def _broadcast_body(size: int, dtype: np.dtype[Any], source: int) -> _Body:
     return body
 
 
+def _ppermute_body(size: int, dtype: np.dtype[Any], perm: tuple[tuple[int, int], ...]) -> _Body:
+    def body(block: jax.Array) -> jax.Array:
+        return _ppermute(block, AXIS, perm)  # a rank that receives nothing gets zeros
+
+    return body
+
+
 @dataclass(frozen=True)
 class Kernel:
     """One kind of compiled collective: what :meth:`Communicator.program` compiles per shape, dtype and arguments.
@@ -145,6 +153,8 @@ ALL_GATHER = Kernel("all_gather", _all_gather_body)
 ALL_TO_ALL = Kernel("all_to_all", _all_to_all_body, rows=True)
 BROADCAST = Kernel("broadcast", _broadcast_body)
 """Broadcast from the rank given as the argument; works on raw bits, whatever they mean."""
+PPERMUTE = Kernel("ppermute", _ppermute_body)
+"""Send each rank's block along the ``(source, target)`` pairs given as the argument (point-to-point)."""
 
 
 def _first_block(out: jax.Array) -> jax.Array:
@@ -163,7 +173,7 @@ class HostCall:
 
     :ivar staged: Whether the input is copied into a device buffer (then :meth:`run_staged`
         runs the call from addresses alone).
-    :ivar nbytes_in: The bytes of the input.
+    :ivar nbytes_in: The bytes of the input that are copied in (``0``: the input is ignored).
     :ivar nbytes_out: The bytes of the result that are copied out.
     """
 
@@ -177,6 +187,8 @@ class HostCall:
         dtype: np.dtype[Any],
         device: jax.Device,
         nbytes_out: int,
+        *,
+        copy_in: bool = True,
     ) -> None:
         self._plan = plan
         self._staged = staged
@@ -184,7 +196,7 @@ class HostCall:
         self._shape = shape
         self._dtype = dtype
         self._device = device
-        self.nbytes_in = int(np.prod(shape)) * dtype.itemsize
+        self.nbytes_in = int(np.prod(shape)) * dtype.itemsize if copy_in else 0
         self.nbytes_out = nbytes_out
 
     def run_staged(self, source: int, target: int) -> None:
@@ -368,11 +380,20 @@ class Communicator:
         return result
 
     def host_call(
-        self, key: _Key, body: Callable[[], _Body], shape: tuple[int, ...], dtype: np.dtype[Any], nbytes_out: int
+        self,
+        key: _Key,
+        body: Callable[[], _Body],
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        nbytes_out: int,
+        *,
+        copy_in: bool = True,
     ) -> HostCall:
         """The collective ``key`` on host memory: a block of ``shape`` (leading axis 1) and ``dtype``.
 
         :param nbytes_out: The bytes of the result to copy out (``0``: none, as for a barrier).
+        :param copy_in: Whether the input matters (``False``: a rank that only receives, whose
+            block the program ignores, is not copied in).
         """
         plan = self._plan(key, body, shape, dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
@@ -381,7 +402,7 @@ class Communicator:
             self._output_buffer(plan, body(), plan.staged[1])
             self._staged_bytes += nbytes
         staged = plan.staged
-        return HostCall(plan, staged, shape, dtype, self.device, nbytes_out)
+        return HostCall(plan, staged, shape, dtype, self.device, nbytes_out, copy_in=copy_in)
 
     def _staging_buffer(self, plan: _Plan, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[int, jax.Array]:
         """A device buffer that this plan owns: its address and the global array wrapping it.

@@ -118,6 +118,50 @@ def _barrier(engine: LocalEngine, outputs: Sequence[Tensor], inputs: Sequence[Te
     engine.run(Op.ALL_REDUCE, (token,), (token,), (ReduceOperation.SUM,))
 
 
+def _bytes_of(t: Tensor) -> Tensor:
+    """The bytes of the contiguous tensor ``t``, as a flat ``uint8`` view (no copy)."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _send_recv(engine: LocalEngine, outputs: Sequence[Tensor], inputs: Sequence[Tensor], args: _Args) -> None:
+    """Send ``inputs[i]`` to ``args[0][i]`` and receive ``outputs[i]`` from ``args[1][i]``: one program per peer.
+
+    Every rank runs its pairs in the same global order (the pair's lower rank, then its higher),
+    so whatever order the caller lists them in, the smallest pair still pending always has both
+    of its ranks waiting in it, and no rank waits for a pair its peer has not reached.
+    """
+    dests, sources = args
+    me = engine.rank
+    for peer in sorted({*dests, *sources}, key=lambda p: (min(me, p), max(me, p))):
+        sends = [t for t, d in zip(inputs, dests, strict=True) if d == peer]
+        recvs = [t for t, s in zip(outputs, sources, strict=True) if s == peer]
+        engine.exchange(peer, sends, recvs)
+
+
+def _all_to_all_uneven(engine: LocalEngine, outputs: Sequence[Tensor], inputs: Sequence[Tensor], args: _Args) -> None:
+    """Uneven rows through the all-to-all kernel: every block padded to the same number of rows.
+
+    ``jax.lax.ragged_all_to_all`` is not implemented by XLA:CPU (JAX 0.10.2: "HLO opcode
+    `ragged-all-to-all` is not supported by XLA:CPU ThunkEmitter"), so the ranks first agree on
+    the largest split of any rank (a one-element all-reduce), round it up to a power of two (a
+    loop whose counts vary compiles a few programs, not one per count), and exchange padded blocks.
+    """
+    (output,), (input,) = outputs, inputs
+    output_splits, input_splits = args
+    largest = torch.tensor([max(0, *output_splits, *input_splits)], dtype=torch.int32)
+    engine.run(Op.ALL_REDUCE, (largest,), (largest,), (ReduceOperation.MAX,))
+    if int(largest) == 0:
+        return
+    rows = 1 << (int(largest) - 1).bit_length()
+    trailing = tuple(input.shape[1:])
+    send = torch.empty((engine.size, rows, *trailing), dtype=input.dtype)
+    for j, block in enumerate(torch.split(input, list(input_splits))):
+        send[j, : len(block)] = block
+    received = torch.empty_like(send)
+    engine.run(Op.ALL_TO_ALL, (received,), (send,), ())
+    torch.cat([received[i, :n] for i, n in enumerate(output_splits)], out=output)
+
+
 class Op(Enum):
     """The operations the engines run, each with its :class:`Spec`: the one table of the JAX engines.
 
@@ -131,6 +175,8 @@ class Op(Enum):
     ALL_GATHER = Spec(kernels.ALL_GATHER)
     ALL_TO_ALL = Spec(kernels.ALL_TO_ALL)
     BROADCAST = Spec(kernels.BROADCAST, empty_is_barrier=True)
+    SEND_RECV = Spec(local=_send_recv)
+    ALL_TO_ALL_UNEVEN = Spec(local=_all_to_all_uneven)
 
 
 class LocalEngine(Engine):
@@ -154,6 +200,7 @@ class LocalEngine(Engine):
         self.size = comm.size
         self.members = members
         self._calls: dict[tuple[Any, ...], HostCall] = {}
+        self._pairs: dict[int, Communicator] = {}
         self.token = torch.zeros(1, dtype=torch.int32)
         """The tensor of a barrier."""
 
@@ -183,9 +230,21 @@ class LocalEngine(Engine):
         if spec.empty_is_barrier and source.numel() == 0:
             self.run(Op.BARRIER, (), (), ())
             return
-        kernel = spec.kernel
+        self._launch(self.comm, spec.kernel, args, (op, source.dtype, source.shape, *args), source, target)
+
+    def _launch(
+        self,
+        comm: Communicator,
+        kernel: Kernel,
+        args: _Args,
+        key: tuple[Any, ...],
+        source: Tensor,
+        target: Tensor,
+        *,
+        copy_in: bool = True,
+    ) -> None:
+        """Run ``kernel`` on ``comm`` from ``source`` into ``target``; ``key`` names its :class:`HostCall`."""
         wide = kernel.arithmetic and source.element_size() == 8
-        key = (op, source.dtype, source.shape, *args)
         if not source.is_contiguous():
             source = source.contiguous()
         call = self._calls.get(key)
@@ -195,7 +254,7 @@ class LocalEngine(Engine):
             return
         with jax.enable_x64(True) if wide else nullcontext():
             if call is None:
-                call = self._calls[key] = self._prepare(kernel, source, target, args)
+                call = self._calls[key] = self._prepare(comm, kernel, source, target, args, copy_in)
 
             def array() -> np.ndarray[Any, Any]:
                 x = to_numpy(source)
@@ -203,14 +262,56 @@ class LocalEngine(Engine):
 
             call.run(source.data_ptr(), array, target.data_ptr())
 
-    def _prepare(self, kernel: Kernel, source: Tensor, target: Tensor, args: _Args) -> HostCall:
+    def _prepare(
+        self, comm: Communicator, kernel: Kernel, source: Tensor, target: Tensor, args: _Args, copy_in: bool
+    ) -> HostCall:
         x = to_numpy(source)
         if not kernel.arithmetic:
             x = as_raw_bits(x)
         if kernel.rows:
-            x = x.reshape(self.size, -1)
-        key, body = self.comm.program(kernel, x.shape, x.dtype, args)
-        return self.comm.host_call(key, body, (1, *x.shape), x.dtype, target.numel() * target.element_size())
+            x = x.reshape(comm.size, -1)
+        key, body = comm.program(kernel, x.shape, x.dtype, args)
+        nbytes_out = target.numel() * target.element_size()
+        return comm.host_call(key, body, (1, *x.shape), x.dtype, nbytes_out, copy_in=copy_in)
+
+    def _pair(self, peer: int) -> Communicator:
+        """The communicator of this rank and ``peer`` alone (the lower rank first)."""
+        comm = self._pairs.get(peer)
+        if comm is None:
+            low, high = sorted((self.rank, peer))
+            devices = [self.comm.devices[low], self.comm.devices[high]]
+            comm = self._pairs[peer] = Communicator(devices, 0 if self.rank == low else 1)
+        return comm
+
+    def exchange(self, peer: int, sends: Sequence[Tensor], recvs: Sequence[Tensor]) -> None:
+        """Send the bytes of ``sends`` to ``peer`` and receive ``recvs`` from it, in one program of the two.
+
+        The block is as long as the longer direction (both ranks compute the same length, since
+        a receive has the shape and dtype of what the peer sends); a direction that carries no
+        bytes is left out of the program, so a plain send moves data one way only.
+        """
+        n_out = sum(t.numel() * t.element_size() for t in sends)
+        n_in = sum(t.numel() * t.element_size() for t in recvs)
+        n = max(n_out, n_in)
+        if n == 0:
+            return
+        low = self.rank < peer
+        upward, downward = (n_out, n_in) if low else (n_in, n_out)
+        perm = tuple(pair for pair, moved in (((0, 1), upward), ((1, 0), downward)) if moved)
+        if n_out == 0 or len(sends) > 1 or n_out < n:
+            source = torch.empty(n, dtype=torch.uint8)
+            if n_out:
+                torch.cat([_bytes_of(t.contiguous()) for t in sends], out=source[:n_out])
+        else:
+            source = _bytes_of(sends[0].contiguous())
+        target = _bytes_of(recvs[0]) if len(recvs) == 1 else torch.empty(n_in, dtype=torch.uint8)
+        key = (Op.SEND_RECV, peer, n, perm, n_out > 0, n_in)
+        self._launch(self._pair(peer), kernels.PPERMUTE, (perm,), key, source, target, copy_in=n_out > 0)
+        if len(recvs) > 1:
+            for t, received in zip(
+                recvs, torch.split(target, [t.numel() * t.element_size() for t in recvs]), strict=True
+            ):
+                _bytes_of(t).copy_(received)
 
     def split(self, ranks: list[int]) -> LocalEngine:
         """A new engine on the sub-mesh of ``ranks`` (no communication: every member derives the same mesh)."""
@@ -219,10 +320,13 @@ class LocalEngine(Engine):
 
     @property
     def num_compiled(self) -> int:
-        """The compiled programs of this gang."""
-        return self.comm.cache_size
+        """The compiled programs of this gang (its point-to-point programs included)."""
+        return self.comm.cache_size + sum(pair.cache_size for pair in self._pairs.values())
 
     def close(self) -> None:
         """Drop the compiled programs and staging buffers."""
         self._calls.clear()
         self.comm.clear()
+        for pair in self._pairs.values():
+            pair.clear()
+        self._pairs.clear()
