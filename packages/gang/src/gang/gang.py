@@ -31,6 +31,7 @@ from gang.extend import (
     check_op,
     check_open,
     check_rank,
+    check_splits,
     check_values_exchangeable,
     pickle_or_error,
 )
@@ -639,8 +640,8 @@ class Gang(ABC):
                 f"`output` must have shape [rows{trailing}] (the trailing shape of `input`), "
                 f"but has shape {list(out.shape)} instead."
             )
-        out_splits = self._check_splits("output_splits", output_splits, "output", out.shape[0])
-        in_splits = self._check_splits("input_splits", input_splits, "input", inp.shape[0])
+        out_splits = check_splits("output_splits", output_splits, self._size, out.shape[0], "output")
+        in_splits = check_splits("input_splits", input_splits, self._size, inp.shape[0], "input")
         if self._debug:
             self._verify_splits(out, out_splits, in_splits)
         work = self._all_to_all_uneven(out, inp.contiguous(), out_splits, in_splits, async_op)
@@ -916,20 +917,6 @@ class Gang(ABC):
                 raise TypeError(f"`{name}[{i}]` must be a `(tensor, {peer_name})` pair, but is {pair!r} instead.")
             t = self._check_tensor(f"{name}[{i}][0]", pair[0], contiguous=contiguous)
             checked.append((t, self._check_peer(f"{name}[{i}][1]", pair[1])))
-        return checked
-
-    def _check_splits(self, name: str, splits: object, tensor_name: str, rows: int) -> list[int]:
-        """``size`` non-negative ``int`` s that sum to ``rows``, the dim-0 size of ``tensor_name``."""
-        if isinstance(splits, (str, bytes)) or not isinstance(splits, Sequence):
-            raise TypeError(f"`{name}` must be a sequence of `int`, but is {splits!r} instead.")
-        if len(splits) != self._size:
-            raise ValueError(f"`{name}` must have {self._size} entries (the gang size), but has {len(splits)} instead.")
-        checked = [check_int(f"{name}[{i}]", n, minimum=0) for i, n in enumerate(splits)]
-        if sum(checked) != rows:
-            raise ValueError(
-                f"`{name}` must sum to the {rows} rows (dim 0) of `{tensor_name}`, "
-                f"but {checked} sums to {sum(checked)} instead."
-            )
         return checked
 
     def _check_tensor(self, name: str, value: object, *, contiguous: bool = False) -> Tensor:

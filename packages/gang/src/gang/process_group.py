@@ -211,8 +211,9 @@ def _canonical(
     return sorted(ops, key=lambda op: (op[2], op[0] != (rank < op[2])))
 
 
-def _plain(tensor: Tensor) -> Tensor:
-    """``tensor`` as gloo moves it: a complex tensor as its pairs of reals (the same memory)."""
+def real_view(tensor: Tensor) -> Tensor:
+    """``tensor`` as gloo moves it: a complex tensor as its pairs of reals (the same memory; gloo has no
+    complex type), any other tensor as it is."""
     return torch.view_as_real(tensor) if tensor.is_complex() else tensor
 
 
@@ -545,7 +546,7 @@ class ProcessGroupGang(Gang):
                 works = [w for w in dist.batch_isend_irecv(p2p) if w is not None]
             else:  # gloo posts each transfer at once and never blocks on posting
                 works = [
-                    (self._pg.send if is_send else self._pg.recv)([_plain(t)], peer, 0) for is_send, t, peer in ops
+                    (self._pg.send if is_send else self._pg.recv)([real_view(t)], peer, 0) for is_send, t, peer in ops
                 ]
             if not async_op:
                 for work in works:

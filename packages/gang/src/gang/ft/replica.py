@@ -37,6 +37,7 @@ from gang.ft.policy import Policy, Quorum, watched
 from gang.ft.process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
 from gang.ft.quorum import ROOT, IdentityError, QuorumClient, QuorumTimeoutError, StoreClient
 from gang.gang import Gang, ReduceOperation
+from gang.process_group import real_view
 from gang.work import Work
 
 DEFAULT_REPLICA_TIMEOUT = timedelta(seconds=60)
@@ -701,16 +702,18 @@ class ReplicaGang(Gang):
 
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation, async_op: bool) -> Work | None:
-        return self._start("all_reduce", lambda pg: pg.allreduce([tensor], reduce_options(op)), async_op)
+        t = real_view(tensor)
+        return self._start("all_reduce", lambda pg: pg.allreduce([t], reduce_options(op)), async_op)
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
-        outputs = list(output_tensor.unbind(0))
-        return self._start("all_gather", lambda pg: pg.allgather([outputs], [input_tensor]), async_op)
+        outputs, inp = list(real_view(output_tensor).unbind(0)), real_view(input_tensor)
+        return self._start("all_gather", lambda pg: pg.allgather([outputs], [inp]), async_op)
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
-        self._run("all_gather_to_list", lambda pg: pg.allgather([output_tensors], [input_tensor]))
+        outputs, inp = [real_view(t) for t in output_tensors], real_view(input_tensor)
+        self._run("all_gather_to_list", lambda pg: pg.allgather([outputs], [inp]))
 
     @override
     def _reduce_scatter(
@@ -719,19 +722,20 @@ class ReplicaGang(Gang):
         total = input_tensor.clone()  # gloo has no reduce-scatter of one tensor: reduce all rows
         return self._start(
             "reduce_scatter",
-            lambda pg: pg.allreduce([total], reduce_options(op)),
+            lambda pg: pg.allreduce([real_view(total)], reduce_options(op)),
             async_op,
             then=lambda: output_tensor.copy_(total[self.rank]),
         )
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
-        out, inp = output_tensor.view(-1), input_tensor.view(-1)
+        out, inp = real_view(output_tensor).view(-1), real_view(input_tensor).view(-1)
         return self._start("all_to_all", lambda pg: pg.alltoall_base(out, inp, [], []), async_op)
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int, async_op: bool) -> Work | None:
-        return self._start("broadcast", lambda pg: pg.broadcast([tensor], root_options(source_rank)), async_op)
+        t = real_view(tensor)
+        return self._start("broadcast", lambda pg: pg.broadcast([t], root_options(source_rank)), async_op)
 
     @override
     def _send_recv(
