@@ -130,8 +130,8 @@ def _in_a_committed_step(g: Gang, body: Body) -> Any:
 
 
 GANGS: dict[str, GangKind] = {
-    "jax": GangKind(lambda _: JaxGang.create_default(isolated=False), traffic=False),
-    "jax-isolated": GangKind(lambda _: JaxGang.create_default(isolated=True), traffic=False),
+    "jax": GangKind(lambda _: JaxGang.create_default(isolated=False)),
+    "jax-isolated": GangKind(lambda _: JaxGang.create_default(isolated=True)),
     "fake": GangKind(
         lambda pg: FakeGang(pg.device, rank=pg.rank, size=pg.size), same_data=True, objects=False, large=False
     ),

@@ -1,7 +1,8 @@
 """One process of the JAX dead-peer scenarios (run as a script by test_jax_faults.py).
 
-``python jax_dead_peer.py RANK SIZE PORT VICTIM TIMEOUT_S [isolated]``: every rank all-reduces in
-a loop and prints ``STEP n`` as it goes.
+``python jax_dead_peer.py RANK SIZE PORT VICTIM TIMEOUT_S [isolated [handles]]``: every rank
+all-reduces in a loop and prints ``STEP n`` as it goes; with ``handles`` each step is instead a
+``send_recv`` ring shift started with ``async_op=True``, whose ``wait()`` is where a failure shows.
 
 - In-process (default): the victim ``os._exit(3)``s after a few steps. A survivor whose
   all-reduce raises prints ``GANGERROR: <message>`` and ``CAUSE: <type of its __cause__>`` on
@@ -29,6 +30,7 @@ VICTIM_EXIT = 3
 def main() -> None:
     rank, size, port, victim, timeout_s = (int(a) for a in sys.argv[1:6])
     isolated = sys.argv[6:7] == ["isolated"]
+    handles = sys.argv[7:8] == ["handles"]
     g = JaxGang.create_default(
         coordinator_address=f"127.0.0.1:{port}",
         num_processes=size,
@@ -43,7 +45,12 @@ def main() -> None:
         if rank == victim and step == 5 and not isolated:
             os._exit(VICTIM_EXIT)
         try:
-            g.all_reduce(t.fill_(1.0), ReduceOperation.SUM)
+            if handles:
+                received = torch.empty(4)
+                ring = [(t.fill_(1.0), (rank + 1) % size)], [(received, (rank - 1) % size)]
+                g.send_recv(*ring, async_op=True).wait()
+            else:
+                g.all_reduce(t.fill_(1.0), ReduceOperation.SUM)
         except GangError as ex:
             failed_at = time.monotonic()
             print(f"GANGERROR: {ex}", flush=True)

@@ -9,7 +9,8 @@ SIGABRT and JAX's message naming the dead task, and the victim's neighbours saw 
 naming the operation, their rank and the size, with the backend's exception chained as its cause.
 
 With ``isolated=True`` JAX runs in a child process of each rank; the test SIGKILLs one rank and
-checks that every survivor's pending and next all-reduce raise a GangError, that the survivor
+checks that every survivor's pending all-reduce (or the ``wait()`` of its pending ``send_recv``
+handle) and its next all-reduce raise a GangError, that the survivor
 closes its gang and exits 0 on its own, and that no child process outlives its rank.
 """
 
@@ -104,10 +105,11 @@ def test_dead_peer_terminates_every_survivor_promptly(size: int) -> None:
     assert saw_gang_error >= 1, outputs
 
 
-@pytest.mark.parametrize("size", [2, 4])
-def test_isolated_survivors_get_gang_error_and_go_on(size: int) -> None:
+@pytest.mark.parametrize(("size", "how"), [(2, "blocking"), (4, "blocking"), (2, "handles")])
+def test_isolated_survivors_get_gang_error_and_go_on(size: int, how: str) -> None:
+    # "handles": the pending operation is a send_recv started with async_op=True; its wait() raises.
     victim = size - 1
-    procs = _start(size, victim, "isolated", timeout_s=ISOLATED_TIMEOUT_S)
+    procs = _start(size, victim, "isolated", how, timeout_s=ISOLATED_TIMEOUT_S)
     before = [""] * size
     try:
         # Kill the victim (a real SIGKILL) once it has run a few collectives with everyone.
@@ -130,7 +132,8 @@ def test_isolated_survivors_get_gang_error_and_go_on(size: int) -> None:
         where = f"rank {rank}: exit {code}\nstdout:\n{out[-3000:]}\nstderr (tail):\n{err[-3000:]}"
         # The pending collective fails, so does the next one, and the process closes the gang and goes on.
         assert code == 0, where
-        assert f"GANGERROR: `all_reduce` failed on rank {rank} of a gang of size {size}" in out, where
+        pending = "send_recv" if how == "handles" else "all_reduce"
+        assert f"GANGERROR: `{pending}` failed on rank {rank} of a gang of size {size}" in out, where
         assert f"NEXT: `all_reduce` failed on rank {rank} of a gang of size {size}" in out, where
         assert "CLOSED" in out and "ALIVE 6.0" in out, where
     # No JAX child outlives its rank (the victim's died with it, the survivors' were reaped).

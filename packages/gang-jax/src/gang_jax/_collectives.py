@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 import jax
@@ -32,6 +33,7 @@ _pmin = cast(_Collective, jax.lax.pmin)
 _pmax = cast(_Collective, jax.lax.pmax)
 _all_to_all = cast(_Collective, jax.lax.all_to_all)
 _all_gather = cast(_Collective, jax.lax.all_gather)
+_ppermute = cast(_Collective, jax.lax.ppermute)
 _SPEC = cast(Callable[..., PartitionSpec], PartitionSpec)(AXIS)
 _Key = tuple[Any, ...]
 _Program = tuple[_Key, Callable[[], _Body]]
@@ -52,7 +54,7 @@ def _reduce_rows(rows: jax.Array, op: ReduceOperation, size: int) -> jax.Array:
     return total
 
 
-def _all_reduce_body(op: ReduceOperation, size: int, dtype: np.dtype[Any]) -> _Body:
+def _all_reduce_body(size: int, dtype: np.dtype[Any], op: ReduceOperation) -> _Body:
     boolean = dtype == np.bool_
 
     def body(block: jax.Array) -> jax.Array:
@@ -76,7 +78,7 @@ def _all_reduce_body(op: ReduceOperation, size: int, dtype: np.dtype[Any]) -> _B
     return body
 
 
-def _reduce_scatter_body(op: ReduceOperation, size: int, dtype: np.dtype[Any]) -> _Body:
+def _reduce_scatter_body(size: int, dtype: np.dtype[Any], op: ReduceOperation) -> _Body:
     boolean = dtype == np.bool_
 
     def body(block: jax.Array) -> jax.Array:
@@ -94,21 +96,65 @@ def _reduce_scatter_body(op: ReduceOperation, size: int, dtype: np.dtype[Any]) -
     return body
 
 
-def _all_gather_body(block: jax.Array) -> jax.Array:
+def _all_gather_block(block: jax.Array) -> jax.Array:
     return _all_gather(block, AXIS, axis=1)  # [1, *shape] -> [1, size, *shape]
 
 
-def _all_to_all_body(block: jax.Array) -> jax.Array:
+def _all_gather_body(size: int, dtype: np.dtype[Any]) -> _Body:
+    return _all_gather_block
+
+
+def _all_to_all_block(block: jax.Array) -> jax.Array:
     return _all_to_all(block[0], AXIS, 0, 0, tiled=True)[None]
 
 
-def _broadcast_body(source: int) -> _Body:
+def _all_to_all_body(size: int, dtype: np.dtype[Any]) -> _Body:
+    return _all_to_all_block
+
+
+def _broadcast_body(size: int, dtype: np.dtype[Any], source: int) -> _Body:
     # Works on raw unsigned bits: 0 + b == b exactly, whatever the bits mean (NaN, -0.0, ...).
     def body(block: jax.Array) -> jax.Array:
         mine = jnp.where(jax.lax.axis_index(AXIS) == source, block, jnp.zeros_like(block))
         return _psum(mine, AXIS)
 
     return body
+
+
+def _ppermute_body(size: int, dtype: np.dtype[Any], perm: tuple[tuple[int, int], ...]) -> _Body:
+    def body(block: jax.Array) -> jax.Array:
+        return _ppermute(block, AXIS, perm)  # a rank that receives nothing gets zeros
+
+    return body
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kind of compiled collective: what :meth:`Communicator.program` compiles per shape, dtype and arguments.
+
+    :ivar name: Its name (the first item of its cache keys).
+    :ivar body: ``body(size, dtype, *args)`` returns the per-device function of the ``shard_map``
+        (a block with a leading axis of length 1 in, one out).
+    :ivar arithmetic: Whether it computes on values (64-bit types then run under
+        ``jax.enable_x64``); otherwise it moves raw bits, and torch callers hand it unsigned
+        integers of up to 32 bits (see :func:`gang_jax._convert.as_raw_bits`).
+    :ivar rows: Whether torch callers hand it their input as ``[size, -1]`` (row ``j`` for rank ``j``).
+    """
+
+    name: str
+    body: Callable[..., _Body]
+    arithmetic: bool = False
+    rows: bool = False
+
+
+ALL_REDUCE = Kernel("all_reduce", _all_reduce_body, arithmetic=True)
+REDUCE_SCATTER = Kernel("reduce_scatter", _reduce_scatter_body, arithmetic=True)
+ALL_GATHER = Kernel("all_gather", _all_gather_body)
+ALL_TO_ALL = Kernel("all_to_all", _all_to_all_body, rows=True)
+BROADCAST = Kernel("broadcast", _broadcast_body)
+"""Broadcast from the rank given as the argument; works on raw bits, whatever they mean."""
+PPERMUTE = Kernel("ppermute", _ppermute_body)
+"""Send each rank's block along the ``(source, target)`` pairs given as the argument (point-to-point)."""
 
 
 def _first_block(out: jax.Array) -> jax.Array:
@@ -127,7 +173,7 @@ class HostCall:
 
     :ivar staged: Whether the input is copied into a device buffer (then :meth:`run_staged`
         runs the call from addresses alone).
-    :ivar nbytes_in: The bytes of the input.
+    :ivar nbytes_in: The bytes of the input that are copied in (``0``: the input is ignored).
     :ivar nbytes_out: The bytes of the result that are copied out.
     """
 
@@ -141,6 +187,8 @@ class HostCall:
         dtype: np.dtype[Any],
         device: jax.Device,
         nbytes_out: int,
+        *,
+        copy_in: bool = True,
     ) -> None:
         self._plan = plan
         self._staged = staged
@@ -148,7 +196,7 @@ class HostCall:
         self._shape = shape
         self._dtype = dtype
         self._device = device
-        self.nbytes_in = int(np.prod(shape)) * dtype.itemsize
+        self.nbytes_in = int(np.prod(shape)) * dtype.itemsize if copy_in else 0
         self.nbytes_out = nbytes_out
 
     def run_staged(self, source: int, target: int) -> None:
@@ -332,11 +380,20 @@ class Communicator:
         return result
 
     def host_call(
-        self, key: _Key, body: Callable[[], _Body], shape: tuple[int, ...], dtype: np.dtype[Any], nbytes_out: int
+        self,
+        key: _Key,
+        body: Callable[[], _Body],
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        nbytes_out: int,
+        *,
+        copy_in: bool = True,
     ) -> HostCall:
         """The collective ``key`` on host memory: a block of ``shape`` (leading axis 1) and ``dtype``.
 
         :param nbytes_out: The bytes of the result to copy out (``0``: none, as for a barrier).
+        :param copy_in: Whether the input matters (``False``: a rank that only receives, whose
+            block the program ignores, is not copied in).
         """
         plan = self._plan(key, body, shape, dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
@@ -345,7 +402,7 @@ class Communicator:
             self._output_buffer(plan, body(), plan.staged[1])
             self._staged_bytes += nbytes
         staged = plan.staged
-        return HostCall(plan, staged, shape, dtype, self.device, nbytes_out)
+        return HostCall(plan, staged, shape, dtype, self.device, nbytes_out, copy_in=copy_in)
 
     def _staging_buffer(self, plan: _Plan, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[int, jax.Array]:
         """A device buffer that this plan owns: its address and the global array wrapping it.
@@ -358,49 +415,11 @@ class Communicator:
         local.block_until_ready()
         return local.unsafe_buffer_pointer(), plan.build(local)
 
-    def all_reduce(self, x: Any, op: ReduceOperation) -> jax.Array:
-        """All-reduce ``x``; return the result block (shape ``[1, *x.shape]``)."""
-        key, body = self.all_reduce_program(x.shape, np.dtype(x.dtype), op)
+    def program(self, kernel: Kernel, shape: tuple[int, ...], dtype: np.dtype[Any], args: tuple[Any, ...]) -> _Program:
+        """The (cache key, body factory) of ``kernel`` with ``args`` on a block of ``shape`` and ``dtype``."""
+        return (kernel.name, *args, tuple(shape), dtype), lambda: kernel.body(self.size, dtype, *args)
+
+    def call(self, kernel: Kernel, x: Any, args: tuple[Any, ...] = ()) -> jax.Array:
+        """Run ``kernel`` with ``args`` on this process's ``x``; return the result block (leading axis 1)."""
+        key, body = self.program(kernel, tuple(x.shape), np.dtype(x.dtype), args)
         return self.run(key, body, x[None])
-
-    def reduce_scatter(self, x: Any, op: ReduceOperation) -> jax.Array:
-        """Reduce row ``j`` of ``x`` (``[size, ...]``) of every rank into rank ``j``; return ``[1, *x.shape[1:]]``."""
-        key, body = self.reduce_scatter_program(x.shape, np.dtype(x.dtype), op)
-        return self.run(key, body, x[None])
-
-    def all_gather(self, x: Any) -> jax.Array:
-        """Gather ``x`` of every rank; return ``[1, size, *x.shape]``."""
-        key, body = self.all_gather_program(x.shape, np.dtype(x.dtype))
-        return self.run(key, body, x[None])
-
-    def all_to_all(self, x: Any) -> jax.Array:
-        """Send row ``j`` of ``x`` (shape ``[size, ...]``) to rank ``j``; row ``i`` of the result is from rank ``i``."""
-        key, body = self.all_to_all_program(x.shape, np.dtype(x.dtype))
-        return self.run(key, body, x[None])
-
-    def broadcast_bits(self, x: Any, source: int) -> jax.Array:
-        """Broadcast ``x`` (an unsigned integer array) from rank ``source``; return ``[1, *x.shape]``."""
-        key, body = self.broadcast_program(x.shape, np.dtype(x.dtype), source)
-        return self.run(key, body, x[None])
-
-    # The (cache key, body factory) of each collective, for an input of ``shape`` and ``dtype``.
-
-    def all_reduce_program(self, shape: tuple[int, ...], dtype: np.dtype[Any], op: ReduceOperation) -> _Program:
-        """The program of an all-reduce."""
-        return ("all_reduce", op, tuple(shape), dtype), lambda: _all_reduce_body(op, self.size, dtype)
-
-    def reduce_scatter_program(self, shape: tuple[int, ...], dtype: np.dtype[Any], op: ReduceOperation) -> _Program:
-        """The program of a reduce-scatter."""
-        return ("reduce_scatter", op, tuple(shape), dtype), lambda: _reduce_scatter_body(op, self.size, dtype)
-
-    def all_gather_program(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> _Program:
-        """The program of an all-gather."""
-        return ("all_gather", tuple(shape), dtype), lambda: _all_gather_body
-
-    def all_to_all_program(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> _Program:
-        """The program of an all-to-all."""
-        return ("all_to_all", tuple(shape), dtype), lambda: _all_to_all_body
-
-    def broadcast_program(self, shape: tuple[int, ...], dtype: np.dtype[Any], source: int) -> _Program:
-        """The program of a broadcast of raw bits."""
-        return ("broadcast", source, tuple(shape), dtype), lambda: _broadcast_body(source)

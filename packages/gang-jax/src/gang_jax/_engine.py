@@ -1,10 +1,11 @@
 """What runs a :class:`~gang_jax.JaxGang`'s collectives on torch tensors: JAX in this process, or a child.
 
-:class:`Engine` is the interface; :class:`LocalEngine` runs the collectives on this process's JAX
+:class:`Op` is the table of operations (one :class:`Spec` each); :class:`Engine` is the interface,
+one :meth:`Engine.run` for every operation. :class:`LocalEngine` runs them on this process's JAX
 runtime (a :class:`~gang_jax._collectives.Communicator`), which :func:`start_runtime` and
 :func:`stop_runtime` bring up and down. The isolated engine (:mod:`gang_jax._isolated`) forwards
 the same calls to a child process (:mod:`gang_jax._server`) that holds a :class:`LocalEngine` per
-gang. Arguments were checked by :class:`gang.Gang`; engines raise the backend's own exception
+gang and runs the same table. Arguments were checked by :class:`gang.Gang`; engines raise the backend's own exception
 (one of :data:`gang.errors.BACKEND_ERRORS`), which the gang turns into a ``GangError``.
 """
 
@@ -12,8 +13,11 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from datetime import timedelta
+from enum import Enum
 from typing import Any
 
 import jax
@@ -24,7 +28,8 @@ from torch import Tensor
 
 from gang import ReduceOperation
 from gang.address import is_loopback
-from gang_jax._collectives import Communicator, HostCall
+from gang_jax import _collectives as kernels
+from gang_jax._collectives import Communicator, HostCall, Kernel
 from gang_jax._convert import as_raw_bits, to_numpy
 from gang_jax._rendezvous import Rendezvous
 
@@ -68,8 +73,11 @@ def _process_devices() -> dict[int, jax.Device]:
     return owned
 
 
+_Args = tuple[Any, ...]
+
+
 class Engine(ABC):
-    """The collectives of one gang on torch CPU tensors (updated in place)."""
+    """The operations of one gang on torch CPU tensors, run by :meth:`run` (one path for every :class:`Op`)."""
 
     rank: int
     size: int
@@ -77,28 +85,11 @@ class Engine(ABC):
     """The JAX process index of each member, in gang rank order."""
 
     @abstractmethod
-    def barrier(self) -> None:
-        """Wait for every member."""
+    def run(self, op: Op, outputs: Sequence[Tensor], inputs: Sequence[Tensor], args: _Args) -> None:
+        """Run ``op`` with ``args``: read ``inputs``, write the result into ``outputs``.
 
-    @abstractmethod
-    def all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
-        """Reduce ``tensor`` over the members, in place."""
-
-    @abstractmethod
-    def all_gather(self, output: Tensor, input: Tensor) -> None:
-        """Write every member's ``input`` into ``output`` (``[size, *input.shape]`` elements)."""
-
-    @abstractmethod
-    def reduce_scatter(self, output: Tensor, input: Tensor, op: ReduceOperation) -> None:
-        """Reduce row ``rank`` of every member's ``input`` (``[size, ...]``) into ``output``."""
-
-    @abstractmethod
-    def all_to_all(self, output: Tensor, input: Tensor) -> None:
-        """Send row ``j`` of ``input`` to member ``j``; row ``i`` of ``output`` comes from member ``i``."""
-
-    @abstractmethod
-    def broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        """Copy ``source_rank``'s ``tensor`` into every member's ``tensor``, bit for bit."""
+        An in-place operation passes its tensor in both (the same object).
+        """
 
     @abstractmethod
     def split(self, ranks: list[int]) -> Engine:
@@ -114,14 +105,99 @@ class Engine(ABC):
         """Release what the engine holds (idempotent)."""
 
 
-class LocalEngine(Engine):
-    """Runs the collectives on this process's JAX runtime.
+_Local = Callable[["LocalEngine", Sequence[Tensor], Sequence[Tensor], _Args], None]
 
-    Each (collective, dtype, shape, reduction or source) gets a
+
+@dataclass(frozen=True)
+class Spec:
+    """How an :class:`Op` runs on a :class:`LocalEngine`: one compiled kernel, or a function of its own.
+
+    :ivar kernel: The kernel compiled per (dtype, shape, arguments): it reads ``inputs[0]`` and
+        its result is copied into ``outputs[0]`` (see :meth:`LocalEngine.run`).
+    :ivar local: Runs the operation itself, on the engine (for what is not one kernel).
+    :ivar empty_is_barrier: An empty tensor is a barrier instead (no kernel for zero elements).
+    """
+
+    kernel: Kernel | None = None
+    local: _Local | None = None
+    empty_is_barrier: bool = False
+
+
+def _barrier(engine: LocalEngine, outputs: Sequence[Tensor], inputs: Sequence[Tensor], args: _Args) -> None:
+    """A one-element all-reduce."""
+    token = engine.token
+    engine.run(Op.ALL_REDUCE, (token,), (token,), (ReduceOperation.SUM,))
+
+
+def _bytes_of(t: Tensor) -> Tensor:
+    """The bytes of the contiguous tensor ``t``, as a flat ``uint8`` view (no copy)."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _send_recv(engine: LocalEngine, outputs: Sequence[Tensor], inputs: Sequence[Tensor], args: _Args) -> None:
+    """Send ``inputs[i]`` to ``args[0][i]`` and receive ``outputs[i]`` from ``args[1][i]``: one program per peer.
+
+    Every rank runs its pairs in the same global order (the pair's lower rank, then its higher),
+    so whatever order the caller lists them in, the smallest pair still pending always has both
+    of its ranks waiting in it, and no rank waits for a pair its peer has not reached.
+    """
+    dests, sources = args
+    me = engine.rank
+    for peer in sorted({*dests, *sources}, key=lambda p: (min(me, p), max(me, p))):
+        sends = [t for t, d in zip(inputs, dests, strict=True) if d == peer]
+        recvs = [t for t, s in zip(outputs, sources, strict=True) if s == peer]
+        engine.exchange(peer, sends, recvs)
+
+
+def _all_to_all_uneven(engine: LocalEngine, outputs: Sequence[Tensor], inputs: Sequence[Tensor], args: _Args) -> None:
+    """Uneven rows through the all-to-all kernel: every block padded to the same number of rows.
+
+    ``jax.lax.ragged_all_to_all`` is not implemented by XLA:CPU (JAX 0.10.2: "HLO opcode
+    `ragged-all-to-all` is not supported by XLA:CPU ThunkEmitter"), so the ranks first agree on
+    the largest split of any rank (a one-element all-reduce), round it up to a power of two (a
+    loop whose counts vary compiles a few programs, not one per count), and exchange padded blocks.
+    """
+    (output,), (input,) = outputs, inputs
+    output_splits, input_splits = args
+    largest = torch.tensor([max(0, *output_splits, *input_splits)], dtype=torch.int32)
+    engine.run(Op.ALL_REDUCE, (largest,), (largest,), (ReduceOperation.MAX,))
+    if int(largest) == 0:
+        return
+    rows = 1 << (int(largest) - 1).bit_length()
+    trailing = tuple(input.shape[1:])
+    send = torch.empty((engine.size, rows, *trailing), dtype=input.dtype)
+    for j, block in enumerate(torch.split(input, list(input_splits))):
+        send[j, : len(block)] = block
+    received = torch.empty_like(send)
+    engine.run(Op.ALL_TO_ALL, (received,), (send,), ())
+    torch.cat([received[i, :n] for i, n in enumerate(output_splits)], out=output)
+
+
+class Op(Enum):
+    """The operations the engines run, each with its :class:`Spec`: the one table of the JAX engines.
+
+    An isolated engine sends the member's name to the child, whose :class:`LocalEngine` runs the
+    same entry, so adding an operation is one entry here (and the gang method that calls it).
+    """
+
+    BARRIER = Spec(local=_barrier)
+    ALL_REDUCE = Spec(kernels.ALL_REDUCE)
+    REDUCE_SCATTER = Spec(kernels.REDUCE_SCATTER)
+    ALL_GATHER = Spec(kernels.ALL_GATHER)
+    ALL_TO_ALL = Spec(kernels.ALL_TO_ALL)
+    BROADCAST = Spec(kernels.BROADCAST, empty_is_barrier=True)
+    SEND_RECV = Spec(local=_send_recv)
+    ALL_TO_ALL_UNEVEN = Spec(local=_all_to_all_uneven)
+
+
+class LocalEngine(Engine):
+    """Runs the operations of :class:`Op` on this process's JAX runtime.
+
+    Each (operation, dtype, shape, arguments) of a kernel gets a
     :class:`~gang_jax._collectives.HostCall` on first use: the input is copied into a device
     buffer that the call keeps (small inputs) or aliased by JAX (large ones), and the result is
     copied from JAX's output buffer straight into the caller's tensor, the one copy a collective
-    on host tensors must make. 64-bit reductions run inside a scoped ``jax.enable_x64``
+    on host tensors must make. 64-bit arithmetic runs inside a scoped ``jax.enable_x64``
     (entering it costs tens of microseconds, so nothing else does); data movement sends 8-byte
     items as two 32-bit words.
 
@@ -135,7 +211,9 @@ class LocalEngine(Engine):
         self.size = comm.size
         self.members = members
         self._calls: dict[tuple[Any, ...], HostCall] = {}
-        self._token = torch.zeros(1, dtype=torch.int32)
+        self._pairs: dict[int, Communicator] = {}
+        self.token = torch.zeros(1, dtype=torch.int32)
+        """The tensor of a barrier."""
 
     @classmethod
     def of_processes(cls, members: list[int]) -> LocalEngine:
@@ -152,8 +230,32 @@ class LocalEngine(Engine):
             raise ValueError(f"`members` must be JAX processes that own a CPU device, but {missing} own none.")
         return cls(Communicator([devices[m] for m in members], members.index(me)), tuple(members))
 
-    def _run(self, key: tuple[Any, ...], source: Tensor, target: Tensor, *, bits: bool, wide: bool = False) -> None:
-        """Run the collective ``key`` (its first item names it) from ``source`` into ``target``."""
+    def run(self, op: Op, outputs: Sequence[Tensor], inputs: Sequence[Tensor], args: _Args) -> None:
+        """Run ``op``: its own function, or its kernel from ``inputs[0]`` into ``outputs[0]``."""
+        spec = op.value
+        if spec.local is not None:
+            spec.local(self, outputs, inputs, args)
+            return
+        assert spec.kernel is not None
+        source, target = inputs[0], outputs[0]
+        if spec.empty_is_barrier and source.numel() == 0:
+            self.run(Op.BARRIER, (), (), ())
+            return
+        self._launch(self.comm, spec.kernel, args, (op, source.dtype, source.shape, *args), source, target)
+
+    def _launch(
+        self,
+        comm: Communicator,
+        kernel: Kernel,
+        args: _Args,
+        key: tuple[Any, ...],
+        source: Tensor,
+        target: Tensor,
+        *,
+        copy_in: bool = True,
+    ) -> None:
+        """Run ``kernel`` on ``comm`` from ``source`` into ``target``; ``key`` names its :class:`HostCall`."""
+        wide = kernel.arithmetic and source.element_size() == 8
         if not source.is_contiguous():
             source = source.contiguous()
         call = self._calls.get(key)
@@ -163,60 +265,64 @@ class LocalEngine(Engine):
             return
         with jax.enable_x64(True) if wide else nullcontext():
             if call is None:
-                call = self._calls[key] = self._prepare(key, source, target, bits)
+                call = self._calls[key] = self._prepare(comm, kernel, source, target, args, copy_in)
 
             def array() -> np.ndarray[Any, Any]:
                 x = to_numpy(source)
-                return as_raw_bits(x) if bits else x
+                return x if kernel.arithmetic else as_raw_bits(x)
 
             call.run(source.data_ptr(), array, target.data_ptr())
 
-    def _prepare(self, key: tuple[Any, ...], source: Tensor, target: Tensor, bits: bool) -> HostCall:
+    def _prepare(
+        self, comm: Communicator, kernel: Kernel, source: Tensor, target: Tensor, args: _Args, copy_in: bool
+    ) -> HostCall:
         x = to_numpy(source)
-        if bits:
+        if not kernel.arithmetic:
             x = as_raw_bits(x)
-        name = key[0]
-        if name == "all_reduce":
-            program = self.comm.all_reduce_program(x.shape, x.dtype, key[3])
-        elif name == "reduce_scatter":
-            program = self.comm.reduce_scatter_program(x.shape, x.dtype, key[3])
-        elif name == "all_gather":
-            program = self.comm.all_gather_program(x.shape, x.dtype)
-        elif name == "all_to_all":
-            x = x.reshape(self.size, -1)
-            program = self.comm.all_to_all_program(x.shape, x.dtype)
-        else:
-            program = self.comm.broadcast_program(x.shape, x.dtype, key[3])
-        return self.comm.host_call(*program, (1, *x.shape), x.dtype, target.numel() * target.element_size())
+        if kernel.rows:
+            x = x.reshape(comm.size, -1)
+        key, body = comm.program(kernel, x.shape, x.dtype, args)
+        nbytes_out = target.numel() * target.element_size()
+        return comm.host_call(key, body, (1, *x.shape), x.dtype, nbytes_out, copy_in=copy_in)
 
-    def barrier(self) -> None:
-        """Wait for every member (a one-element all-reduce)."""
-        self.all_reduce(self._token, ReduceOperation.SUM)
+    def _pair(self, peer: int) -> Communicator:
+        """The communicator of this rank and ``peer`` alone (the lower rank first)."""
+        comm = self._pairs.get(peer)
+        if comm is None:
+            low, high = sorted((self.rank, peer))
+            devices = [self.comm.devices[low], self.comm.devices[high]]
+            comm = self._pairs[peer] = Communicator(devices, 0 if self.rank == low else 1)
+        return comm
 
-    def all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
-        """Reduce ``tensor`` over the members, in place."""
-        wide = tensor.element_size() == 8
-        self._run(("all_reduce", tensor.dtype, tensor.shape, op), tensor, tensor, bits=False, wide=wide)
+    def exchange(self, peer: int, sends: Sequence[Tensor], recvs: Sequence[Tensor]) -> None:
+        """Send the bytes of ``sends`` to ``peer`` and receive ``recvs`` from it, in one program of the two.
 
-    def all_gather(self, output: Tensor, input: Tensor) -> None:
-        """Gather every member's raw bits of ``input`` into ``output``."""
-        self._run(("all_gather", input.dtype, input.shape), input, output, bits=True)
-
-    def reduce_scatter(self, output: Tensor, input: Tensor, op: ReduceOperation) -> None:
-        """Reduce row ``rank`` of every member's ``input`` into ``output``."""
-        wide = input.element_size() == 8
-        self._run(("reduce_scatter", input.dtype, input.shape, op), input, output, bits=False, wide=wide)
-
-    def all_to_all(self, output: Tensor, input: Tensor) -> None:
-        """Exchange rows of raw bits."""
-        self._run(("all_to_all", input.dtype, input.shape), input, output, bits=True)
-
-    def broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        """Broadcast raw bits from ``source_rank``."""
-        if tensor.numel() == 0:
-            self.barrier()
+        The block is as long as the longer direction (both ranks compute the same length, since
+        a receive has the shape and dtype of what the peer sends); a direction that carries no
+        bytes is left out of the program, so a plain send moves data one way only.
+        """
+        n_out = sum(t.numel() * t.element_size() for t in sends)
+        n_in = sum(t.numel() * t.element_size() for t in recvs)
+        n = max(n_out, n_in)
+        if n == 0:
             return
-        self._run(("broadcast", tensor.dtype, tensor.shape, source_rank), tensor, tensor, bits=True)
+        low = self.rank < peer
+        upward, downward = (n_out, n_in) if low else (n_in, n_out)
+        perm = tuple(pair for pair, moved in (((0, 1), upward), ((1, 0), downward)) if moved)
+        if n_out == 0 or len(sends) > 1 or n_out < n:
+            source = torch.empty(n, dtype=torch.uint8)
+            if n_out:
+                torch.cat([_bytes_of(t.contiguous()) for t in sends], out=source[:n_out])
+        else:
+            source = _bytes_of(sends[0].contiguous())
+        target = _bytes_of(recvs[0]) if len(recvs) == 1 else torch.empty(n_in, dtype=torch.uint8)
+        key = (Op.SEND_RECV, peer, n, perm, n_out > 0, n_in)
+        self._launch(self._pair(peer), kernels.PPERMUTE, (perm,), key, source, target, copy_in=n_out > 0)
+        if len(recvs) > 1:
+            for t, received in zip(
+                recvs, torch.split(target, [t.numel() * t.element_size() for t in recvs]), strict=True
+            ):
+                _bytes_of(t).copy_(received)
 
     def split(self, ranks: list[int]) -> LocalEngine:
         """A new engine on the sub-mesh of ``ranks`` (no communication: every member derives the same mesh)."""
@@ -225,10 +331,13 @@ class LocalEngine(Engine):
 
     @property
     def num_compiled(self) -> int:
-        """The compiled programs of this gang."""
-        return self.comm.cache_size
+        """The compiled programs of this gang (its point-to-point programs included)."""
+        return self.comm.cache_size + sum(pair.cache_size for pair in self._pairs.values())
 
     def close(self) -> None:
         """Drop the compiled programs and staging buffers."""
         self._calls.clear()
         self.comm.clear()
+        for pair in self._pairs.values():
+            pair.clear()
+        self._pairs.clear()

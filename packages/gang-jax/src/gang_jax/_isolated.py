@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -34,8 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gang import ReduceOperation
-from gang_jax._engine import Engine
+from gang_jax._engine import Engine, Op
 from gang_jax._rendezvous import Rendezvous
 
 _ALIGN = 64
@@ -210,52 +210,34 @@ class IsolatedEngine(Engine):
             raise
         return cls(child, 0, root, owns_child=True)
 
-    def _call(self, name: str, tensors: list[Tensor], args: tuple[Any, ...], source: int | None) -> None:
-        """Run ``name`` on copies of ``tensors`` in the segment; copy ``tensors[0]`` back.
+    def run(self, op: Op, outputs: Sequence[Tensor], inputs: Sequence[Tensor], args: tuple[Any, ...]) -> None:
+        """Run ``op`` in the child on copies of the tensors in the segment; copy ``outputs`` back.
 
-        ``source`` is the index of the tensor the collective reads (copied in); the result is
-        always ``tensors[0]`` (the in-place tensor or the output).
+        A tensor that is both an input and an output (an in-place operation) has one copy.
         """
+        tensors: list[Tensor] = []
+        index: dict[int, int] = {}
+        for t in (*outputs, *inputs):
+            index.setdefault(id(t), len(tensors))
+            if index[id(t)] == len(tensors):
+                tensors.append(t)
         specs, total = layout(tensors)
         segment = self._child.staging(total)
         views = [view(segment, off, t.dtype, tuple(t.shape)) for (off, _, _), t in zip(specs, tensors, strict=True)]
-        if source is not None:
-            views[source].copy_(tensors[source])
+        for t in inputs:
+            views[index[id(t)]].copy_(t)
+        roles = ([index[id(t)] for t in outputs], [index[id(t)] for t in inputs])
         failed = True
         try:
-            self._child.request(("call", self._id, name, specs, args))
+            self._child.request(("run", self._id, op.name, specs, roles, args))
             failed = False
         finally:
             if failed and self._child.gone is None:
                 # A collective that failed in JAX leaves its runtime unusable: end the child now, so
                 # every later call fails at once instead of waiting for the timeout.
                 self._child.stop(f"an earlier collective failed in the JAX child process (pid {self._child.pid})")
-        if tensors:
-            tensors[0].copy_(views[0])
-
-    def barrier(self) -> None:
-        """Wait for every member."""
-        self._call("barrier", [], (), None)
-
-    def all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
-        """Reduce ``tensor`` over the members, in place."""
-        self._call("all_reduce", [tensor], (op,), 0)
-
-    def all_gather(self, output: Tensor, input: Tensor) -> None:
-        """Gather every member's ``input`` into ``output``."""
-        self._call("all_gather", [output, input], (), 1)
-
-    def reduce_scatter(self, output: Tensor, input: Tensor, op: ReduceOperation) -> None:
-        """Reduce row ``rank`` of every member's ``input`` into ``output``."""
-        self._call("reduce_scatter", [output, input], (op,), 1)
-
-    def all_to_all(self, output: Tensor, input: Tensor) -> None:
-        """Exchange rows of ``input``."""
-        self._call("all_to_all", [output, input], (), 1)
-
-    def broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        """Broadcast ``source_rank``'s ``tensor``."""
-        self._call("broadcast", [tensor], (source_rank,), 0)
+        for t in outputs:
+            t.copy_(views[index[id(t)]])
 
     def split(self, ranks: list[int]) -> IsolatedEngine:
         """The sub-gang of ``ranks``, created in the child."""

@@ -25,7 +25,7 @@ import jax
 import torch
 from torch import Tensor
 
-from gang_jax._engine import LocalEngine, start_runtime, stop_runtime
+from gang_jax._engine import LocalEngine, Op, start_runtime, stop_runtime
 from gang_jax._isolated import view
 from gang_jax._rendezvous import Rendezvous
 
@@ -70,10 +70,10 @@ def child_main(fd: int, parent: int) -> None:
             os._exit(0)  # the parent is gone or closed the socket: nothing to shut down cleanly
         kind = message[0]
         try:
-            if kind == "call":
-                _, engine_id, name, specs, args = message
+            if kind == "run":
+                _, engine_id, name, specs, (outputs, inputs), args = message
                 views = [view(segments[-1], off, getattr(torch, dt), shape) for off, dt, shape in specs]
-                getattr(engines[engine_id], name)(*views, *args)
+                engines[engine_id].run(Op[name], [views[i] for i in outputs], [views[i] for i in inputs], args)
                 reply("ok", None)
             elif kind == "init":
                 address, num_processes, process_id, timeout_s = message[1:]

@@ -2,6 +2,11 @@
 
 ``gang.bench`` finds :class:`JaxImpls` through the entry point ``jax`` of the group ``gang.bench``
 (declared in this package's ``pyproject.toml``), so the core package never imports this one.
+
+:class:`JaxImpls` also times point-to-point traffic (:data:`SENDRECV`): a ``send_recv`` ring
+shift through the gang against the raw JAX ``ppermute`` program on resident arrays.
+``python -m gang_jax.bench`` runs it on 2 local processes, paired in one run, and prints one row
+per size (``--sizes``, ``--iters``, ``--nproc``, ``--out`` for the JSON rows).
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ from typing import Any, cast
 import jax
 import numpy as np
 import torch
+import torch.distributed as dist
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from gang.bench.collectives import Case, gang_call, reference, without_gloo_notice
+from gang.bench.collectives import Case, gang_call, iterations, reference, time_interleaved, without_gloo_notice
+from gang.bench.metrics import Row, make_row, median, paired_ratio
 from gang_jax._convert import to_numpy
 from gang_jax.gang import JaxGang
 
@@ -62,7 +69,10 @@ class JaxImpls:
     def _raw(self, op: str, numel: int, dtype: torch.dtype) -> Case:
         """The raw JAX case: the input is already a ``jax.Array`` on the device, the result stays one."""
         lax: Any = jax.lax  # untyped
-        source, expected = reference(op, self.gang.rank, self.n, numel, dtype)
+        if op == SENDRECV:
+            source, expected = sendrecv_reference(self.gang.rank, self.n, numel, dtype)
+        else:
+            source, expected = reference(op, self.gang.rank, self.n, numel, dtype)
         block = to_numpy(source.reshape(-1))
         state = {"x": self._global(block), "out": None}
         if op == "all_reduce":
@@ -75,6 +85,9 @@ class JaxImpls:
             fn = self._compile(lambda b: lax.all_to_all(b, "x", 0, 0, tiled=True))
         elif op == "broadcast":
             fn = self._compile(lambda b: lax.psum(jax.numpy.where(lax.axis_index("x") == 0, b, 0), "x"))
+        elif op == SENDRECV:
+            ring = [(i, (i + 1) % self.n) for i in range(self.n)]
+            fn = self._compile(lambda b: lax.ppermute(b, "x", ring))
         else:
             raise ValueError(op)
 
@@ -97,11 +110,94 @@ class JaxImpls:
         Raw JAX runs 32-bit types at most (64-bit ones need ``jax_enable_x64``, which
         :class:`JaxGang` turns on for its own calls only), so 64-bit dtypes time ``gang-jax`` alone.
         """
-        out = {"gang-jax": gang_call(self.gang, op, numel, dtype)}
+        out = {"gang-jax": self._sendrecv(numel, dtype) if op == SENDRECV else gang_call(self.gang, op, numel, dtype)}
         if dtype.itemsize <= 4:
             out = {"jax": self._raw(op, numel, dtype), **out}
         return out
 
+    def _sendrecv(self, numel: int, dtype: torch.dtype) -> Case:
+        """The gang's case of :data:`SENDRECV`: ``send_recv`` to the next rank and from the previous one."""
+        g = self.gang
+        source, expected = sendrecv_reference(g.rank, g.size, numel, dtype)
+        inp, out = source.clone(), torch.empty_like(expected)
+
+        def reset() -> None:
+            inp.copy_(source)
+
+        def run() -> None:
+            g.send_recv([(inp, (g.rank + 1) % g.size)], [(out, (g.rank - 1) % g.size)])
+
+        return Case(run, reset, lambda: out, expected)
+
     def close(self) -> None:
         """Close the gang."""
         self.gang.close()
+
+
+SENDRECV = "sendrecv"
+"""The point-to-point case: every rank sends its buffer to the next rank and receives the previous one's."""
+
+
+def sendrecv_reference(rank: int, size: int, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input, expected)`` of :data:`SENDRECV` on ``rank``: a pattern of the rank, and the previous rank's."""
+    k = torch.arange(numel, dtype=torch.int64)
+    return ((7 * rank + k) % 127).to(dtype), ((7 * ((rank - 1) % size) + k) % 127).to(dtype)
+
+
+def measure_sendrecv(sizes: list[int], *, iters: int | None = None) -> list[Row]:
+    """Time :data:`SENDRECV` through ``jax`` and ``gang-jax`` at each size (bytes per rank), paired in one run.
+
+    Called on every rank of torch's default process group (its barriers pace the iterations); returns
+    one row per implementation and size, with ``wrong`` (wrong elements over every rank) and, on the
+    gang's rows, ``paired_ratio`` (the median of the per-iteration ratios to raw JAX).
+    """
+    impls = JaxImpls()
+    rows: list[Row] = []
+    try:
+        for nbytes in sizes:
+            numel = max(1, nbytes // 4)
+            cases = impls.cases(SENDRECV, numel, torch.float32)
+            warmup, timed = iterations(numel * 4, False, iters)
+            times = time_interleaved(dict(cases), warmup, timed)
+            wrong = torch.tensor([case.check() for case in cases.values()], dtype=torch.int64)
+            dist.all_reduce(wrong)
+            for (name, ts), bad in zip(times.items(), wrong.tolist(), strict=True):
+                row = make_row(name, SENDRECV, numel * 4, impls.n, median(ts), iters=timed, wrong=int(bad))
+                if name == "gang-jax":
+                    row["paired_ratio"] = paired_ratio(ts, times["jax"])
+                rows.append(row)
+    finally:
+        impls.close()
+    return rows
+
+
+def _measure_on_rank(_: object, sizes: list[int], iters: int | None) -> list[Row]:
+    return measure_sendrecv(sizes, iters=iters)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    from gang.testing import World
+
+    parser = argparse.ArgumentParser(prog="python -m gang_jax.bench", description="JaxGang send_recv against raw JAX")
+    parser.add_argument("--nproc", type=int, default=2, help="local processes (default: 2)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4, 4096, 1 << 18, 1 << 22], help="bytes per rank")
+    parser.add_argument("--iters", type=int, default=None, help="timed iterations per size (default: by size)")
+    parser.add_argument("--out", default=None, help="write the rows here as JSON")
+    args = parser.parse_args(argv)
+    with World(args.nproc, env={"OMP_NUM_THREADS": "1"}) as world:
+        rows = world.run(_measure_on_rank, args.sizes, args.iters)[0]
+    print(f"{'impl':>9} {'bytes':>10} {'time_us':>10} {'p2p ratio':>9} {'#wrong':>6}")
+    for row in rows:
+        ratio = f"{row['paired_ratio']:.3f}" if "paired_ratio" in row else ""
+        print(f"{row['impl']:>9} {row['bytes']:>10} {row['time_us']:>10.1f} {ratio:>9} {row['wrong']:>6}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if any(row["wrong"] for row in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

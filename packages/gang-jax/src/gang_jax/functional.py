@@ -21,6 +21,7 @@ import numpy as np
 
 from gang import Gang, NotSupportedError, ReduceOperation
 from gang.extend import check_op, check_open, check_rank, guard
+from gang_jax._collectives import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, REDUCE_SCATTER
 from gang_jax.gang import JaxGang
 
 __all__ = ["all_gather", "all_reduce", "all_to_all", "broadcast", "reduce_scatter"]
@@ -94,7 +95,7 @@ def all_reduce(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
     """
     g = _check(gang, x, "all_reduce")
     checked = _check_op(op, x)
-    return _run(g, "all_reduce", g.communicator.all_reduce, x, checked)
+    return _run(g, "all_reduce", g.communicator.call, ALL_REDUCE, x, (checked,))
 
 
 def all_gather(gang: Gang, x: jax.Array) -> jax.Array:
@@ -107,7 +108,7 @@ def all_gather(gang: Gang, x: jax.Array) -> jax.Array:
     :raises GangError: If the collective fails.
     """
     g = _check(gang, x, "all_gather")
-    return _run(g, "all_gather", g.communicator.all_gather, x)
+    return _run(g, "all_gather", g.communicator.call, ALL_GATHER, x)
 
 
 def reduce_scatter(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
@@ -124,7 +125,7 @@ def reduce_scatter(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
     g = _check(gang, x, "reduce_scatter")
     _check_rows(g, x)
     checked = _check_op(op, x)
-    return _run(g, "reduce_scatter", g.communicator.reduce_scatter, x, checked)
+    return _run(g, "reduce_scatter", g.communicator.call, REDUCE_SCATTER, x, (checked,))
 
 
 def all_to_all(gang: Gang, x: jax.Array) -> jax.Array:
@@ -139,7 +140,7 @@ def all_to_all(gang: Gang, x: jax.Array) -> jax.Array:
     """
     g = _check(gang, x, "all_to_all")
     _check_rows(g, x)
-    return _run(g, "all_to_all", g.communicator.all_to_all, x)
+    return _run(g, "all_to_all", g.communicator.call, ALL_TO_ALL, x)
 
 
 def broadcast(gang: Gang, x: jax.Array, source_rank: int = 0) -> jax.Array:
@@ -157,7 +158,7 @@ def broadcast(gang: Gang, x: jax.Array, source_rank: int = 0) -> jax.Array:
     source_rank = check_rank("source_rank", source_rank, g.size)
 
     def run() -> jax.Array:
-        bits = g.communicator.broadcast_bits(_to_bits(x), source_rank)
+        bits = g.communicator.call(BROADCAST, _to_bits(x), (source_rank,))
         return _from_bits(bits, np.dtype(x.dtype))
 
     return _run(g, "broadcast", run)

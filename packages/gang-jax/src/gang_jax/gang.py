@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import final
+from functools import partial
+from typing import Any, final
 
 import jax
 import torch
@@ -14,8 +16,9 @@ from typing_extensions import override
 from gang import Gang, InvalidOperationError, NotSupportedError, ReduceOperation, Work
 from gang.extend import check_int, check_rank, check_timeout, guard
 from gang_jax._collectives import Communicator
-from gang_jax._engine import Engine, LocalEngine, start_runtime, stop_runtime
+from gang_jax._engine import Engine, LocalEngine, Op, start_runtime, stop_runtime
 from gang_jax._isolated import IsolatedEngine
+from gang_jax._lane import Lane
 from gang_jax._rendezvous import Rendezvous, resolve
 
 DEFAULT_COORDINATION_TIMEOUT = timedelta(minutes=5)
@@ -43,12 +46,18 @@ class JaxGang(Gang):
     :param owns_runtime: Whether closing this gang shuts ``jax.distributed`` down.
     :param debug: Whether every collective first checks that all ranks make the same call
         (``None``: on when the environment variable ``GANG_DEBUG`` says so). Sub-gangs inherit it.
+    :param lane: The order the gang's operations run in, shared with the gang it was split from
+        (``None``: a new one, for a root gang).
     """
 
-    def __init__(self, engine: Engine, *, owns_runtime: bool = False, debug: bool | None = None) -> None:
+    def __init__(
+        self, engine: Engine, *, owns_runtime: bool = False, debug: bool | None = None, lane: Lane | None = None
+    ) -> None:
         super().__init__(rank=engine.rank, size=engine.size, device=torch.device("cpu"), debug=debug)
         self._engine = engine
         self._owns_runtime = owns_runtime
+        self._owns_lane = lane is None
+        self._lane = Lane() if lane is None else lane
 
     @classmethod
     def _in_process(cls, *, owns_runtime: bool, debug: bool | None) -> JaxGang:
@@ -178,7 +187,7 @@ class JaxGang(Gang):
 
         JAX's own count of compiled programs: it stays flat in a loop that repeats the same calls.
         """
-        return self._engine.num_compiled
+        return self._lane.run(lambda: self._engine.num_compiled)
 
     # -- implementation ---------------------------------------------------------------------------
 
@@ -188,36 +197,56 @@ class JaxGang(Gang):
         for group in groups:
             if self.rank in group:
                 with guard("split", self):
-                    engine = self._engine.split(group)
-                return JaxGang(engine)
+                    engine = self._lane.run(partial(self._engine.split, group))
+                return JaxGang(engine, lane=self._lane)
         return None
 
     @override
     def _as_process_group(self) -> ProcessGroup:
         raise NotSupportedError("`JaxGang` has no torch process group; use its collectives instead.")
 
+    def _run(
+        self,
+        op: Op,
+        outputs: Sequence[Tensor],
+        inputs: Sequence[Tensor],
+        args: tuple[Any, ...] = (),
+        *,
+        async_op: bool = False,
+        operation: str | None = None,
+    ) -> Work | None:
+        """Run the engine's ``op`` (every operation goes through here) in the lane's order.
+
+        A failure is reported as a ``GangError`` naming ``operation`` (default: the op's name), from
+        this call or, with ``async_op``, from the handle's ``wait()``.
+        """
+        name = operation or op.name.lower()
+
+        def call() -> None:
+            with guard(name, self):
+                self._engine.run(op, outputs, inputs, args)
+
+        if async_op:
+            return self._lane.start(name, call)
+        self._lane.run(call)
+        return None
+
     @override
     def _barrier(self) -> None:
-        with guard("barrier", self):
-            self._engine.barrier()
+        self._run(Op.BARRIER, (), ())
 
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation, async_op: bool) -> Work | None:
-        with guard("all_reduce", self):
-            self._engine.all_reduce(tensor, op)
-        return None
+        return self._run(Op.ALL_REDUCE, (tensor,), (tensor,), (op,), async_op=async_op)
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
-        with guard("all_gather", self):
-            self._engine.all_gather(output_tensor, input_tensor)
-        return None
+        return self._run(Op.ALL_GATHER, (output_tensor,), (input_tensor,), async_op=async_op)
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
         rows = torch.empty((self.size, *input_tensor.shape), dtype=input_tensor.dtype)
-        with guard("all_gather_to_list", self):
-            self._engine.all_gather(rows, input_tensor)
+        self._run(Op.ALL_GATHER, (rows,), (input_tensor,), operation="all_gather_to_list")
         for row, out in zip(rows, output_tensors, strict=True):
             out.copy_(row)
 
@@ -225,25 +254,38 @@ class JaxGang(Gang):
     def _reduce_scatter(
         self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation, async_op: bool
     ) -> Work | None:
-        with guard("reduce_scatter", self):
-            self._engine.reduce_scatter(output_tensor, input_tensor, op)
-        return None
+        return self._run(Op.REDUCE_SCATTER, (output_tensor,), (input_tensor,), (op,), async_op=async_op)
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
-        with guard("all_to_all", self):
-            self._engine.all_to_all(output_tensor, input_tensor)
-        return None
+        return self._run(Op.ALL_TO_ALL, (output_tensor,), (input_tensor,), async_op=async_op)
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int, async_op: bool) -> Work | None:
-        with guard("broadcast", self):
-            self._engine.broadcast(tensor, source_rank)
-        return None
+        return self._run(Op.BROADCAST, (tensor,), (tensor,), (source_rank,), async_op=async_op)
+
+    @override
+    def _send_recv(
+        self, sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], async_op: bool, operation: str
+    ) -> Work | None:
+        # One two-process `ppermute` program per peer, run in the same global order on every rank.
+        sent, dests = [t for t, _ in sends], tuple(p for _, p in sends)
+        received, sources = [t for t, _ in recvs], tuple(p for _, p in recvs)
+        return self._run(Op.SEND_RECV, received, sent, (dests, sources), async_op=async_op, operation=operation)
+
+    @override
+    def _all_to_all_uneven(
+        self, output: Tensor, input: Tensor, output_splits: list[int], input_splits: list[int], async_op: bool
+    ) -> Work | None:
+        # Padded blocks through the all-to-all kernel: XLA:CPU has no `ragged_all_to_all`.
+        args = (tuple(output_splits), tuple(input_splits))
+        return self._run(Op.ALL_TO_ALL_UNEVEN, (output,), (input,), args, async_op=async_op)
 
     @override
     def _close(self) -> None:
+        if self._owns_lane:
+            self._lane.close()
         with guard("close", self):
-            self._engine.close()
+            self._lane.run(self._engine.close)
             if self._owns_runtime and not self.isolated and jax.distributed.is_initialized():
                 stop_runtime()  # so that `create_default` works after this
