@@ -15,10 +15,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from gang import Gang, Gangs, ReduceOperation
 from gang._torch_groups import alone_group
 from gang.extend import check_values_exchangeable
-from gang.roles import EXPERT_AXES, ROLES
-from gang.topology import flattened_axes
+from gang.topology import MeshDim, mesh_dims
 
-Dim = str | tuple[str, ...]
+Dim = MeshDim
 """An entry of ``dims``: a role, or a tuple of dense roles spanned at once (a flattened dimension)."""
 
 
@@ -229,45 +228,7 @@ def _check_dims(gangs: Gangs, dims: Sequence[Dim]) -> tuple[tuple[str, ...], lis
     """The mesh dimension names and each dimension's roles; every check that needs no communication."""
     if not isinstance(gangs, Gangs):
         raise TypeError(f"`gangs` must be a `Gangs`, but is of type `{type(gangs).__name__}` instead.")
-    if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence):
-        raise TypeError(f"`dims` must be a sequence of gang names such as ('sdp',), but is {dims!r} instead.")
-    per_dim: list[tuple[str, ...]] = []
-    for entry in dims:
-        roles = (entry,) if isinstance(entry, str) else entry
-        if not isinstance(roles, tuple) or not roles or not all(isinstance(name, str) for name in roles):
-            raise TypeError(
-                f"`dims` must contain only `str` names and non-empty tuples of them, but contains {entry!r} instead."
-            )
-        per_dim.append(roles)
-    if not per_dim:
-        raise ValueError("`dims` must name at least one gang, but is empty instead.")
-    for roles in per_dim:
-        for name in roles:
-            if name not in ROLES:
-                raise ValueError(
-                    f"`dims` must contain only names of `Gangs` fields {ROLES}, but contains {name!r} instead."
-                )
-    names = tuple("_".join(roles) for roles in per_dim)
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise ValueError(f"`dims` must not repeat a name, but repeats {repeated} in {names} instead.")
-    axes: dict[str, str] = {}  # grid axis -> the dimension that spans it
-    for axis, roles in enumerate(per_dim):
-        spanned = flattened_axes(roles, argument=f"dims[{axis}]")
-        for grid_axis in spanned:
-            if grid_axis in axes:
-                raise ValueError(
-                    f"`dims` must name gangs that form a grid, but {axes[grid_axis]!r} and {names[axis]!r} of {names} "
-                    f"share the grid axis {grid_axis!r} instead."
-                )
-            axes[grid_axis] = names[axis]
-    expert = [axes[axis] for axis in EXPERT_AXES if axis in axes]
-    dense = [axes[axis] for axis in ("rdp", "sdp", "cp") if axis in axes]
-    if expert and dense:
-        raise ValueError(
-            f"`dims` must name gangs that form a grid, but {expert[0]!r} and {dense[0]!r} of {names} both split the "
-            "data and context parallel ranks instead (name the expert roles with `pp` and `tp` only)."
-        )
+    names, per_dim = mesh_dims(dims)
     for axis, roles in enumerate(per_dim):
         gang: Gang = getattr(gangs, roles[0])
         if _size(gangs, roles) > 1 and not (gang if len(roles) == 1 else gangs.root).supports_process_group:
