@@ -30,6 +30,11 @@ def test_hsdp_2d(world4: World) -> None:
     check(world4.run(pw.parity, None, 1, 2, STEPS), ("rdp", "sdp"))
 
 
+def test_hsdp_configured_down_to_fsdp(world4: World) -> None:
+    # rdp of size 1 is a size-1 dimension: the same losses as init_device_mesh((1, 4)).
+    check(world4.run(pw.parity, ("rdp", "sdp"), 1, None, STEPS), ("rdp", "sdp"))
+
+
 def test_fsdp_and_hsdp_with_context_parallel(world4: World) -> None:
     # cp=2: fsdp_mesh shards over sdp x cp, as torchtitan's dp_shard_cp; fully sharded, then HSDP
     # (rdp=2 x sdp_cp=2).

@@ -373,8 +373,9 @@ def check_titan_mesh(mesh: DeviceMesh, spans: Mapping[str, Sequence[str]]) -> di
     """Convert ``mesh`` without ``names=``, compare every role with ``spans``, sum over every gang, round-trip.
 
     ``spans[role]`` lists the mesh dimensions the role's gang spans (absent: a size-1 gang). The
-    round trip builds the mesh of the dimensions of size > 1 back from the gangs (by their roles)
-    and converts it again.
+    round trip builds the mesh of every dimension, size-1 ones included, back from the gangs (by
+    their roles; ``dp_replicate`` left out next to ``efsdp``, which spans it as ``edp``) and
+    converts it again.
     """
     gangs = from_device_mesh(mesh)
     got = {role: members(getattr(gangs, role)) for role in ROLES}
@@ -383,18 +384,15 @@ def check_titan_mesh(mesh: DeviceMesh, spans: Mapping[str, Sequence[str]]) -> di
     sums_ok = from_mesh_report(gangs)["sums"] == {
         role: float(sum(value)) if isinstance(value, tuple) else float(dist.get_rank()) for role, value in got.items()
     }
-    kept = [name for i, name in enumerate(names) if mesh.size(i) > 1]
-    dims = [_role_of(name) for name in kept]
-    if "edp" in dims and "rdp" in dims:
-        dims.remove("rdp")
-    round_trip: dict[str, Any] = {}
-    if dims:
-        again = to_device_mesh(gangs, dims)
-        round_trip = {
-            # Flattened: on a sparse mesh with `dp_replicate`, `edp` spans it and `efsdp` (one dimension).
-            "same_mesh": again.mesh.reshape(-1).tolist() == mesh[tuple(kept)].mesh.reshape(-1).tolist(),
-            "differ": [role for role in ROLES if members(getattr(from_device_mesh(again), role)) != got[role]],
-        }
+    roles = [_role_of(name) for name in names]
+    dims = [role for role in roles if not (role == "rdp" and "edp" in roles)]
+    again = to_device_mesh(gangs, dims)
+    round_trip = {
+        # Flattened: on a sparse mesh with `dp_replicate`, `edp` spans it and `efsdp` (one dimension).
+        "same_mesh": again.mesh.reshape(-1).tolist() == mesh.mesh.reshape(-1).tolist(),
+        "differ": [role for role in ROLES if members(getattr(from_device_mesh(again), role)) != got[role]],
+        "names": again.mesh_dim_names == tuple(dims),
+    }
     return {"got": got, "expected": expected, "sums_ok": sums_ok, "round_trip": round_trip}
 
 
@@ -470,3 +468,51 @@ def _error_of(call: Callable[[], object]) -> str:
     except ValueError as ex:
         return str(ex)
     return ""
+
+
+# -- size-1 dimensions -------------------------------------------------------------------------------
+
+
+def _alone(mesh: DeviceMesh, name: str) -> bool:
+    """Whether the mesh's group along ``name`` holds this process alone, on torch's ``fake`` backend."""
+    group = mesh.get_group(name)
+    return dist.get_process_group_ranks(group) == [dist.get_rank()] and dist.get_backend(group) == "fake"
+
+
+def size_one_dims(root: Gang) -> dict[str, Any]:
+    """Meshes with size-1 dimensions (``rdp`` of size 1: HSDP configured down to FSDP), and their round trips.
+
+    Also a DTensor sharded over the size-1 and the real dimension, gathered back; and an
+    ``init_device_mesh((1, N))`` mesh with torchtitan's names through ``from_device_mesh`` and back.
+    """
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    gangs = make_gangs(root)  # rdp of size 1, sdp = dp = root
+    me = dist.get_rank()
+    report: dict[str, Any] = {}
+    mesh = to_device_mesh(gangs, ("rdp", "sdp"))
+    report["hsdp"] = describe(mesh)
+    report["hsdp_groups"] = [_alone(mesh, "rdp"), mesh.get_group("sdp") is gangs.sdp.as_process_group()]
+    report["hsdp_local"] = [mesh.get_local_rank("rdp"), mesh.get_local_rank("sdp")]
+    # Size-1 and flattened size-1 dimensions anywhere; the group of this process alone is made once.
+    wide = to_device_mesh(gangs, ("pp", "rdp", ("cp", "tp"), "sdp"))
+    report["wide"] = describe(wide)
+    report["wide_alone"] = [_alone(wide, name) for name in ("pp", "rdp", "cp_tp")]
+    report["one_group"] = wide.get_group("pp") is mesh.get_group("rdp")
+    # DTensor on the size-1 dimension: a tensor sharded along both dimensions comes back whole.
+    full = torch.arange(24, dtype=torch.float32).reshape(8, 3)
+    dt = distribute_tensor(full, mesh, [Shard(1), Shard(0)])
+    report["dtensor_local"] = dt.to_local().tolist() == full[2 * me : 2 * me + 2].tolist()
+    report["dtensor_full"] = dt.redistribute(mesh, [Replicate(), Replicate()]).to_local().tolist() == full.tolist()
+    # Round trips: gangs of the mesh (size-1 dimensions become size-1 gangs), back to the same mesh.
+    back = from_device_mesh(mesh)
+    report["back"] = {role: members(getattr(back, role)) for role in ROLES}
+    again = to_device_mesh(back, ("rdp", "sdp"))  # no layout: found by communicating
+    report["again"] = describe(again)
+    report["again_alone"] = _alone(again, "rdp")
+    titan = init_device_mesh("cpu", (1, dist.get_world_size(), 1), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    from_titan = from_device_mesh(titan)
+    report["titan"] = {role: members(getattr(from_titan, role)) for role in ROLES}
+    report["titan_again"] = describe(to_device_mesh(from_titan, ("rdp", "sdp", "tp")))
+    report["sums"] = from_mesh_report(from_titan)["sums"]
+    return report

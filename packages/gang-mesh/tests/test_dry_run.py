@@ -43,6 +43,12 @@ def test_meshes_come_from_the_layout_at_131072_ranks() -> None:
             gangs.tp.as_process_group(),
         ]
 
+        # A size-1 dimension (rdp when fully sharded): its group holds this process alone.
+        single = create_fsdp_gangs(gangs)
+        one = to_device_mesh(single, ("rdp", "sdp"))
+        assert one.shape == (1, DP)
+        assert one.get_group("rdp").size() == 1 and one.get_group("sdp") is single.sdp.as_process_group()
+
         # Gangs of unknown layout would need the peers' coordinates: refused, not guessed.
         back = Gangs(**{role: getattr(gangs, role) for role in ROLES})
         assert back.layout is None

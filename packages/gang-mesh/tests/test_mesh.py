@@ -106,8 +106,6 @@ def test_1d_pp_mesh(world8: World) -> None:
 @pytest.mark.parametrize(
     ("dims", "kind", "fragments"),
     [
-        (("cp",), "ValueError", ["`dims[0]`", "'cp'", "process group"]),
-        ((("cp", "tp"),), "ValueError", ["`dims[0]`", "('cp', 'tp')", "process group"]),
         ((("dp", "sdp"),), "ValueError", ["`dims[0]`", "overlap"]),
         ((("dp", "ep"),), "ValueError", ["`dims[0]`", "`ep` alone"]),
         (("ep", "dp"), "ValueError", ["grid", "'ep'", "'dp'"]),
@@ -117,8 +115,6 @@ def test_1d_pp_mesh(world8: World) -> None:
         ((), "ValueError", ["`dims`", "empty"]),
         ("sdp", "TypeError", ["`dims`", "'sdp'"]),
         (("sdp", 1), "TypeError", ["`dims`", "1"]),
-        (("tp",), "ValueError", ["`dims[0]`", "'tp'", "process group"]),
-        (("dp", "tp"), "ValueError", ["`dims[1]`", "'tp'", "process group"]),
         (("root", "sdp"), "ValueError", ["grid", "('root', 'sdp')"]),
     ],
 )
@@ -127,6 +123,30 @@ def test_to_device_mesh_errors(world4: World, dims: object, kind: str, fragments
         assert result[0] == kind
         for fragment in fragments:
             assert fragment in result[1]
+
+
+def test_size_one_dimensions(world4: World) -> None:
+    # HSDP configured down to FSDP: rdp has size 1 and is a size-1 dimension, as in
+    # init_device_mesh((1, 4)); its group holds the process alone on the `fake` backend.
+    for rank, report in enumerate(world4.run(w.size_one_dims)):
+        assert report["hsdp"] == {"mesh": [[0, 1, 2, 3]], "names": ("rdp", "sdp"), "type": "cpu"}
+        assert report["hsdp_groups"] == [True, True]
+        assert report["hsdp_local"] == [0, rank]
+        assert report["wide"]["mesh"] == [[[[0, 1, 2, 3]]]]
+        assert report["wide"]["names"] == ("pp", "rdp", "cp_tp", "sdp")
+        assert report["wide_alone"] == [True, True, True]
+        assert report["one_group"]
+        assert report["dtensor_local"] and report["dtensor_full"]
+        everyone = (0, 1, 2, 3)
+        expected = {"root": everyone, "dp": everyone, "rdp": 1, "sdp": everyone, "cp": 1, "tp": 1, "pp": 1}
+        expected |= {"ep": 1, "edp": everyone}
+        assert report["back"] == expected
+        assert report["again"] == report["hsdp"]
+        assert report["again_alone"]
+        assert report["titan"] == expected
+        assert report["titan_again"]["mesh"] == [[[0], [1], [2], [3]]]
+        assert report["titan_again"]["names"] == ("rdp", "sdp", "tp")
+        assert report["sums"] == {role: 6.0 if value == everyone else float(rank) for role, value in expected.items()}
 
 
 def test_non_grid_dp_rdp_is_rejected_on_every_rank(world4: World) -> None:
@@ -400,4 +420,5 @@ def test_torchtitan_meshes_convert_and_round_trip(world8: World, config: tuple[i
             # A sparse mesh with dp_replicate comes back as (edp, ep): edp spans dp_replicate x efsdp,
             # and the (edp, ep) mesh no longer says which part of dp is replicated.
             folded = ["rdp", "sdp"] if name == "sparse" and config[0] > 1 else []
-            assert result["round_trip"] == {"same_mesh": True, "differ": folded}, (rank, name)
+            # Every dimension comes back, size-1 ones (on the `fake` backend there) included.
+            assert result["round_trip"] == {"same_mesh": True, "differ": folded, "names": True}, (rank, name)

@@ -2,13 +2,15 @@
 
 :class:`JaxGang` gives the same results as :class:`gang.ProcessGroupGang` for the same inputs,
 so one test body can run on both; :mod:`gang_jax.functional` offers the same collectives on
-``jax.Array`` values.
+``jax.Array`` values. :func:`to_jax_mesh` and :func:`from_jax_mesh` turn a :class:`gang.Gangs`
+layout into a ``jax.sharding.Mesh`` and back (the JAX side of ``gang_mesh``).
 """
 
 from __future__ import annotations
 
 from gang_jax.gang import DEFAULT_COORDINATION_TIMEOUT, JaxGang
+from gang_jax.mesh import from_jax_mesh, to_jax_mesh
 
 __version__ = "0.1.0"
 
-__all__ = ["DEFAULT_COORDINATION_TIMEOUT", "JaxGang"]
+__all__ = ["DEFAULT_COORDINATION_TIMEOUT", "JaxGang", "from_jax_mesh", "to_jax_mesh"]

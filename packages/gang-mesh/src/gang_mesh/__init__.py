@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 from gang.roles import ROLES  # The `Gangs` fields `to_device_mesh` accepts in `dims`.
-from gang_mesh.from_mesh import ALIASES, MESH_ROLES, from_device_mesh
+from gang.topology import MESH_ROLES  # The roles a mesh dimension can play.
+from gang_mesh.from_mesh import ALIASES, from_device_mesh
 from gang_mesh.to_mesh import GangDeviceMesh, fsdp_mesh, to_device_mesh
 
 __version__ = "0.1.0"

@@ -11,19 +11,12 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from gang import FakeGang, Gang, Gangs, ProcessGroupGang
-from gang import roles as role_table
 from gang.rendezvous import new_named_group, next_call
-from gang.roles import DENSE_ROLES, EXPERT_ROLES
-from gang.topology import Grid, role_spans
+from gang.topology import MESH_ALIASES, Grid, mesh_roles, mesh_spans
 
-MESH_ROLES = DENSE_ROLES + EXPERT_ROLES
-"""The gang roles a mesh dimension can play."""
-
-ALIASES: dict[str, str] = {alias.name: alias.role for alias in role_table.ALIASES}
+ALIASES: dict[str, str] = MESH_ALIASES
 """Mesh dimension names other libraries use (torchtitan, Megatron-Core) and the role each plays
-(from :data:`gang.roles.ALIASES`)."""
-
-_FOLDS_CP = frozenset(alias.name for alias in role_table.ALIASES if alias.folds_cp)
+(from :data:`gang.roles.ALIASES`, through :data:`gang.topology.MESH_ALIASES`)."""
 
 
 def _digest(value: object) -> str:
@@ -80,7 +73,7 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
         ``fake`` backend (which computes nothing).
     """
     roles = _check_mesh(mesh, names)
-    spans = _role_spans(mesh, roles)
+    spans = mesh_spans(roles, mesh.mesh_dim_names or ())
     device = _mesh_device(mesh)
     layout = (tuple(roles), tuple(mesh.mesh.shape), *mesh.mesh.flatten().tolist())
     signature = "gang_mesh/" + _digest(layout)
@@ -137,49 +130,15 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
 def _check_mesh(mesh: DeviceMesh, names: Mapping[str, str] | None) -> list[str]:
     if not isinstance(mesh, DeviceMesh):
         raise TypeError(f"`mesh` must be a `DeviceMesh`, but is of type `{type(mesh).__name__}` instead.")
-    if names is None:
-        names = {}
-    if not isinstance(names, Mapping):
-        raise TypeError(f"`names` must be a mapping of mesh dimension names to roles, but is {names!r} instead.")
-    for key, value in names.items():
-        if not isinstance(key, str) or not isinstance(value, str):
-            raise TypeError(f"`names` must map `str` to `str`, but maps {key!r} to {value!r} instead.")
     dim_names = mesh.mesh_dim_names
     if dim_names is None:
         raise ValueError(
             "`mesh` must have dimension names (pass `mesh_dim_names` when creating it), but has none instead."
         )
-    for key, value in names.items():
-        if key not in dim_names:
-            raise ValueError(
-                f"`names` must only map dimensions of `mesh` {tuple(dim_names)}, but maps {key!r} (to {value!r}) "
-                "instead."
-            )
-        if value not in MESH_ROLES:
-            raise ValueError(f"`names` must map to roles {MESH_ROLES}, but maps {key!r} to {value!r} instead.")
-    roles: list[str] = []
-    for name in dim_names:
-        role = names.get(name) or (name if name in MESH_ROLES else ALIASES.get(name))
-        if role is None:
-            raise ValueError(
-                f"`mesh` dimension names must be roles {MESH_ROLES} or {tuple(ALIASES)}, or be mapped by "
-                f"`names`, but {name!r} of {tuple(dim_names)} is none of these instead."
-            )
-        if role in roles:
-            raise ValueError(
-                f"`mesh` dimensions must play distinct roles, but {name!r} and "
-                f"{dim_names[roles.index(role)]!r} of {tuple(dim_names)} both play {role!r} instead."
-            )
-        roles.append(role)
+    roles = mesh_roles(dim_names, names)
     if mesh.get_coordinate() is None:
         raise ValueError(
             f"`mesh` must hold this process (rank {dist.get_rank()}), but is {mesh.mesh.tolist()} instead."
-        )
-    folded = [name for name in dim_names if name in _FOLDS_CP and name not in names]
-    if folded and "cp" in roles:
-        raise ValueError(
-            f"`mesh` must not have a `cp` dimension next to {folded[0]!r}, which has context parallel folded in, "
-            f"but its dimensions are {tuple(dim_names)} instead."
         )
     for axis, name in enumerate(dim_names):
         if mesh.size(axis) > 1 and dist.get_backend(mesh.get_group(axis)) == "fake":
@@ -189,48 +148,6 @@ def _check_mesh(mesh: DeviceMesh, names: Mapping[str, str] | None) -> list[str]:
                 "nothing; only size-1 dimensions may be `fake`)."
             )
     return roles
-
-
-def _role_spans(mesh: DeviceMesh, roles: list[str]) -> dict[str, tuple[str, ...]]:
-    """Which axes, by role, make up each gang; the dense rules are `gang.topology.role_spans`'."""
-    expert = [role for role in roles if role in EXPERT_ROLES]
-    try:
-        if expert:
-            clash = [role for role in roles if role in ("dp", "sdp", "cp")]
-            if clash:
-                raise ValueError(
-                    f"the expert roles re-factor the data and context parallel ranks, so {expert[0]!r} cannot come "
-                    f"with {clash[0]!r}"
-                )
-            return _expert_spans(roles)
-        spans = role_spans(roles)
-    except ValueError as ex:
-        raise ValueError(
-            f"`mesh` must have dimensions whose roles fit together, but its dimensions {mesh.mesh_dim_names} "
-            f"play {tuple(roles)} instead: {ex}"
-        ) from None
-    spans["ep"] = ()
-    spans["edp"] = tuple(role for role in roles if role in spans["dp"] or role in spans["cp"])
-    return spans
-
-
-def _expert_spans(roles: list[str]) -> dict[str, tuple[str, ...]]:
-    """The spans of every role on a mesh with expert dimensions (and no ``dp``, ``sdp`` or ``cp``)."""
-
-    def span(*names: str) -> tuple[str, ...]:
-        return tuple(role for role in roles if role in names)
-
-    return {
-        "root": tuple(roles),
-        "dp": span("rdp", "edp", "ep"),
-        "rdp": span("rdp"),
-        "sdp": span("edp", "ep"),
-        "cp": (),
-        "tp": span("tp"),
-        "pp": span("pp"),
-        "ep": span("ep"),
-        "edp": span("rdp", "edp"),
-    }
 
 
 def _mesh_device(mesh: DeviceMesh) -> torch.device:

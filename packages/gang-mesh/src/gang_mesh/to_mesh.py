@@ -9,14 +9,15 @@ from typing import cast
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from gang import Gang, Gangs, ReduceOperation
+from gang._torch_groups import alone_group
 from gang.extend import check_values_exchangeable
-from gang.roles import EXPERT_AXES, ROLES
-from gang.topology import flattened_axes
+from gang.topology import MeshDim, mesh_dims
 
-Dim = str | tuple[str, ...]
+Dim = MeshDim
 """An entry of ``dims``: a role, or a tuple of dense roles spanned at once (a flattened dimension)."""
 
 
@@ -29,10 +30,17 @@ def to_device_mesh(gangs: Gangs, dims: Sequence[Dim]) -> DeviceMesh:
 
     The mesh reuses the gangs' own process groups (``mesh.get_group(name)`` *is* the gang's
     ``as_process_group()``); no communicator is created (a flattened dimension's gang is created by
-    :meth:`~gang.Gangs.flatten` once and cached there). It holds global ranks, laid out so that the
-    slice along dimension *i* through this process lists the members of that gang in gang rank
-    order. Processes outside this process's grid (another pipeline stage, say) get the mesh of
-    their own grid, as a sliced ``init_device_mesh`` would.
+    :meth:`~gang.Gangs.flatten` once and cached there). A size-1 gang is a size-1 dimension, as
+    ``init_device_mesh((1, 8))`` gives and torchtitan builds every disabled axis: HSDP configured
+    down to FSDP (``("rdp", "sdp")`` with an ``rdp`` of size 1) needs no special case. Its group
+    holds this process alone, on torch's ``fake`` backend (for one member every collective is the
+    identity, which that backend computes), made once per process without communicating: it costs
+    no communicator, and :func:`~gang_mesh.from_device_mesh` turns it back into a size-1 gang.
+
+    The mesh holds global ranks, laid out so that the slice along dimension *i* through this
+    process lists the members of that gang in gang rank order. Processes outside this process's
+    grid (another pipeline stage, say) get the mesh of their own grid, as a sliced
+    ``init_device_mesh`` would.
 
     Cost: gangs made by the factories know their :attr:`~gang.Gangs.layout`, and the mesh is
     computed from it with no communication (so it works in :func:`gang.testing.dry_run`). For
@@ -57,14 +65,18 @@ def to_device_mesh(gangs: Gangs, dims: Sequence[Dim]) -> DeviceMesh:
         names and tuples of names.
     :raises ValueError: If ``dims`` is empty, names an unknown role or a name twice, flattens roles
         that overlap or are not dense, names dimensions that share a grid axis (such as
-        ``("dp", "rdp")``), names a gang without a process group (such as a size-1
-        :class:`~gang.FakeGang`), or names gangs that do not form a grid.
+        ``("dp", "rdp")``), names a gang of size greater than 1 without a process group, or names
+        gangs that do not form a grid, or if ``gangs.root`` has no torch process group.
     :raises NotSupportedError: In a dry run, for gangs of unknown layout (finding it needs values
         from the other processes).
     """
     names, per_dim = _check_dims(gangs, dims)
-    dim_gangs = [gangs.flatten(*roles) if len(roles) > 1 else getattr(gangs, roles[0]) for roles in per_dim]
-    groups = [gang.as_process_group() for gang in dim_gangs]
+    # A size-1 dimension (a size-1 gang) gets a group of this process alone that costs nothing.
+    dim_gangs = [
+        None if _size(gangs, roles) == 1 else gangs.flatten(*roles) if len(roles) > 1 else getattr(gangs, roles[0])
+        for roles in per_dim
+    ]
+    groups = [alone_group() if gang is None else gang.as_process_group() for gang in dim_gangs]
     layout = gangs.layout
     if layout is not None:
         root_ranks = layout.submesh(gangs.root.rank, per_dim)
@@ -72,26 +84,37 @@ def to_device_mesh(gangs: Gangs, dims: Sequence[Dim]) -> DeviceMesh:
             root_ranks = np.asarray(layout.global_ranks, dtype=np.int64)[root_ranks]
         ranks = torch.from_numpy(root_ranks)
     else:
-        ranks = _gathered_mesh(gangs.root, dim_gangs, names)
+        ranks = _gathered_mesh(gangs.root, dim_gangs, groups, names)
     mesh = DeviceMesh.from_group(groups, gangs.root.device.type, mesh=ranks.to(torch.int), mesh_dim_names=names)
     return GangDeviceMesh.wrap(mesh)
 
 
-def _gathered_mesh(root: Gang, dim_gangs: Sequence[Gang], names: tuple[str, ...]) -> torch.Tensor:
-    """The global ranks of this process's grid, from every process's coordinates (gangs without a layout)."""
+def _size(gangs: Gangs, roles: tuple[str, ...]) -> int:
+    return prod(getattr(gangs, name).size for name in roles)
+
+
+def _gathered_mesh(
+    root: Gang, dim_gangs: Sequence[Gang | None], groups: Sequence[ProcessGroup], names: tuple[str, ...]
+) -> torch.Tensor:
+    """The global ranks of this process's grid, from every process's coordinates (gangs without a layout).
+
+    ``dim_gangs[i]`` is ``None`` for a size-1 dimension (coordinate 0, this process alone).
+    """
     check_values_exchangeable(root, "to_device_mesh (of gangs without a layout)")
     device = root.device
     me = dist.get_rank()
     # The smallest global rank of this process's grid: the minimum along each dimension in turn.
     smallest = torch.tensor([me], dtype=torch.int64, device=device)
     for gang in dim_gangs:
-        gang.all_reduce(smallest, ReduceOperation.MIN)
-    row = torch.tensor([me, int(smallest.item()), *(gang.rank for gang in dim_gangs)], dtype=torch.int64)
+        if gang is not None:
+            gang.all_reduce(smallest, ReduceOperation.MIN)
+    coordinates = (0 if gang is None else gang.rank for gang in dim_gangs)
+    row = torch.tensor([me, int(smallest.item()), *coordinates], dtype=torch.int64)
     table = torch.empty((root.size, row.numel()), dtype=torch.int64, device=device)
     root.all_gather(table, row.to(device))
     rows = table.cpu()
     mine = rows[rows[:, 1] == int(smallest.item())]
-    shape = tuple(gang.size for gang in dim_gangs)
+    shape = tuple(1 if gang is None else gang.size for gang in dim_gangs)
     ranks = torch.full(shape, -1, dtype=torch.int64)
     problem = ""
     coords = mine[:, 2:]
@@ -103,11 +126,11 @@ def _gathered_mesh(root: Gang, dim_gangs: Sequence[Gang], names: tuple[str, ...]
             problem = f"two processes of the grid of rank {me} have the same coordinates along {names}"
         else:
             here = tuple(int(c) for c in coords[(mine[:, 0] == me).nonzero()[0, 0]])
-            for axis, (name, gang) in enumerate(zip(names, dim_gangs, strict=True)):
+            for axis, (name, group) in enumerate(zip(names, groups, strict=True)):
                 index: list[int | slice] = list(here)
                 index[axis] = slice(None)
                 line = ranks[tuple(index)].tolist()
-                members = dist.get_process_group_ranks(gang.as_process_group())
+                members = dist.get_process_group_ranks(group)
                 if line != members:
                     problem = f"the line along {name!r} through rank {me} is {line}, but its gang is {members}"
                     break
@@ -205,54 +228,20 @@ def _check_dims(gangs: Gangs, dims: Sequence[Dim]) -> tuple[tuple[str, ...], lis
     """The mesh dimension names and each dimension's roles; every check that needs no communication."""
     if not isinstance(gangs, Gangs):
         raise TypeError(f"`gangs` must be a `Gangs`, but is of type `{type(gangs).__name__}` instead.")
-    if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence):
-        raise TypeError(f"`dims` must be a sequence of gang names such as ('sdp',), but is {dims!r} instead.")
-    per_dim: list[tuple[str, ...]] = []
-    for entry in dims:
-        roles = (entry,) if isinstance(entry, str) else entry
-        if not isinstance(roles, tuple) or not roles or not all(isinstance(name, str) for name in roles):
-            raise TypeError(
-                f"`dims` must contain only `str` names and non-empty tuples of them, but contains {entry!r} instead."
-            )
-        per_dim.append(roles)
-    if not per_dim:
-        raise ValueError("`dims` must name at least one gang, but is empty instead.")
-    for roles in per_dim:
-        for name in roles:
-            if name not in ROLES:
-                raise ValueError(
-                    f"`dims` must contain only names of `Gangs` fields {ROLES}, but contains {name!r} instead."
-                )
-    names = tuple("_".join(roles) for roles in per_dim)
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise ValueError(f"`dims` must not repeat a name, but repeats {repeated} in {names} instead.")
-    axes: dict[str, str] = {}  # grid axis -> the dimension that spans it
+    names, per_dim = mesh_dims(dims)
     for axis, roles in enumerate(per_dim):
-        spanned = flattened_axes(roles, argument=f"dims[{axis}]")
-        for grid_axis in spanned:
-            if grid_axis in axes:
-                raise ValueError(
-                    f"`dims` must name gangs that form a grid, but {axes[grid_axis]!r} and {names[axis]!r} of {names} "
-                    f"share the grid axis {grid_axis!r} instead."
-                )
-            axes[grid_axis] = names[axis]
-    expert = [axes[axis] for axis in EXPERT_AXES if axis in axes]
-    dense = [axes[axis] for axis in ("rdp", "sdp", "cp") if axis in axes]
-    if expert and dense:
-        raise ValueError(
-            f"`dims` must name gangs that form a grid, but {expert[0]!r} and {dense[0]!r} of {names} both split the "
-            "data and context parallel ranks instead (name the expert roles with `pp` and `tp` only)."
-        )
-    for axis, roles in enumerate(per_dim):
-        size = prod(getattr(gangs, name).size for name in roles)
         gang: Gang = getattr(gangs, roles[0])
-        if size == 1 or not (gang if len(roles) == 1 else gangs.root).supports_process_group:
+        if _size(gangs, roles) > 1 and not (gang if len(roles) == 1 else gangs.root).supports_process_group:
             shown = roles[0] if len(roles) == 1 else roles
             raise ValueError(
                 f"`dims` must name gangs that have a process group, but `dims[{axis}]` is {shown!r} and "
-                f"its gang is {gang!r} instead (a size-1 gang has no process group; leave it out of the mesh)."
+                f"its gang is {gang!r} instead."
             )
+    if not gangs.root.supports_process_group:
+        raise ValueError(
+            f"`gangs.root` must have a torch process group (a mesh lives in torch's default group), but is "
+            f"{gangs.root!r} instead."
+        )
     if gangs.root.device.type == "meta":
         raise ValueError("`gangs.root.device` must be a real device, but is `meta` instead.")
     return names, per_dim

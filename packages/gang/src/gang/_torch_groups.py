@@ -59,6 +59,7 @@ __all__ = [
     "ReduceScatterOptions",
     "StandaloneGroup",
     "Store",
+    "alone_group",
     "TCPStore",
     "at_end_of_backward",
     "backward_pass_id",
@@ -179,6 +180,51 @@ def init_fake_process_group(rank: int, world_size: int) -> ProcessGroup:
     pg = dist.group.WORLD
     assert pg is not None
     return pg
+
+
+_alone: dict[str, Any] = {}
+
+
+def alone_group() -> ProcessGroup:
+    """A process group of this process alone, on torch's ``fake`` backend: what a size-1 mesh dimension holds.
+
+    A ``DeviceMesh`` wants a group for every dimension, a size-1 one too; ``init_device_mesh((1, 8))``
+    creates one group per process for it (on the default backend), torchtitan puts its disabled
+    axes on the ``fake`` backend. With one member every collective is the identity, which is what
+    the ``fake`` backend computes for one member (it copies inputs to outputs and reduces nothing),
+    so this group costs no communicator (no gloo context, no NCCL communicator) and no
+    communication: only this process calls this. One group per default group, made on first use
+    and kept (torch destroys it with the default group).
+
+    :raises ValueError: If the default group is not initialised.
+    """
+    if not dist.is_initialized():
+        raise ValueError("A size-1 mesh dimension needs torch's default process group, but it is not initialised.")
+    default = c10d._get_default_group()
+    world: Any = getattr(c10d, "_world", None)
+    cached = _alone.get("group")
+    if cached is not None and _alone.get("default") is default and (world is None or cached in world.pg_map):
+        group: ProcessGroup = cached
+        return group
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the `fake` backend
+
+    me = dist.get_rank()
+    _alone["count"] = count = _alone.get("count", 0) + 1
+    name = f"gang_alone/{me}/{count}"  # only this process ever uses it
+    helper: Any = getattr(c10d, "_new_process_group_helper", None)
+    pg: object = None
+    if helper is not None and world is not None:
+        with suppress(TypeError):  # the internal signature changed: use the public API below
+            timeout = c10d._get_default_timeout(dist.Backend("fake"))
+            pg, _ = helper(1, 0, [me], dist.Backend("fake"), FakeStore(), name, timeout=timeout, group_desc=name)
+            world.pg_group_ranks[pg] = {me: 0}
+    if pg is None:
+        pg = dist.new_group([me], backend="fake", use_local_synchronization=True)
+    group = _as_group(pg)  # type: ignore[assignment]
+    if group is None:  # Cannot happen: this process is the member.
+        raise AssertionError(f"rank {me} is not in its own group")
+    _alone.update(group=group, default=default)
+    return group
 
 
 def is_fake_backend(pg: ProcessGroup) -> bool:

@@ -76,7 +76,7 @@ def create_parallel_gangs(
     layout = parallel_layout(
         root.size, tp_size=tp_size, pp_size=pp_size, cp_size=cp_size, ep_size=ep_size, global_ranks=global_ranks
     )
-    return Gangs(**_split_by_role(root, layout), layout=layout)
+    return gangs_of_layout(root, layout)
 
 
 def create_fsdp_gangs(gangs: Gangs, intra_node_size: int | None = None) -> Gangs:
@@ -105,6 +105,19 @@ def create_fsdp_gangs(gangs: Gangs, intra_node_size: int | None = None) -> Gangs
         pp, _, _, cp, tp = gangs.layout.shape
         layout = Layout((pp, rdp_size, sdp_size, cp, tp), gangs.layout.ep, gangs.layout.global_ranks)
     return dataclasses.replace(gangs, rdp=split["rdp"], sdp=split["sdp"], layout=layout)
+
+
+def gangs_of_layout(root: Gang, layout: Layout) -> Gangs:
+    """Split ``root``, whose ranks ``layout`` describes, into the gang of every role, as the factories do.
+
+    What the factories and a mesh bridge that reads a layout off a mesh (``gang_jax.from_jax_mesh``)
+    share: size-1 gangs are :class:`FakeGang`, a gang spanning ``root`` is ``root``, roles with the
+    same members share one gang, and the result knows ``layout``. Every member of ``root`` calls
+    it with the same layout.
+
+    :raises ValueError: If ``layout.size != root.size``.
+    """
+    return Gangs(**_split_by_role(root, layout), layout=layout)
 
 
 def _split_by_role(gang: Gang, layout: Layout, roles: Sequence[str] = ROLES) -> dict[str, Gang]:

@@ -3,10 +3,13 @@
 Nothing in this module communicates or touches ``torch.distributed``. The factories in
 :mod:`gang.factories` (through which every kind of gang is split, the JAX gang included) split
 gangs along a :class:`Layout` (:func:`parallel_layout`), whose arithmetic is closed-form: a rank's
-group along any roles costs the size of that group, never the size of the world. The mesh bridge
-``gang_mesh`` builds meshes from a gang's :class:`Layout` and reads a mesh as a :class:`Grid`;
-:func:`role_spans` says which grid dimensions make up each gang of :class:`~gang.Gangs` when
-reading a mesh (how ``dp`` relates to ``rdp`` and ``sdp``). :func:`infer_grid` finds the grid in
+group along any roles costs the size of that group, never the size of the world. Both mesh bridges
+(``gang_mesh`` for torch's ``DeviceMesh``, ``gang_jax`` for JAX's ``Mesh``) build meshes from a
+gang's :class:`Layout` (:func:`mesh_dims` checks what they are asked for) and read a mesh with the
+same rules: :func:`mesh_roles` gives each dimension's role (the names other libraries use
+included), :func:`mesh_spans` which dimensions make up each gang of :class:`~gang.Gangs` (how
+``dp`` relates to ``rdp`` and ``sdp``, with :func:`role_spans`), and :func:`mesh_layout` the
+:class:`Layout` of the whole mesh. :func:`infer_grid` finds the grid in
 gathered member lists.
 
 Vocabulary: a grid's *dimensions* are ``(name, size)`` pairs; when the names are roles of
@@ -23,7 +26,7 @@ from math import prod
 import numpy as np
 
 from gang.extend import check_int
-from gang.roles import DENSE_ROLES, EXPERT_AXES, GRID_AXES, ROLE_TABLE, role
+from gang.roles import ALIASES, DENSE_ROLES, EXPERT_AXES, EXPERT_ROLES, GRID_AXES, ROLE_TABLE, ROLES, role
 
 
 @dataclass(frozen=True)
@@ -588,3 +591,204 @@ def parallel_layout(
     ep_size = check_int("ep_size", ep_size, minimum=1)
     shape = (sizes["pp"], sizes["dp"], 1, sizes["cp"], sizes["tp"])
     return Layout(shape, ep_size, global_ranks)
+
+
+# -- meshes: what both mesh bridges (torch's DeviceMesh, JAX's Mesh) share ---------------------------
+
+MESH_ROLES: tuple[str, ...] = DENSE_ROLES + EXPERT_ROLES
+"""The gang roles a mesh dimension can play."""
+
+MESH_ALIASES: dict[str, str] = {alias.name: alias.role for alias in ALIASES}
+"""Mesh dimension names other libraries use (torchtitan, Megatron-Core) and the role each plays
+(from :data:`gang.roles.ALIASES`)."""
+
+_FOLDS_CP = frozenset(alias.name for alias in ALIASES if alias.folds_cp)
+
+MeshDim = str | tuple[str, ...]
+"""An entry of a bridge's ``dims``: a role, or a tuple of dense roles spanned at once (a flattened dimension)."""
+
+
+def mesh_dims(dims: Sequence[MeshDim]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """Check the ``dims`` of a mesh to build from gangs; return the dimension names and each one's roles.
+
+    An entry is a field of :class:`~gang.Gangs` or a tuple of dense roles (a flattened dimension,
+    named by joining them with ``_``). Every check that needs neither the gangs nor communication.
+
+    :raises TypeError: If ``dims`` is not a sequence of names and non-empty tuples of names.
+    :raises ValueError: If ``dims`` is empty, names an unknown role or a name twice, flattens roles
+        that overlap or are not dense, names dimensions that share a grid axis (such as
+        ``("dp", "rdp")``), or mixes expert roles with ``rdp``, ``sdp`` or ``cp``.
+    """
+    if isinstance(dims, (str, bytes)) or not isinstance(dims, Sequence):
+        raise TypeError(f"`dims` must be a sequence of gang names such as ('sdp',), but is {dims!r} instead.")
+    per_dim: list[tuple[str, ...]] = []
+    for entry in dims:
+        roles = (entry,) if isinstance(entry, str) else entry
+        if not isinstance(roles, tuple) or not roles or not all(isinstance(name, str) for name in roles):
+            raise TypeError(
+                f"`dims` must contain only `str` names and non-empty tuples of them, but contains {entry!r} instead."
+            )
+        per_dim.append(roles)
+    if not per_dim:
+        raise ValueError("`dims` must name at least one gang, but is empty instead.")
+    for roles in per_dim:
+        for name in roles:
+            if name not in ROLES:
+                raise ValueError(
+                    f"`dims` must contain only names of `Gangs` fields {ROLES}, but contains {name!r} instead."
+                )
+    names = tuple("_".join(roles) for roles in per_dim)
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"`dims` must not repeat a name, but repeats {repeated} in {names} instead.")
+    axes: dict[str, str] = {}  # grid axis -> the dimension that spans it
+    for axis, roles in enumerate(per_dim):
+        spanned = flattened_axes(roles, argument=f"dims[{axis}]")
+        for grid_axis in spanned:
+            if grid_axis in axes:
+                raise ValueError(
+                    f"`dims` must name gangs that form a grid, but {axes[grid_axis]!r} and {names[axis]!r} of {names} "
+                    f"share the grid axis {grid_axis!r} instead."
+                )
+            axes[grid_axis] = names[axis]
+    expert = [axes[axis] for axis in EXPERT_AXES if axis in axes]
+    dense = [axes[axis] for axis in ("rdp", "sdp", "cp") if axis in axes]
+    if expert and dense:
+        raise ValueError(
+            f"`dims` must name gangs that form a grid, but {expert[0]!r} and {dense[0]!r} of {names} both split the "
+            "data and context parallel ranks instead (name the expert roles with `pp` and `tp` only)."
+        )
+    return names, per_dim
+
+
+def mesh_roles(dim_names: Sequence[str], names: Mapping[str, str] | None) -> list[str]:
+    """The role each dimension of a mesh plays, from its name, an alias or ``names``.
+
+    ``dp``, ``rdp``, ``sdp``, ``cp``, ``tp``, ``pp``, ``ep`` and ``edp`` play themselves; the names
+    of :data:`MESH_ALIASES` play their role (a name with context parallel folded in, such as
+    torchtitan's ``dp_shard_cp``, plays its data parallel role and cannot come with ``cp``);
+    ``names`` maps any other name (and overrides an alias).
+
+    :param dim_names: The mesh's dimension names, in order.
+    :param names: The caller's map of dimension names to roles (``None``: none).
+    :raises TypeError: If ``names`` is not a mapping of ``str`` to ``str``.
+    :raises ValueError: If a dimension has no role, two dimensions play the same role, a dimension
+        with context parallel folded in comes with ``cp``, or ``names`` holds a key that is not a
+        dimension or a value that is not a role.
+    """
+    if names is None:
+        names = {}
+    if not isinstance(names, Mapping):
+        raise TypeError(f"`names` must be a mapping of mesh dimension names to roles, but is {names!r} instead.")
+    for key, value in names.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"`names` must map `str` to `str`, but maps {key!r} to {value!r} instead.")
+    dim_names = tuple(dim_names)
+    for key, value in names.items():
+        if key not in dim_names:
+            raise ValueError(
+                f"`names` must only map dimensions of `mesh` {dim_names}, but maps {key!r} (to {value!r}) instead."
+            )
+        if value not in MESH_ROLES:
+            raise ValueError(f"`names` must map to roles {MESH_ROLES}, but maps {key!r} to {value!r} instead.")
+    roles: list[str] = []
+    for name in dim_names:
+        found = names.get(name) or (name if name in MESH_ROLES else MESH_ALIASES.get(name))
+        if found is None:
+            raise ValueError(
+                f"`mesh` dimension names must be roles {MESH_ROLES} or {tuple(MESH_ALIASES)}, or be mapped by "
+                f"`names`, but {name!r} of {dim_names} is none of these instead."
+            )
+        if found in roles:
+            raise ValueError(
+                f"`mesh` dimensions must play distinct roles, but {name!r} and "
+                f"{dim_names[roles.index(found)]!r} of {dim_names} both play {found!r} instead."
+            )
+        roles.append(found)
+    folded = [name for name in dim_names if name in _FOLDS_CP and name not in names]
+    if folded and "cp" in roles:
+        raise ValueError(
+            f"`mesh` must not have a `cp` dimension next to {folded[0]!r}, which has context parallel folded in, "
+            f"but its dimensions are {dim_names} instead."
+        )
+    return roles
+
+
+def mesh_spans(roles: Sequence[str], dim_names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Which dimensions, by role, make up each gang of :class:`~gang.Gangs` read from a mesh.
+
+    ``roles`` are the roles of the mesh's dimensions (:func:`mesh_roles`). Dense meshes follow
+    :func:`role_spans`; without expert dimensions ``ep`` has size 1 and ``edp`` spans ``dp`` and
+    ``cp``. On an expert mesh (``ep`` or ``edp``, with ``pp``, ``rdp`` and ``tp`` only) ``edp``
+    spans every data parallel dimension but ``ep``, ``dp`` spans ``rdp``, ``edp`` and ``ep``, and
+    ``sdp`` spans ``edp`` and ``ep``. ``()`` means a gang of size 1.
+
+    :param dim_names: The mesh's dimension names, for error messages.
+    :raises ValueError: If the roles do not fit together (``dp`` with ``rdp`` or ``sdp``; an expert
+        role with ``dp``, ``sdp`` or ``cp``).
+    """
+    roles = list(roles)
+    expert = [name for name in roles if name in EXPERT_ROLES]
+    try:
+        if expert:
+            clash = [name for name in roles if name in ("dp", "sdp", "cp")]
+            if clash:
+                raise ValueError(
+                    f"the expert roles re-factor the data and context parallel ranks, so {expert[0]!r} cannot come "
+                    f"with {clash[0]!r}"
+                )
+
+            def span(*wanted: str) -> tuple[str, ...]:
+                return tuple(name for name in roles if name in wanted)
+
+            return {
+                "root": tuple(roles),
+                "dp": span("rdp", "edp", "ep"),
+                "rdp": span("rdp"),
+                "sdp": span("edp", "ep"),
+                "cp": (),
+                "tp": span("tp"),
+                "pp": span("pp"),
+                "ep": span("ep"),
+                "edp": span("rdp", "edp"),
+            }
+        spans = role_spans(roles)
+    except ValueError as ex:
+        raise ValueError(
+            f"`mesh` must have dimensions whose roles fit together, but its dimensions {tuple(dim_names)} "
+            f"play {tuple(roles)} instead: {ex}"
+        ) from None
+    spans["ep"] = ()
+    spans["edp"] = tuple(name for name in roles if name in spans["dp"] or name in spans["cp"])
+    return spans
+
+
+_MESH_ORDER = ("pp", "dp", "rdp", "sdp", "edp", "ep", "cp", "tp")
+"""The order of the grid (:data:`gang.roles.GRID_AXES`, with ``edp x ep`` in place of ``sdp``) that
+:func:`mesh_layout` lays a mesh's dimensions out in."""
+
+
+def mesh_layout(roles: Sequence[str], shape: Sequence[int], dim_names: Sequence[str]) -> tuple[Layout, tuple[int, ...]]:
+    """The :class:`Layout` of a mesh whose dimensions play ``roles`` and have sizes ``shape``.
+
+    Each axis of the layout is as large as the dimensions its role's gang spans
+    (:func:`mesh_spans`): a ``dp`` dimension is ``rdp`` (``sdp`` of size 1), ``edp`` and ``ep``
+    make ``sdp`` with ``ep`` expert parallel. The root ranks are the mesh's positions in grid
+    order: transposing the mesh's array by the returned ``order`` and flattening it lists them,
+    so the layout's gang of each role is the line of the mesh along its dimensions, in their
+    order (for ``dp`` spanning ``rdp`` and ``sdp``, ``rdp`` slowest).
+
+    :param dim_names: The mesh's dimension names, for error messages.
+    :returns: The layout (root rank *i* is the *i*-th position in grid order; no global ranks)
+        and ``order``, the mesh's dimensions in grid order.
+    :raises ValueError: As :func:`mesh_spans`.
+    """
+    spans = mesh_spans(roles, dim_names)
+    sizes = dict(zip(roles, shape, strict=True))
+
+    def size(role: str) -> int:
+        return prod(sizes[name] for name in spans[role])
+
+    order = tuple(sorted(range(len(roles)), key=lambda axis: _MESH_ORDER.index(roles[axis])))
+    layout = Layout(tuple(size(axis) for axis in GRID_AXES), size("ep"))
+    return layout, order
