@@ -1,0 +1,175 @@
+"""``gang.ft.DiLoCo`` on real processes, judged by state: kills between syncs and mid-exchange,
+a restart and a brand-new replica that heal, ``min_replicas`` unmet, FSDP2 inside a replica.
+
+Each scenario runs ``diloco_workers.py`` replicas through the ``test_ft`` harness (a store
+process, replica processes or torchruns, real SIGKILLs at points the replicas report). After every
+committed sync each member logs its global parameters, its local parameters and its outer
+momentum; the test checks that every member of a sync logged the same, and that they equal
+``diloco_workers.replay`` (DiLoCo from its definition, plain torch, one process) of the committed
+syncs with the same data and membership schedule, bit for bit in float64.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from diloco_workers import FSDP_PROCS, replay
+from test_ft import Cluster
+
+DILOCO_WORKER = Path(__file__).parent / "diloco_workers.py"
+
+
+class DiLoCoCluster(Cluster):
+    """The ``test_ft`` cluster, running ``diloco_workers.py MODE`` instead of ``ft_workers.py``."""
+
+    bulky = ("global", "local", "momentum", "fragment_params")
+
+    def __init__(self, root: Path, mode: str) -> None:
+        self.mode = mode
+        self.script = (str(DILOCO_WORKER), mode)
+        super().__init__(root)
+
+    def syncs(self) -> tuple[list[dict[str, Any]], dict[int, list[tuple[str, int, dict[str, Any]]]]]:
+        """The committed syncs in step order (as the first member logged them) and, per step, every
+        ``(replica, process, event)`` that logged it; checks that the members agree on everything."""
+        by_step: dict[int, list[tuple[str, int, dict[str, Any]]]] = {}
+        for rid, logs in self.logs.items():
+            for log in logs:
+                process = int(log.name.rpartition(".rr")[2]) if ".rr" in log.name else 0
+                for e in self.events(log):
+                    if e["event"] == "sync":
+                        by_step.setdefault(e["step"], []).append((rid, process, e))
+        assert sorted(by_step) == list(range(1, len(by_step) + 1)), sorted(by_step)
+        same = ("quorum", "healed", "averaged", "fragments", "local_steps", "fragment_params")
+        for step, events in by_step.items():
+            first = events[0][2]
+            for rid, process, e in events:
+                assert {k: e[k] for k in same} == {k: first[k] for k in same}, (step, rid, e, first)
+                twin = next(o for _, p, o in events if p == process)
+                for key in ("global", "momentum"):  # processes of equal replica rank hold the same shards
+                    assert e[key] == twin[key], f"step {step}: {key} of replica {rid} differs"
+            logged = sorted((rid, p) for rid, p, _ in events)
+            procs = FSDP_PROCS if self.mode == "fsdp" else 1
+            assert logged == sorted((m, p) for m in first["quorum"] for p in range(procs)), (step, logged)
+        return [by_step[s][0][2] for s in sorted(by_step)], by_step
+
+    def check_replay(self, *, delay: int, alpha: float) -> list[dict[str, Any]]:
+        """Check every member's parameters after every sync against the replay; return the syncs."""
+        syncs, by_step = self.syncs()
+        procs = FSDP_PROCS if self.mode == "fsdp" else 1
+        history = replay(syncs, procs=procs, delay=delay, alpha=alpha)
+        for sync, expected in zip(syncs, history, strict=True):
+            for rid, process, e in by_step[sync["step"]]:
+                want_global = _shard(expected["global"], process, procs)
+                assert torch.equal(torch.tensor(e["global"], dtype=torch.float64), want_global), (
+                    f"step {sync['step']}: global parameters of replica {rid} process {process} differ from the replay"
+                )
+                want_local = _shard(expected["local"][rid], process, procs)
+                assert torch.equal(torch.tensor(e["local"], dtype=torch.float64), want_local), (
+                    f"step {sync['step']}: local parameters of replica {rid} process {process} differ from the replay"
+                )
+        return syncs
+
+
+def _shard(params: list[torch.Tensor], process: int, procs: int) -> torch.Tensor:
+    """Process ``process``'s flat local shards of ``params`` (FSDP2 shards dim 0 in ``procs`` chunks)."""
+    return torch.cat([p.chunk(procs)[process].reshape(-1) for p in params])
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Any]:
+    clusters: list[DiLoCoCluster] = []
+
+    def make(mode: str) -> DiLoCoCluster:
+        clusters.append(DiLoCoCluster(tmp_path, mode))
+        return clusters[-1]
+
+    try:
+        yield make
+        leftovers = [pid for c in clusters for pid in c.leftovers()]
+    finally:
+        for c in clusters:
+            c.close()
+    assert not leftovers, leftovers
+
+
+# Streaming DiLoCo: 2 fragments synced every 4 local steps (fragment 0 after local steps 1, 5, 9,
+# ...; fragment 1 after 3, 7, 11, ...), applied one local step later, half local and half global.
+STREAMING = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2", "FT_DELAY": "1", "FT_ALPHA": "0.5"}
+TIMEOUTS = {"FT_TIMEOUT": "30", "FT_QUORUM_TIMEOUT": "20", "FT_HEARTBEAT_TIMEOUT": "3"}
+
+
+def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(make_cluster: Any) -> None:
+    # Three one-process replicas (min_replicas=2). Replica 1 is SIGKILLed between syncs (before
+    # local step 6) and restarted while the others wait before local step 8: it heals at their
+    # next sync (after local step 9: global parameters, outer momentum, counters) and is left out
+    # of its average. Replica 2 is SIGKILLed inside the exchange after local step 11: that sync is
+    # aborted on 0 and 1 and retried after local step 12. Brand-new replica 3 joins at the sync
+    # after local step 17. Replicas 1 and 3 stop after 20 local steps; replica 0, alone, cannot
+    # form its next quorum: GangError.
+    cluster = make_cluster("one")
+    env = STREAMING | TIMEOUTS
+    plan = {"0": ("step:8,step:16", 24), "1": ("step:6", 20), "2": ("step:8,exchange:11", 24)}
+    for rid, (pause, steps) in plan.items():
+        cluster.start(rid, pause=pause, steps=steps, min_replicas=2, env=env)
+    for rid in plan:
+        cluster.wait(rid, "paused", 1)
+    for rid in plan:
+        cluster.release(rid, "enter", 1)
+    cluster.wait("1", "paused", 6)
+    cluster.signal("1", signal.SIGKILL)
+    for rid in ("0", "2"):
+        cluster.wait(rid, "paused", 8)
+    cluster.start("1", pause="step:16", steps=20, min_replicas=2, env=env)
+    cluster.wait("1", "paused", 1)
+    cluster.release("1", "enter", 1)
+    for rid in ("0", "2"):
+        cluster.release(rid, "step", 8)
+    cluster.wait("2", "paused", 11)
+    cluster.signal("2", signal.SIGKILL)
+    for rid in ("0", "1"):
+        cluster.wait(rid, "paused", 16)
+    cluster.start("3", steps=20, min_replicas=2, env=env)
+    cluster.wait("3", "paused", 1)
+    cluster.release("3", "enter", 1)
+    for rid in ("0", "1"):
+        cluster.release(rid, "step", 16)
+    cluster.finish({"0": 3, "1": 0, "3": 0})
+    error = cluster.wait("0", "error")["error"]
+    assert "min_replicas" in error, error
+
+    syncs = cluster.check_replay(delay=1, alpha=0.5)
+    got = [(s["local_steps"], s["fragments"], s["quorum"], sorted(s["healed"]), s["averaged"]) for s in syncs]
+    all3, survivors, late = ["0", "1", "2"], ["0", "2"], ["0", "1", "3"]
+    assert got == [
+        (0, [], all3, ["1", "2"], ["0"]),  # entering: every replica adopts replica 0's parameters
+        (2, [0], all3, [], all3),
+        (4, [1], all3, [], all3),
+        (6, [0], all3, [], all3),
+        (8, [1], survivors, [], survivors),  # replica 1 was killed before local step 6
+        (10, [0], all3, ["1"], survivors),  # the restarted replica 1 heals and is left out of the average
+        # after local step 11 the exchange failed (replica 2 killed in it): retried one step later
+        (13, [1], ["0", "1"], [], ["0", "1"]),
+        (14, [0], ["0", "1"], [], ["0", "1"]),
+        (16, [1], ["0", "1"], [], ["0", "1"]),
+        (18, [0], late, ["3"], ["0", "1"]),  # brand-new replica 3 heals
+        (20, [1], late, [], late),
+    ], got
+    assert syncs[0]["fragment_params"] == [[0], [1, 2, 3]]  # 1024 bytes, then 128 + 512 + 32
+    assert syncs[1]["bytes"] == 16 * 8 * 8, syncs[1]  # fragment 0: the first weight, float64
+    for rid in ("1", "3"):  # the new incarnations healed before their first sync
+        events = [e["event"] for e in cluster.events(cluster.current(rid)[0])]
+        assert "healed" in events and events.index("healed") < events.index("sync"), (rid, events)
+    # The aborted exchange was logged as an aborted step on the survivors, and nothing of it applied.
+    for rid in ("0", "1"):
+        aborts = [
+            e["ft"]
+            for e in cluster.events(cluster.current(rid)[0])
+            if e["event"] == "ft_log" and e["ft"]["event"] == "abort"
+        ]
+        assert aborts, rid
