@@ -77,7 +77,8 @@ def flat(tensors: list[Tensor]) -> list[float]:
 
 
 def replay(syncs: list[dict[str, Any]], *, procs: int, delay: int, alpha: float) -> list[dict[str, Any]]:
-    """DiLoCo from its definition, in one process and plain torch.
+    """DiLoCo from its definition, in one process and plain torch (it reads of each sync only its
+    local step, fragments, quorum and heals).
 
     Every replica id trains at every local step (those that are not in a quorum are never read),
     each on its own batches; a replica's step averages the gradients of its ``procs`` processes
@@ -143,7 +144,8 @@ def replay(syncs: list[dict[str, Any]], *, procs: int, delay: int, alpha: float)
             for i, g in enumerate(glob):
                 g.grad = None
                 if i in indices:
-                    rows = [g.detach() - params(rid)[i].detach() for rid in sync["averaged"]]
+                    averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
+                    rows = [g.detach() - params(rid)[i].detach() for rid in averaged]
                     total = rows[0].clone()
                     for row in rows[1:]:
                         total.add_(row)

@@ -11,8 +11,11 @@ syncs with the same data and membership schedule, bit for bit in float64.
 
 from __future__ import annotations
 
+import logging
+import re
 import signal
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,11 @@ import pytest
 import torch
 from diloco_workers import FSDP_PROCS, replay
 from test_ft import Cluster
+from torch import nn
+
+from gang import InvalidOperationError
+from gang._torch_groups import TCPStore
+from gang.ft import DiLoCo, LocalSGD, ReplicaGang
 
 DILOCO_WORKER = Path(__file__).parent / "diloco_workers.py"
 
@@ -173,3 +181,153 @@ def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(make_cluste
             if e["event"] == "ft_log" and e["ft"]["event"] == "abort"
         ]
         assert aborts, rid
+
+
+def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: Any) -> None:
+    # Three replicas of 2 processes (one torchrun each), each sharding the model with fully_shard
+    # on gang_mesh.fsdp_mesh; each process averages its own shards with the process of equal
+    # replica rank. Replica rank 1 of replica 1 is SIGKILLed between syncs (before local step 6;
+    # its torchrun ends the replica) and the replica restarted: each of its processes heals from
+    # the process of equal replica rank (shards of the global parameters and of the outer
+    # momentum). Replica rank 0 of replica 2 is SIGKILLed inside the exchange after local step 11.
+    cluster = make_cluster("fsdp")
+    env = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2"} | TIMEOUTS
+    plan = {"0": "step:8", "1": "step:6", "2": "step:8,exchange:11@0"}
+    for rid, pause in plan.items():
+        cluster.start(rid, pause=pause, steps=16, nproc=2, env=env)
+    for rid in plan:
+        cluster.wait(rid, "paused", 1)
+    for rid in plan:
+        cluster.release(rid, "enter", 1)
+    cluster.wait("1", "paused", 6)
+    cluster.signal("1", signal.SIGKILL, rank=1)
+    for rid in ("0", "2"):
+        cluster.wait(rid, "paused", 8)
+    cluster.start("1", steps=16, nproc=2, env=env)
+    cluster.wait("1", "paused", 1)
+    cluster.release("1", "enter", 1)
+    for rid in ("0", "2"):
+        cluster.release(rid, "step", 8)
+    cluster.wait("2", "paused", 11, rank=0)
+    cluster.signal("2", signal.SIGKILL, rank=0)
+    cluster.finish({"0": 0, "1": 0})
+
+    syncs = cluster.check_replay(delay=0, alpha=0.0)
+    got = [(s["local_steps"], s["fragments"], s["quorum"], sorted(s["healed"]), s["averaged"]) for s in syncs]
+    all3, survivors, pair = ["0", "1", "2"], ["0", "2"], ["0", "1"]
+    assert got == [
+        (0, [], all3, ["1", "2"], ["0"]),
+        (2, [0], all3, [], all3),
+        (4, [1], all3, [], all3),
+        (6, [0], all3, [], all3),
+        (8, [1], survivors, [], survivors),
+        (10, [0], all3, ["1"], survivors),
+        (13, [1], pair, [], pair),
+        (14, [0], pair, [], pair),
+        (16, [1], pair, [], pair),
+    ], got
+    for log in cluster.current("1"):  # both processes of the restarted replica healed before their first sync
+        events = [e["event"] for e in cluster.events(log)]
+        assert "healed" in events and events.index("healed") < events.index("sync"), (log.name, events)
+
+
+@pytest.fixture
+def solo() -> Iterator[ReplicaGang]:
+    """One replica alone, with its store in this process: argument checks and the schedule without faults."""
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    g = ReplicaGang.join(
+        replica_id="solo",
+        store=f"127.0.0.1:{server.port}",
+        state_dict=dict,
+        load_state_dict=lambda state: None,
+        timeout=timedelta(seconds=30),
+    )
+    try:
+        yield g
+    finally:
+        g.close()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 4)).double()
+
+
+def test_bad_arguments_are_refused_before_any_sync(solo: ReplicaGang) -> None:
+    model = _model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    outer = torch.optim.SGD(model.parameters(), lr=0.7)
+    good: dict[str, Any] = {"sync_every": 4}
+    cases: list[tuple[dict[str, Any], tuple[Any, ...], type[Exception], str]] = [
+        ({}, (object(), model, sgd, outer), TypeError, "`rg` must be a `ReplicaGang`, but is of type `object`"),
+        ({}, (solo, "m", sgd, outer), TypeError, "`module` must be a `torch.nn.Module`, but is of type `str`"),
+        ({}, (solo, model, None, outer), TypeError, "`inner_optimizer` must be a `torch.optim.Optimizer`"),
+        ({}, (solo, model, sgd, 1), TypeError, "`outer_optimizer` must be a `torch.optim.Optimizer`, but is of type"),
+        ({}, (solo, model, sgd, sgd), ValueError, "`outer_optimizer` must not be `inner_optimizer`"),
+        ({}, (solo, nn.Tanh(), sgd, outer), ValueError, "`module` must have parameters, but Tanh has none"),
+        ({"sync_every": 0}, (), ValueError, "`sync_every` must be at least 1, but is 0 instead"),
+        ({"sync_every": True}, (), TypeError, "`sync_every` must be an `int`, but is True"),
+        ({"fragments": 5}, (), ValueError, "`fragments` must be at most `sync_every` (4) and the number of parameters"),
+        ({"fragments": 2, "fragment_sync_delay": 2}, (), ValueError, "`fragment_sync_delay` must be less than"),
+        ({"fragment_sync_delay": -1}, (), ValueError, "`fragment_sync_delay` must be at least 0, but is -1"),
+        ({"fragment_update_alpha": 1.5}, (), ValueError, "`fragment_update_alpha` must be in [0, 1], but is 1.5"),
+        ({"fragment_update_alpha": "0"}, (), TypeError, "`fragment_update_alpha` must be a `float`, but is '0'"),
+    ]
+    for changes, args, error, text in cases:
+        with pytest.raises(error, match=re.escape(text)):
+            DiLoCo(*(args or (solo, model, sgd, outer)), **(good | changes))
+    foreign = torch.optim.SGD(_model().parameters(), lr=0.7)
+    with pytest.raises(ValueError, match=re.escape("must be built over `module.parameters()`, but holds 4 parameter")):
+        DiLoCo(solo, model, sgd, foreign, sync_every=4)
+    with pytest.raises(
+        TypeError, match=re.escape("`optimizer` must be a `torch.optim.Optimizer`, but is of type `int`")
+    ):
+        LocalSGD(solo, model, 3, sync_every=4)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=re.escape("`state_dict` must have the keys ['global', 'outer']")):
+        DiLoCo(solo, model, sgd, outer, sync_every=4).load_state_dict({"local_step": 0, "due": [], "pending": []})
+    assert solo.step_number == 0  # nothing ran a step
+
+
+def test_schedule_alone_state_dict_and_local_sgd(solo: ReplicaGang, caplog: pytest.LogCaptureFixture) -> None:
+    # One replica: the schedule of 2 fragments every 4 local steps, the outer step from its
+    # definition (against a twin model trained without DiLoCo), the sync log, a checkpoint round
+    # trip, and LocalSGD's syncs.
+    caplog.set_level(logging.INFO, logger="gang.ft")
+    model, twin = _model(), _model()
+    sgd, twin_sgd = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
+    outer = torch.optim.SGD(model.parameters(), lr=0.5)
+    x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def train(m: nn.Module, opt: torch.optim.Optimizer) -> None:
+        opt.zero_grad()
+        m(x).square().sum().backward()  # type: ignore[no-untyped-call]
+        opt.step()
+
+    diloco = DiLoCo(solo, model, sgd, outer, sync_every=4, fragments=2)
+    with diloco:
+        assert diloco.fragments == [[0, 1], [2, 3]] and solo.step_number == 1  # entering is one step
+        with pytest.raises(InvalidOperationError, match="already entered"):
+            diloco.__enter__()
+        start = [p.detach().clone() for p in model.parameters()]
+        for _ in range(2):
+            train(model, sgd)
+            train(twin, twin_sgd)
+        assert solo.step_number == 2 and diloco.local_step == 2  # fragment 0 after local step 1
+        after = [p.detach() for p in model.parameters()]
+        for i, (g, local) in enumerate(zip(start, twin.parameters(), strict=True)):
+            expected = g.clone().add_(g - local.detach(), alpha=-0.5) if i < 2 else local.detach()
+            assert torch.equal(after[i], expected), i
+        saved = diloco.state_dict()
+        assert torch.equal(saved["global"][0], after[0]) and torch.equal(saved["global"][2], start[2])
+    train(model, sgd)  # outside `with`: no hook, no count
+    assert diloco.local_step == 2 and solo.step_number == 2
+    restored = DiLoCo(solo, model, sgd, torch.optim.SGD(model.parameters(), lr=0.5), sync_every=4, fragments=2)
+    restored.load_state_dict(saved)
+    assert restored.local_step == 2 and restored.state_dict()["due"] == []
+    syncs = [r.gang_ft for r in caplog.records if getattr(r, "gang_ft", {}).get("event") == "sync"]  # type: ignore[attr-defined]
+    assert [(s["local_steps"], s["fragments"], s["averaged"]) for s in syncs] == [(0, [], ["solo"]), (2, [0], ["solo"])]
+    assert syncs[1]["bytes"] == (8 * 4 + 8) * 8, syncs[1]
+    with LocalSGD(solo, model, sgd, sync_every=3) as local_sgd:  # step_number > 0: no entering step
+        for _ in range(6):
+            train(model, sgd)
+    assert local_sgd.local_step == 6 and solo.step_number == 4
