@@ -2,8 +2,9 @@
 
 As a replica (``GANG_FT_STORE`` and ``GANG_FT_REPLICA_ID`` set, as a launcher of the replica sets
 them): :func:`train` joins the job and trains its own copy of the model with AdamW inside
-streaming DiLoCo until ``--steps`` local steps are done and every replica is back in the quorum (2 fragments, each synchronised every 8 local steps through
-the replica gang, applied by an outer SGD with Nesterov momentum). Every sync is printed from the
+streaming DiLoCo (2 fragments, each synchronised every 8 local steps through the replica gang,
+applied by an outer SGD with Nesterov momentum) until ``--steps`` local steps are done and every
+replica is back in the quorum. Every sync is printed from the
 ``gang.ft`` logger's ``sync`` record (fragment, quorum, members averaged, bytes).
 
 Run as is (``python examples/diloco.py``): :func:`run_local_job` starts the coordination store and
@@ -63,8 +64,8 @@ class PrintSyncs(logging.Handler):
         fields = getattr(record, "gang_ft", {})
         if fields.get("event") == "sync" and fields["fragments"]:
             print(
-                f"sync {fields['step']:3d} after {fields['local_steps']:3d} local steps: fragment {fields['fragments']} "
-                f"averaged over {fields['averaged']} of {fields['quorum']}, {fields['bytes']} bytes"
+                f"sync {fields['step']:3d} after {fields['local_steps']:3d} local steps: "
+                f"fragment {fields['fragments']} averaged over {fields['averaged']} of {fields['quorum']}, {fields['bytes']} bytes"
             )
         elif fields.get("event") == "heal" and fields.get("source") != fields.get("replica"):
             print(f"healed from replica {fields['source']!r}: {fields['bytes']} bytes")
