@@ -65,7 +65,8 @@ class PrintSyncs(logging.Handler):
         if fields.get("event") == "sync" and fields["fragments"]:
             print(
                 f"sync {fields['step']:3d} after {fields['local_steps']:3d} local steps: "
-                f"fragment {fields['fragments']} averaged over {fields['averaged']} of {fields['quorum']}, {fields['bytes']} bytes"
+                f"fragment {fields['fragments']} averaged over {fields['averaged']} of {fields['quorum']}, "
+                f"{fields['bytes']} bytes"
             )
         elif fields.get("event") == "heal" and fields.get("source") != fields.get("replica"):
             print(f"healed from replica {fields['source']!r}: {fields['bytes']} bytes")
