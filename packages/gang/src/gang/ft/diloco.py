@@ -27,8 +27,9 @@ How a sync goes (one ``rg.step()``):
    sync is retried after the next local step with the survivors (its pseudo-gradient then spans
    one more step).
 
-Every committed sync is logged on the ``gang.ft`` logger (event ``sync``: step, local step,
-fragments, quorum, the members averaged, bytes sent, seconds).
+Every committed sync is logged on the ``gang.ft`` logger (event ``sync``: ``step``,
+``local_steps``, ``fragments``, ``quorum``, ``healed``, ``averaged``, ``bytes`` this process
+contributed, ``seconds``). The guide is ``docs/diloco.rst``.
 """
 
 from __future__ import annotations
