@@ -104,7 +104,7 @@ def breakdown_cases(gang: ProcessGroupGang) -> dict[str, Call]:
         "dist(pg)": lambda: dist.all_reduce(t[1], total, group=pg),
         "c10d": lambda: pg.allreduce([t[2]], opts).wait(),
         "c10d+opts": lambda: pg.allreduce([t[3]], fresh_opts()).wait(),
-        "gang._all_reduce": lambda: gang._all_reduce(t[4], ReduceOperation.SUM),
+        "gang._all_reduce": lambda: gang._all_reduce(t[4], ReduceOperation.SUM, False),
         "gang.all_reduce": lambda: gang.all_reduce(t[5], ReduceOperation.SUM),
         "dist(pg)+1us": after(1e-6, t[6]),
         "dist(pg)+3us": after(3e-6, t[7]),

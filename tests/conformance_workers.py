@@ -22,7 +22,16 @@ import torch.distributed as dist
 from core_workers import try_call
 from torch import Tensor
 
-from gang import FakeGang, Gang, Gangs, NotSupportedError, ReduceOperation, create_fsdp_gangs, create_parallel_gangs
+from gang import (
+    FakeGang,
+    Gang,
+    Gangs,
+    NotSupportedError,
+    ReduceOperation,
+    create_fsdp_gangs,
+    create_parallel_gangs,
+    exchange_rows,
+)
 from gang._torch_groups import TCPStore
 from gang.ft import ReplicaGang
 from gang_jax import JaxGang
@@ -34,6 +43,9 @@ DTYPES = {
     "int64": torch.int64,
     "bfloat16": torch.bfloat16,
 }
+
+TRAFFIC_DTYPES = [*DTYPES.values(), torch.complex64, torch.bool, torch.uint8]
+"""The dtypes every traffic case moves, in one run: what reductions allow and what only moves as bytes."""
 
 Body = Callable[[], Any]
 _GANG_REPR = re.compile(r"\b\w*Gang\(rank=")  # the start of a gang's repr, in an error message
@@ -58,6 +70,10 @@ class GangKind:
         path; a ReplicaGang's reduce-scatter is a gloo all_reduce of every row, as at any size).
     :param subgangs: Whether the gang makes sub-gangs (``create_gang``, ``split`` and the parallel
         layouts built on them); the cases that need them are skipped for a gang that refuses them.
+    :param traffic: Whether the gang runs point-to-point transfers and uneven rows (``send``,
+        ``recv``, ``send_recv``, ``all_to_all_uneven``, :func:`gang.exchange_rows`); where not,
+        each must raise :class:`~gang.NotSupportedError` naming the method (its argument checks
+        still run first, as the bad-call catalogue shows).
     :param call: ``call(gang, body)`` runs one case's body (every use of the gang in that case,
         its ``rank`` and ``size`` included) and returns what ``body()`` returned; it checks
         whatever the gang promises around a call (a :class:`~gang.ft.ReplicaGang`: a committed step).
@@ -68,6 +84,7 @@ class GangKind:
     objects: bool = True
     large: bool = True
     subgangs: bool = True
+    traffic: bool = True
     call: Callable[[Gang, Body], Any] = _directly
 
 
@@ -113,12 +130,12 @@ def _in_a_committed_step(g: Gang, body: Body) -> Any:
 
 
 GANGS: dict[str, GangKind] = {
-    "jax": GangKind(lambda _: JaxGang.create_default(isolated=False)),
-    "jax-isolated": GangKind(lambda _: JaxGang.create_default(isolated=True)),
+    "jax": GangKind(lambda _: JaxGang.create_default(isolated=False), traffic=False),
+    "jax-isolated": GangKind(lambda _: JaxGang.create_default(isolated=True), traffic=False),
     "fake": GangKind(
         lambda pg: FakeGang(pg.device, rank=pg.rank, size=pg.size), same_data=True, objects=False, large=False
     ),
-    "replica": GangKind(_join_replicas, large=False, subgangs=False, call=_in_a_committed_step),
+    "replica": GangKind(_join_replicas, large=False, subgangs=False, traffic=False, call=_in_a_committed_step),
 }
 """The gangs compared with the reference, by name (the suite's test ids)."""
 
@@ -240,6 +257,167 @@ def _run_one(
         g.broadcast(t, source)
         return t
     raise ValueError(f"`kind` must name a collective, but is {kind!r} instead.")
+
+
+# -- traffic: point-to-point, uneven rows, handles ------------------------------------------------
+
+
+TRAFFIC_KINDS = ("ring", "pairs", "uneven", "uneven_empty", "exchange_rows")
+"""The traffic cases that need point-to-point transfers or uneven rows (an entry's ``traffic``)."""
+
+
+def run_traffic(pg: Gang, name: str, kind: str) -> dict[str, Any]:
+    """Run the traffic case ``kind`` in every dtype of :data:`TRAFFIC_DTYPES` on both gangs; return both.
+
+    For an entry without ``traffic``, the tested gang's outcome of a case of
+    :data:`TRAFFIC_KINDS` is the text of the :class:`~gang.NotSupportedError` it raised.
+    """
+
+    def body(g: Gang) -> Any:
+        try:
+            return [_traffic_case(g, kind, dtype, lambda r: _data_rank(name, r)) for dtype in TRAFFIC_DTYPES]
+        except NotSupportedError as ex:
+            if g is pg or GANGS[name].traffic or kind not in TRAFFIC_KINDS:
+                raise
+            return f"NotSupportedError: {ex}"
+
+    return _run_both(pg, name, body)
+
+
+def _sent(data_rank: int, shape: tuple[int, ...], dtype: torch.dtype, tag: int) -> Tensor:
+    """What rank ``data_rank`` sends in a traffic case (``tag`` tells its transfers apart)."""
+    values = make_input(data_rank, shape, dtype, None)
+    return values if dtype == torch.bool else values + tag
+
+
+def _rows_to(rank: int, dest: int, empty: bool) -> int:
+    """How many rows ``rank`` sends ``dest`` in the uneven cases: 0, 1 or 2 (none to or from rank 0 if ``empty``)."""
+    return 0 if empty and 0 in (rank, dest) else (rank + 2 * dest) % 3
+
+
+def _traffic_case(g: Gang, kind: str, dtype: torch.dtype, data_rank: Callable[[int], int]) -> Any:
+    """One traffic case on ``g`` in ``dtype``; ``data_rank(r)`` is the rank whose inputs rank ``r`` uses.
+
+    A receive buffer starts as what this rank itself would send: a gang that assumes equal data
+    (``FakeGang``) leaves it so, which a real gang on equal data then also gives.
+    """
+    rank, size, shape = g.rank, g.size, (2, 3)
+    mine = data_rank(rank)
+    if kind == "ring":  # shift forward (and, with more than two ranks, backward too), listed in any order
+        nxt, prv = (rank + 1) % size, (rank - 1) % size
+        sends = [(_sent(mine, shape, dtype, 1), nxt)]
+        recvs = [(_sent(mine, shape, dtype, 1), prv)]
+        if size > 2:
+            sends.append((_sent(mine, shape, dtype, 2), prv))
+            recvs.append((_sent(mine, shape, dtype, 2), nxt))
+        g.send_recv(sends[::-1] if rank % 2 else sends, recvs[::-1] if rank % 3 == 1 else recvs)
+        return [t for t, _ in recvs]  # from the previous rank first
+    if kind == "pairs":  # blocking send and recv between ranks 2k and 2k + 1, in both directions
+        peer = rank ^ 1
+        out = _sent(mine, (4,), dtype, 3)
+        if rank % 2 == 0:
+            g.send(_sent(mine, (4,), dtype, 3), peer)
+            g.recv(out, peer)
+        else:
+            g.recv(out, peer)
+            g.send(_sent(mine, (4,), dtype, 3), peer)
+        return out
+    if kind in ("uneven", "uneven_empty", "exchange_rows"):
+        empty = kind == "uneven_empty"
+        input_splits = [_rows_to(mine, j, empty) for j in range(size)]
+        output_splits = [_rows_to(data_rank(i), rank, empty) for i in range(size)]
+        inp = _sent(mine, (sum(input_splits), *shape), dtype, 4)
+        if kind == "exchange_rows":
+            output, splits = exchange_rows(g, inp, input_splits)
+            assert splits == output_splits, (splits, output_splits)
+            return output
+        output = torch.full((sum(output_splits), *shape), 7).to(dtype)
+        g.all_to_all_uneven(output, inp, output_splits, input_splits)
+        return output
+    if kind == "async":
+        return _async_case(g, dtype, mine, data_rank)
+    raise ValueError(f"`kind` must name a traffic case, but is {kind!r} instead.")
+
+
+def _async_case(g: Gang, dtype: torch.dtype, mine: int, data_rank: Callable[[int], int]) -> list[Tensor]:
+    """Start every operation that takes ``async_op`` at once, then wait for them in reverse order.
+
+    The reductions run only where ``dtype`` allows them; point-to-point and uneven rows only where the
+    gang has them (the other collectives run on every gang).
+    """
+    rank, size = g.rank, g.size
+    reducible = dtype in DTYPES.values()
+    outputs: list[Tensor] = []
+    works = []
+    if reducible:
+        t = make_input(mine, (5,), dtype, None)
+        works.append(g.all_reduce(t, ReduceOperation.SUM, async_op=True))
+        rs = torch.empty(3, dtype=dtype)
+        works.append(g.reduce_scatter(rs, make_input(mine, (size, 3), dtype, None), ReduceOperation.MAX, async_op=True))
+        outputs += [t, rs]
+    gathered = torch.empty(size, 4, dtype=dtype)
+    works.append(g.all_gather(gathered, _sent(mine, (4,), dtype, 5), async_op=True))
+    exchanged = torch.empty(size, 2, dtype=dtype)
+    works.append(g.all_to_all(exchanged, _sent(mine, (size, 2), dtype, 6), async_op=True))
+    b = _sent(mine, (3,), dtype, 7)
+    works.append(g.broadcast(b, size - 1, async_op=True))
+    outputs += [gathered, exchanged, b]
+    if _has_traffic(g):
+        nxt, prv = (rank + 1) % size, (rank - 1) % size
+        ring = _sent(mine, (2,), dtype, 8)
+        works.append(g.send_recv([(_sent(mine, (2,), dtype, 8), nxt)], [(ring, prv)], async_op=True))
+        splits_in = [_rows_to(mine, j, False) for j in range(size)]
+        splits_out = [_rows_to(data_rank(i), rank, False) for i in range(size)]
+        rows = torch.full((sum(splits_out), 2), 7).to(dtype)
+        works.append(
+            g.all_to_all_uneven(rows, _sent(mine, (sum(splits_in), 2), dtype, 9), splits_out, splits_in, async_op=True)
+        )
+        peer = rank ^ 1
+        if peer < size:
+            single = _sent(mine, (3,), dtype, 10)
+            if rank % 2 == 0:
+                works.append(g.send(_sent(mine, (3,), dtype, 10), peer, async_op=True))
+                works.append(g.recv(single, peer, async_op=True))
+            else:
+                works.append(g.recv(single, peer, async_op=True))
+                works.append(g.send(_sent(mine, (3,), dtype, 10), peer, async_op=True))
+            outputs.append(single)
+        outputs += [ring, rows]
+    for i, work in enumerate(reversed(works)):
+        work.wait(timeout=60.0 if i % 2 else None)  # a bounded wait that is long enough, and an unbounded one
+        assert work.is_completed(), work
+    return outputs
+
+
+def sent_by(rank: int, kind: str) -> Tensor:
+    """What ``rank`` sends forward in the float32 ``ring`` case (on the reference, inputs are per rank)."""
+    assert kind == "ring"
+    return _sent(rank, (2, 3), torch.float32, 1)
+
+
+def expected_uneven(rank: int, size: int) -> Tensor:
+    """What ``rank`` receives in the float32 ``uneven`` case: each rank's block for it, in rank order."""
+    blocks = []
+    for i in range(size):
+        splits = [_rows_to(i, j, False) for j in range(size)]
+        start = sum(splits[:rank])
+        blocks.append(_sent(i, (sum(splits), 2, 3), torch.float32, 4)[start : start + splits[rank]])
+    return torch.cat(blocks)
+
+
+def run_reference_traffic(pg: Gang) -> dict[str, Tensor]:
+    """The float32 ``ring`` and ``uneven`` cases on the reference gang alone, each rank with its own inputs."""
+    return {
+        kind: _traffic_case(pg, kind, torch.float32, lambda r: r)[0]
+        if kind == "ring"
+        else _traffic_case(pg, kind, torch.float32, lambda r: r)
+        for kind in ("ring", "uneven")
+    }
+
+
+def _has_traffic(g: Gang) -> bool:
+    """Whether ``g`` runs point-to-point transfers and uneven rows (its entry's ``traffic``, or the reference)."""
+    return next((kind.traffic for n, kind in GANGS.items() if _MADE.get(n) is g), True)
 
 
 def run_on_subgangs(pg: Gang, name: str, how: str) -> dict[str, Any]:

@@ -147,6 +147,42 @@ def test_broadcast_objects(world: World, name: str) -> None:
         assert r["reference"] == r["tested"] == [{"from": world.world_size - 1}, "x" * 1000]
 
 
+@pytest.mark.parametrize("kind", [*cw.TRAFFIC_KINDS, "async"])
+def test_traffic(world: World, name: str, kind: str) -> None:
+    # Point-to-point (a ring listed in any order, blocking pairs), uneven rows (with ranks that send
+    # and receive nothing), exchange_rows and every operation with async_op=True, in every dtype of
+    # TRAFFIC_DTYPES in one run. An entry without `traffic` must refuse the first four by name.
+    results = world.run(cw.run_traffic, name, kind)
+    if kind in cw.TRAFFIC_KINDS and not cw.GANGS[name].traffic:
+        methods = {"ring": ["send_recv"], "pairs": ["send", "recv"], "exchange_rows": ["all_to_all_uneven"]}
+        for rank, r in enumerate(results):
+            method = methods.get(kind, ["all_to_all_uneven"])[rank % 2 if kind == "pairs" else 0]
+            assert str(r["tested"]).startswith(f"NotSupportedError: `{method}`"), r["tested"]
+        results = [{"reference": r["reference"], "tested": r["reference"]} for r in results]
+    elif not cw.GANGS[name].traffic:  # "async": the collectives come first, then the traffic the gang lacks
+        results = [
+            {
+                "reference": [a[: len(b)] for a, b in zip(r["reference"], r["tested"], strict=True)],
+                "tested": r["tested"],
+            }
+            for r in results
+        ]
+    for r in results:
+        for dtype, reference, tested in zip(cw.TRAFFIC_DTYPES, r["reference"], r["tested"], strict=True):
+            _assert_same([{"reference": reference, "tested": tested}])
+            assert (reference if isinstance(reference, list) else [reference])[0].dtype == dtype
+
+
+def test_traffic_results_are_not_trivial(world: World) -> None:
+    # Guards the traffic suite itself: on the reference, a ring receives what the previous rank sent
+    # (not the buffer's start, this rank's own) and uneven rows arrive from their senders in rank order.
+    size = world.world_size
+    for rank, r in enumerate(world.run(cw.run_reference_traffic)):
+        assert torch.equal(r["ring"], cw.sent_by((rank - 1) % size, "ring")), rank
+        assert not torch.equal(r["ring"], cw.sent_by(rank, "ring")), rank
+        assert torch.equal(r["uneven"], cw.expected_uneven(rank, size)), rank
+
+
 def test_bad_calls_raise_what_the_reference_raises(world: World, name: str) -> None:
     # Every bad call of the catalogue raises the same exception with the same text on the tested gang
     # as on the reference, before any communication (an all_reduce after each proves no rank waits).

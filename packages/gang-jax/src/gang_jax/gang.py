@@ -11,7 +11,7 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import override
 
-from gang import Gang, InvalidOperationError, NotSupportedError, ReduceOperation
+from gang import Gang, InvalidOperationError, NotSupportedError, ReduceOperation, Work
 from gang.extend import check_int, check_rank, check_timeout, guard
 from gang_jax._collectives import Communicator
 from gang_jax._engine import Engine, LocalEngine, start_runtime, stop_runtime
@@ -202,14 +202,16 @@ class JaxGang(Gang):
             self._engine.barrier()
 
     @override
-    def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
+    def _all_reduce(self, tensor: Tensor, op: ReduceOperation, async_op: bool) -> Work | None:
         with guard("all_reduce", self):
             self._engine.all_reduce(tensor, op)
+        return None
 
     @override
-    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
         with guard("all_gather", self):
             self._engine.all_gather(output_tensor, input_tensor)
+        return None
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
@@ -220,19 +222,24 @@ class JaxGang(Gang):
             out.copy_(row)
 
     @override
-    def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
+    def _reduce_scatter(
+        self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation, async_op: bool
+    ) -> Work | None:
         with guard("reduce_scatter", self):
             self._engine.reduce_scatter(output_tensor, input_tensor, op)
+        return None
 
     @override
-    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
         with guard("all_to_all", self):
             self._engine.all_to_all(output_tensor, input_tensor)
+        return None
 
     @override
-    def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
+    def _broadcast(self, tensor: Tensor, source_rank: int, async_op: bool) -> Work | None:
         with guard("broadcast", self):
             self._engine.broadcast(tensor, source_rank)
+        return None
 
     @override
     def _close(self) -> None:

@@ -31,9 +31,10 @@ from gang.factories import (
 from gang.fake import FakeGang
 from gang.gang import Gang, ReduceOperation
 from gang.gangs import Gangs, maybe_get_current_gangs
-from gang.helpers import all_gather_objects, all_reduce_dict, all_sum, broadcast_flag
+from gang.helpers import all_gather_objects, all_reduce_dict, all_sum, broadcast_flag, exchange_rows
 from gang.process_group import ProcessGroupGang
 from gang.topology import Grid
+from gang.work import Work
 
 __version__ = "0.1.0"
 
@@ -48,6 +49,7 @@ __all__ = [
     "OperationalError",
     "ProcessGroupGang",
     "ReduceOperation",
+    "Work",
     "all_gather_objects",
     "all_reduce_dict",
     "all_sum",
@@ -56,6 +58,7 @@ __all__ = [
     "create_fake_gangs",
     "create_fsdp_gangs",
     "create_parallel_gangs",
+    "exchange_rows",
     "get_default_device",
     "get_local_rank",
     "get_local_world_size",

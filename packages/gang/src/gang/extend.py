@@ -1,7 +1,10 @@
 """Building blocks for implementing a kind of gang outside this package.
 
 A new kind of gang subclasses :class:`gang.Gang`, passes its ``rank``, ``size`` and ``device`` to
-``Gang.__init__`` and implements the protected methods (``_all_reduce``, ``_split``, ...). The
+``Gang.__init__`` and implements the protected methods (``_all_reduce(tensor, op, async_op)``,
+``_send_recv(sends, recvs, async_op, operation)``, ``_split``, ...; those that take ``async_op``
+return a :class:`gang.Work`, or ``None`` once the operation is done: see "Adding a kind of gang" in
+``docs/contributing.rst``). The
 public methods of :class:`~gang.Gang` already check their arguments; this module holds those same
 checks and the error builders for the code a gang adds around them (a factory, a JAX-native
 collective, a fault-tolerant wrapper), so that every gang rejects bad input, and reports a failed
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import numbers
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
 from typing import Literal, Protocol, final
@@ -47,6 +50,7 @@ __all__ = [
     "check_op",
     "check_open",
     "check_rank",
+    "check_splits",
     "check_timeout",
     "check_values_exchangeable",
     "guard",
@@ -159,6 +163,28 @@ def check_rank(name: str, value: object, size: int) -> int:
     if not 0 <= rank < size:
         raise ValueError(f"`{name}` must be in the range [0, {size}), but is {rank} instead.")
     return rank
+
+
+def check_splits(name: str, splits: object, size: int, rows: int, tensor_name: str) -> list[int]:
+    """Return ``splits`` as a list if it holds ``size`` non-negative integers that sum to ``rows``.
+
+    The split sizes of an uneven all-to-all (:meth:`gang.Gang.all_to_all_uneven`,
+    :func:`gang.exchange_rows`): rows of ``tensor_name`` (dim 0) per rank.
+
+    :raises TypeError: If ``splits`` is not a sequence, or an entry not an integer.
+    :raises ValueError: If it has not ``size`` entries, an entry is negative, or they do not sum to ``rows``.
+    """
+    if isinstance(splits, (str, bytes)) or not isinstance(splits, Sequence):
+        raise TypeError(f"`{name}` must be a sequence of `int`, but is {splits!r} instead.")
+    if len(splits) != size:
+        raise ValueError(f"`{name}` must have {size} entries (the gang size), but has {len(splits)} instead.")
+    checked = [check_int(f"{name}[{i}]", n, minimum=0) for i, n in enumerate(splits)]
+    if sum(checked) != rows:
+        raise ValueError(
+            f"`{name}` must sum to the {rows} rows (dim 0) of `{tensor_name}`, "
+            f"but {checked} sums to {sum(checked)} instead."
+        )
+    return checked
 
 
 def check_dtype(name: str, dtype: torch.dtype) -> None:

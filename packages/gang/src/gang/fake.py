@@ -12,6 +12,7 @@ from typing_extensions import override
 from gang.errors import NotSupportedError
 from gang.extend import pickle_or_error
 from gang.gang import Gang, ReduceOperation, _unpicklable_objects
+from gang.work import Work
 
 
 @final
@@ -21,8 +22,11 @@ class FakeGang(Gang):
     It assumes every simulated rank holds the same data as this one, so a ``SUM`` all-reduce
     multiplies by ``size``, ``PRODUCT`` raises to the power ``size``, and ``MEAN``, ``MIN`` and
     ``MAX`` leave the tensor unchanged (and every reduction of ``bool``, a logical or / and on
-    real gangs); gathers replicate the input; broadcasts are no-ops. Arguments, dtypes included,
-    are checked exactly as on a real gang.
+    real gangs); gathers replicate the input; broadcasts are no-ops. A send is a no-op and a
+    receive leaves its tensor unchanged; ``all_to_all_uneven`` gives this rank its own block for
+    ``rank`` from every rank, so ``output_splits`` must all equal ``input_splits[rank]``. Every
+    operation completes before it returns (with ``async_op=True``, a completed
+    :class:`~gang.Work`). Arguments, dtypes included, are checked exactly as on a real gang.
 
     :param device: The device of the simulated gang (not ``meta``).
     :param rank: The simulated rank, in ``[0, size)``.
@@ -31,6 +35,8 @@ class FakeGang(Gang):
     :raises ValueError: If ``size <= 0``, ``rank`` is out of range or ``device`` is ``meta``.
     :raises TypeError: If an argument has the wrong type.
     """
+
+    _assumes_same_data = True
 
     def __init__(self, device: torch.device, *, rank: int = 0, size: int = 1, debug: bool | None = None) -> None:
         if isinstance(device, torch.device) and device.type == "meta":
@@ -68,12 +74,14 @@ class FakeGang(Gang):
         # MEAN, MIN and MAX of identical values are the value itself.
 
     @override
-    def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
+    def _all_reduce(self, tensor: Tensor, op: ReduceOperation, async_op: bool) -> Work | None:
         self._reduce_copies(tensor, op)
+        return None
 
     @override
-    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
         output_tensor.copy_(input_tensor)  # broadcasts along the leading `size` axis
+        return None
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
@@ -81,21 +89,51 @@ class FakeGang(Gang):
             output.copy_(input_tensor)
 
     @override
-    def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
+    def _reduce_scatter(
+        self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation, async_op: bool
+    ) -> Work | None:
         if op is ReduceOperation.SUM and output_tensor.dtype != torch.bool:
             torch.mul(input_tensor[self._rank], self._size, out=output_tensor)
         else:
             output_tensor.copy_(input_tensor[self._rank])
             self._reduce_copies(output_tensor, op)
+        return None
 
     @override
-    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
         # Row i comes from rank i, which (holding the same data) sends its row `rank`.
         output_tensor.copy_(input_tensor[self._rank])  # broadcasts along the leading `size` axis
+        return None
 
     @override
-    def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        pass
+    def _all_to_all_uneven(
+        self,
+        output: Tensor,
+        input: Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        async_op: bool,
+    ) -> Work | None:
+        # Rank i (holding the same data) sends this rank its block `rank`: `input_splits[rank]` rows.
+        rows = input_splits[self._rank]
+        if any(n != rows for n in output_splits):
+            raise ValueError(
+                f"`output_splits` must all equal `input_splits[{self._rank}]` ({rows}) on a `FakeGang`, which "
+                f"assumes every rank holds the same data, but is {output_splits} instead."
+            )
+        start = sum(input_splits[: self._rank])
+        output.view(self._size, rows, *output.shape[1:]).copy_(input[start : start + rows])
+        return None
+
+    @override
+    def _send_recv(
+        self, sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], async_op: bool, operation: str
+    ) -> Work | None:
+        return None  # sends go nowhere; a receive leaves its tensor as it is
+
+    @override
+    def _broadcast(self, tensor: Tensor, source_rank: int, async_op: bool) -> Work | None:
+        return None
 
     @override
     def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:

@@ -8,12 +8,13 @@ would catch on the cluster, with the same message.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, final
+from typing import Any, ClassVar, Literal, final, overload
 
 import numpy as np
 import torch
@@ -21,7 +22,7 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import Self
 
-from gang.errors import GangError
+from gang.errors import GangError, NotSupportedError
 from gang.extend import (
     all_gather_bytes,
     check_device,
@@ -30,12 +31,14 @@ from gang.extend import (
     check_op,
     check_open,
     check_rank,
+    check_splits,
     check_values_exchangeable,
     pickle_or_error,
 )
 from gang.ops import ReduceOperation
+from gang.work import CompletedWork, Work
 
-__all__ = ["Gang", "ReduceOperation", "TensorLike", "debug_from_env"]
+__all__ = ["Gang", "ReduceOperation", "TensorLike", "Work", "debug_from_env"]
 
 TensorLike = Tensor | np.ndarray[Any, Any]
 """A ``torch.Tensor``, or a NumPy array that is used in place through :func:`torch.from_numpy`."""
@@ -57,6 +60,10 @@ class Gang(ABC):
     :raises TypeError: If ``rank`` or ``size`` is not an integer or ``device`` not a ``torch.device``.
     :raises ValueError: If ``size < 1`` or ``rank`` is outside ``[0, size)``.
     """
+
+    _assumes_same_data: ClassVar[bool] = False
+    """Whether this kind of gang assumes that every rank holds the same data (:class:`~gang.FakeGang`):
+    debug mode then has no peers' calls to compare with."""
 
     def __init__(self, *, rank: int, size: int, device: torch.device, debug: bool | None = None) -> None:
         self._size = check_int("size", size, minimum=1)
@@ -203,43 +210,71 @@ class Gang(ABC):
             self._verify_same_call("barrier()")
         self._barrier()
 
+    @overload
+    def all_reduce(self, tensor: TensorLike, op: ReduceOperation, *, async_op: Literal[False] = False) -> None: ...
+
+    @overload
+    def all_reduce(self, tensor: TensorLike, op: ReduceOperation, *, async_op: Literal[True]) -> Work: ...
+
+    @overload
+    def all_reduce(self, tensor: TensorLike, op: ReduceOperation, *, async_op: bool) -> Work | None: ...
+
     @final
-    def all_reduce(self, tensor: TensorLike, op: ReduceOperation) -> None:
+    def all_reduce(self, tensor: TensorLike, op: ReduceOperation, *, async_op: bool = False) -> Work | None:
         """Reduce ``tensor`` over every process, in place.
 
         :param tensor: The tensor to reduce; it holds the result afterwards.
         :param op: The reduction. ``MEAN`` needs a floating-point tensor.
+        :param async_op: Start the operation and return a :class:`~gang.Work` at once (see
+            :class:`~gang.Work`); its tensors must be left alone until ``wait()`` returns.
+        :returns: ``None``, or with ``async_op=True`` the operation's :class:`~gang.Work`.
         :raises ValueError: If ``tensor`` is not contiguous, not on the gang's device, or ``op`` is
             ``MEAN`` and ``tensor`` is not floating point.
         :raises TypeError: If ``tensor`` is not a tensor or ``op`` not a :class:`ReduceOperation`.
         :raises GangError: If the collective fails or times out.
         """
         check_open(self, "all_reduce")
+        _check_async(async_op)
         t = self._check_tensor("tensor", tensor, contiguous=True)
         check_op("op", op, t.dtype)
         if self._debug:
             self._verify_same_call(f"all_reduce({_describe(t)}, op={op.name})")
-        self._all_reduce(t, op)
+        return self._result("all_reduce", self._all_reduce(t, op, async_op), async_op)
+
+    @overload
+    def all_gather(
+        self, output_tensor: TensorLike, input_tensor: TensorLike, *, async_op: Literal[False] = False
+    ) -> None: ...
+
+    @overload
+    def all_gather(self, output_tensor: TensorLike, input_tensor: TensorLike, *, async_op: Literal[True]) -> Work: ...
+
+    @overload
+    def all_gather(self, output_tensor: TensorLike, input_tensor: TensorLike, *, async_op: bool) -> Work | None: ...
 
     @final
-    def all_gather(self, output_tensor: TensorLike, input_tensor: TensorLike) -> None:
+    def all_gather(self, output_tensor: TensorLike, input_tensor: TensorLike, *, async_op: bool = False) -> Work | None:
         """Gather ``input_tensor`` of every process into ``output_tensor``.
 
         :param output_tensor: Contiguous, of shape ``[size, *input_tensor.shape]``; row ``i``
             receives rank ``i``'s input.
         :param input_tensor: This process's contribution.
+        :param async_op: Start the operation and return a :class:`~gang.Work` at once (see
+            :class:`~gang.Work`); its tensors must be left alone until ``wait()`` returns.
+        :returns: ``None``, or with ``async_op=True`` the operation's :class:`~gang.Work`.
         :raises ValueError: On a shape, dtype, device or contiguity mismatch.
         :raises TypeError: If an argument is not a tensor.
         :raises GangError: If the collective fails or times out.
         """
         check_open(self, "all_gather")
+        _check_async(async_op)
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
         inp = self._check_tensor("input_tensor", input_tensor)
         self._check_same_dtype("output_tensor", out, inp)
         self._check_shape("output_tensor", out, (self.size, *inp.shape))
         if self._debug:
             self._verify_same_call(f"all_gather(input {_describe(inp)})")
-        self._all_gather(out, inp.contiguous())
+        return self._result("all_gather", self._all_gather(out, inp.contiguous(), async_op), async_op)
 
     @final
     def all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: TensorLike) -> None:
@@ -275,18 +310,44 @@ class Gang(ABC):
             self._verify_same_call(f"all_gather_to_list(input {_describe(inp)})")
         self._all_gather_to_list(outs, inp.contiguous())
 
+    @overload
+    def reduce_scatter(
+        self,
+        output_tensor: TensorLike,
+        input_tensor: TensorLike,
+        op: ReduceOperation,
+        *,
+        async_op: Literal[False] = False,
+    ) -> None: ...
+
+    @overload
+    def reduce_scatter(
+        self, output_tensor: TensorLike, input_tensor: TensorLike, op: ReduceOperation, *, async_op: Literal[True]
+    ) -> Work: ...
+
+    @overload
+    def reduce_scatter(
+        self, output_tensor: TensorLike, input_tensor: TensorLike, op: ReduceOperation, *, async_op: bool
+    ) -> Work | None: ...
+
     @final
-    def reduce_scatter(self, output_tensor: TensorLike, input_tensor: TensorLike, op: ReduceOperation) -> None:
+    def reduce_scatter(
+        self, output_tensor: TensorLike, input_tensor: TensorLike, op: ReduceOperation, *, async_op: bool = False
+    ) -> Work | None:
         """Reduce row ``i`` of every process's ``input_tensor`` into rank ``i``'s ``output_tensor``.
 
         :param output_tensor: Contiguous; receives the reduction of row ``rank`` of every input.
         :param input_tensor: Of shape ``[size, *output_tensor.shape]``.
         :param op: The reduction. ``MEAN`` needs floating-point tensors.
+        :param async_op: Start the operation and return a :class:`~gang.Work` at once (see
+            :class:`~gang.Work`); its tensors must be left alone until ``wait()`` returns.
+        :returns: ``None``, or with ``async_op=True`` the operation's :class:`~gang.Work`.
         :raises ValueError: On a shape, dtype, device or contiguity mismatch, or ``MEAN`` on integers.
         :raises TypeError: If an argument has the wrong type.
         :raises GangError: If the collective fails or times out.
         """
         check_open(self, "reduce_scatter")
+        _check_async(async_op)
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
         inp = self._check_tensor("input_tensor", input_tensor)
         self._check_same_dtype("input_tensor", inp, out)
@@ -294,19 +355,35 @@ class Gang(ABC):
         check_op("op", op, out.dtype)
         if self._debug:
             self._verify_same_call(f"reduce_scatter(input {_describe(inp)}, op={op.name})")
-        self._reduce_scatter(out, inp.contiguous(), op)
+        work = self._reduce_scatter(out, inp.contiguous(), op, async_op)
+        return self._result("reduce_scatter", work, async_op)
+
+    @overload
+    def all_to_all(
+        self, output_tensor: TensorLike, input_tensor: TensorLike, *, async_op: Literal[False] = False
+    ) -> None: ...
+
+    @overload
+    def all_to_all(self, output_tensor: TensorLike, input_tensor: TensorLike, *, async_op: Literal[True]) -> Work: ...
+
+    @overload
+    def all_to_all(self, output_tensor: TensorLike, input_tensor: TensorLike, *, async_op: bool) -> Work | None: ...
 
     @final
-    def all_to_all(self, output_tensor: TensorLike, input_tensor: TensorLike) -> None:
+    def all_to_all(self, output_tensor: TensorLike, input_tensor: TensorLike, *, async_op: bool = False) -> Work | None:
         """Send row ``j`` of ``input_tensor`` to rank ``j``; row ``i`` of ``output_tensor`` comes from rank ``i``.
 
         :param output_tensor: Contiguous, same shape and dtype as ``input_tensor``.
         :param input_tensor: Of shape ``[size, ...]``.
+        :param async_op: Start the operation and return a :class:`~gang.Work` at once (see
+            :class:`~gang.Work`); its tensors must be left alone until ``wait()`` returns.
+        :returns: ``None``, or with ``async_op=True`` the operation's :class:`~gang.Work`.
         :raises ValueError: On a shape, dtype, device or contiguity mismatch.
         :raises TypeError: If an argument is not a tensor.
         :raises GangError: If the collective fails or times out.
         """
         check_open(self, "all_to_all")
+        _check_async(async_op)
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
         inp = self._check_tensor("input_tensor", input_tensor)
         self._check_same_dtype("output_tensor", out, inp)
@@ -318,24 +395,257 @@ class Gang(ABC):
         self._check_shape("output_tensor", out, tuple(inp.shape))
         if self._debug:
             self._verify_same_call(f"all_to_all(input {_describe(inp)})")
-        self._all_to_all(out, inp.contiguous())
+        return self._result("all_to_all", self._all_to_all(out, inp.contiguous(), async_op), async_op)
+
+    @overload
+    def broadcast(self, tensor: TensorLike, source_rank: int = 0, *, async_op: Literal[False] = False) -> None: ...
+
+    @overload
+    def broadcast(self, tensor: TensorLike, source_rank: int = 0, *, async_op: Literal[True]) -> Work: ...
+
+    @overload
+    def broadcast(self, tensor: TensorLike, source_rank: int = 0, *, async_op: bool) -> Work | None: ...
 
     @final
-    def broadcast(self, tensor: TensorLike, source_rank: int = 0) -> None:
+    def broadcast(self, tensor: TensorLike, source_rank: int = 0, *, async_op: bool = False) -> Work | None:
         """Copy ``tensor`` of ``source_rank`` into ``tensor`` of every other process.
 
         :param tensor: Contiguous; sent on the source, overwritten elsewhere.
         :param source_rank: A rank of *this* gang (never a global rank).
+        :param async_op: Start the operation and return a :class:`~gang.Work` at once (see
+            :class:`~gang.Work`); its tensors must be left alone until ``wait()`` returns.
+        :returns: ``None``, or with ``async_op=True`` the operation's :class:`~gang.Work`.
         :raises ValueError: If ``source_rank`` is outside ``[0, size)`` or ``tensor`` is invalid.
         :raises TypeError: If ``source_rank`` is not an ``int`` or ``tensor`` not a tensor.
         :raises GangError: If the collective fails or times out.
         """
         check_open(self, "broadcast")
+        _check_async(async_op)
         t = self._check_tensor("tensor", tensor, contiguous=True)
         source_rank = check_rank("source_rank", source_rank, self._size)
         if self._debug:
             self._verify_same_call(f"broadcast({_describe(t)}, source_rank={source_rank})")
-        self._broadcast(t, source_rank)
+        return self._result("broadcast", self._broadcast(t, source_rank, async_op), async_op)
+
+    @overload
+    def send(self, tensor: TensorLike, dest_rank: int, *, async_op: Literal[False] = False) -> None: ...
+
+    @overload
+    def send(self, tensor: TensorLike, dest_rank: int, *, async_op: Literal[True]) -> Work: ...
+
+    @overload
+    def send(self, tensor: TensorLike, dest_rank: int, *, async_op: bool) -> Work | None: ...
+
+    @final
+    def send(self, tensor: TensorLike, dest_rank: int, *, async_op: bool = False) -> Work | None:
+        """Send ``tensor`` to ``dest_rank``, which receives it with :meth:`recv` (or :meth:`send_recv`).
+
+        Sends and receives between two ranks match in the order they are made: the k-th tensor
+        this rank sends to ``dest_rank`` lands in the k-th receive ``dest_rank`` posts for this
+        rank, which must have the same shape and dtype (a backend may not notice a difference:
+        debug mode does, see :attr:`debug`).
+
+        :param tensor: The tensor to send.
+        :param dest_rank: A rank of *this* gang other than :attr:`rank`.
+        :param async_op: Start the operation and return a :class:`~gang.Work` at once (see
+            :class:`~gang.Work`); its tensors must be left alone until ``wait()`` returns.
+        :returns: ``None``, or with ``async_op=True`` the operation's :class:`~gang.Work`.
+        :raises ValueError: If ``dest_rank`` is this process's rank or outside ``[0, size)``, or
+            ``tensor`` is invalid.
+        :raises TypeError: If ``dest_rank`` is not an ``int`` or ``tensor`` not a tensor.
+        :raises GangError: If the transfer fails or times out.
+        """
+        check_open(self, "send")
+        _check_async(async_op)
+        t = self._check_tensor("tensor", tensor)
+        dest_rank = self._check_peer("dest_rank", dest_rank)
+        sends = [(t.contiguous(), dest_rank)]
+        if self._debug:
+            self._verify_pairs(sends, [])
+        return self._result("send", self._send_recv(sends, [], async_op, "send"), async_op)
+
+    @overload
+    def recv(self, tensor: TensorLike, source_rank: int, *, async_op: Literal[False] = False) -> None: ...
+
+    @overload
+    def recv(self, tensor: TensorLike, source_rank: int, *, async_op: Literal[True]) -> Work: ...
+
+    @overload
+    def recv(self, tensor: TensorLike, source_rank: int, *, async_op: bool) -> Work | None: ...
+
+    @final
+    def recv(self, tensor: TensorLike, source_rank: int, *, async_op: bool = False) -> Work | None:
+        """Receive into ``tensor`` what ``source_rank`` sends with :meth:`send` (or :meth:`send_recv`).
+
+        :param tensor: Contiguous, with the shape and dtype of the tensor the source sends.
+        :param source_rank: A rank of *this* gang other than :attr:`rank`.
+        :param async_op: Start the operation and return a :class:`~gang.Work` at once (see
+            :class:`~gang.Work`); its tensors must be left alone until ``wait()`` returns.
+        :returns: ``None``, or with ``async_op=True`` the operation's :class:`~gang.Work`.
+        :raises ValueError: If ``source_rank`` is this process's rank or outside ``[0, size)``, or
+            ``tensor`` is not contiguous or not on the gang's device.
+        :raises TypeError: If ``source_rank`` is not an ``int`` or ``tensor`` not a tensor.
+        :raises GangError: If the transfer fails or times out.
+        """
+        check_open(self, "recv")
+        _check_async(async_op)
+        t = self._check_tensor("tensor", tensor, contiguous=True)
+        recvs = [(t, self._check_peer("source_rank", source_rank))]
+        if self._debug:
+            self._verify_pairs([], recvs)
+        return self._result("recv", self._send_recv([], recvs, async_op, "recv"), async_op)
+
+    @overload
+    def send_recv(
+        self,
+        sends: Sequence[tuple[TensorLike, int]] = (),
+        recvs: Sequence[tuple[TensorLike, int]] = (),
+        *,
+        async_op: Literal[False] = False,
+    ) -> None: ...
+
+    @overload
+    def send_recv(
+        self,
+        sends: Sequence[tuple[TensorLike, int]] = (),
+        recvs: Sequence[tuple[TensorLike, int]] = (),
+        *,
+        async_op: Literal[True],
+    ) -> Work: ...
+
+    @overload
+    def send_recv(
+        self,
+        sends: Sequence[tuple[TensorLike, int]] = (),
+        recvs: Sequence[tuple[TensorLike, int]] = (),
+        *,
+        async_op: bool,
+    ) -> Work | None: ...
+
+    @final
+    def send_recv(
+        self,
+        sends: Sequence[tuple[TensorLike, int]] = (),
+        recvs: Sequence[tuple[TensorLike, int]] = (),
+        *,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Post every send and receive at once and complete them all (torch's ``batch_isend_irecv``).
+
+        A pipeline stage sends its activations forward and receives gradients backward in one
+        call, and a ring shift (every rank sends to the next and receives from the previous)
+        never deadlocks, whatever order each rank lists its pairs in. Between two ranks, the k-th
+        tensor one sends to the other (in the order of ``sends``, counting :meth:`send` calls
+        too) lands in the k-th receive the other posts for it (in the order of its ``recvs``).
+
+        :param sends: ``(tensor, dest_rank)`` pairs; ranks of *this* gang other than :attr:`rank`.
+        :param recvs: ``(tensor, source_rank)`` pairs; each ``tensor`` contiguous, with the shape
+            and dtype of what its source sends.
+        :param async_op: Start the operation and return a :class:`~gang.Work` at once (see
+            :class:`~gang.Work`); its tensors must be left alone until ``wait()`` returns.
+        :returns: ``None``, or with ``async_op=True`` the operation's :class:`~gang.Work`.
+        :raises ValueError: If a rank is this process's rank or outside ``[0, size)``, or a tensor is
+            invalid.
+        :raises TypeError: If ``sends`` or ``recvs`` is not a sequence of ``(tensor, rank)`` pairs.
+        :raises GangError: If a transfer fails or times out.
+        """
+        check_open(self, "send_recv")
+        _check_async(async_op)
+        checked_sends = [
+            (t.contiguous(), peer) for t, peer in self._check_pairs("sends", sends, "dest_rank", contiguous=False)
+        ]
+        checked_recvs = self._check_pairs("recvs", recvs, "source_rank", contiguous=True)
+        if self._debug:
+            self._verify_pairs(checked_sends, checked_recvs)
+        if not checked_sends and not checked_recvs:
+            return CompletedWork("send_recv") if async_op else None
+        work = self._send_recv(checked_sends, checked_recvs, async_op, "send_recv")
+        return self._result("send_recv", work, async_op)
+
+    @overload
+    def all_to_all_uneven(
+        self,
+        output: TensorLike,
+        input: TensorLike,
+        output_splits: Sequence[int],
+        input_splits: Sequence[int],
+        *,
+        async_op: Literal[False] = False,
+    ) -> None: ...
+
+    @overload
+    def all_to_all_uneven(
+        self,
+        output: TensorLike,
+        input: TensorLike,
+        output_splits: Sequence[int],
+        input_splits: Sequence[int],
+        *,
+        async_op: Literal[True],
+    ) -> Work: ...
+
+    @overload
+    def all_to_all_uneven(
+        self,
+        output: TensorLike,
+        input: TensorLike,
+        output_splits: Sequence[int],
+        input_splits: Sequence[int],
+        *,
+        async_op: bool,
+    ) -> Work | None: ...
+
+    @final
+    def all_to_all_uneven(
+        self,
+        output: TensorLike,
+        input: TensorLike,
+        output_splits: Sequence[int],
+        input_splits: Sequence[int],
+        *,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Send each rank a different number of rows (torch's ``all_to_all_single`` with split sizes).
+
+        Rows are along dim 0: ``input[sum(input_splits[:j]) : sum(input_splits[:j + 1])]`` goes to
+        rank ``j``, and what rank ``i`` sent lands at
+        ``output[sum(output_splits[:i]) : sum(output_splits[:i + 1])]``. So rank ``i``'s
+        ``input_splits[j]`` must equal rank ``j``'s ``output_splits[i]`` (debug mode checks it;
+        :func:`gang.exchange_rows` exchanges the counts for you).
+
+        :param output: Contiguous, with ``sum(output_splits)`` rows; the trailing shape and the
+            dtype of ``input``.
+        :param input: With ``sum(input_splits)`` rows.
+        :param output_splits: ``size`` non-negative ``int`` s: the rows received from each rank.
+        :param input_splits: ``size`` non-negative ``int`` s: the rows sent to each rank.
+        :param async_op: Start the operation and return a :class:`~gang.Work` at once (see
+            :class:`~gang.Work`); its tensors must be left alone until ``wait()`` returns.
+        :returns: ``None``, or with ``async_op=True`` the operation's :class:`~gang.Work`.
+        :raises ValueError: If a splits list has the wrong length, a negative entry or does not sum
+            to its tensor's rows, the tensors' trailing shapes or dtypes differ, ``output`` is not
+            contiguous, or a tensor has no dimension.
+        :raises TypeError: If a tensor is not a tensor, or a splits list not a sequence of ``int``.
+        :raises GangError: If the collective fails or times out.
+        """
+        check_open(self, "all_to_all_uneven")
+        _check_async(async_op)
+        out = self._check_tensor("output", output, contiguous=True)
+        inp = self._check_tensor("input", input)
+        self._check_same_dtype("output", out, inp)
+        if inp.dim() == 0:
+            raise ValueError("`input` must have at least one dimension (the rows), but is a scalar instead.")
+        if out.dim() != inp.dim() or out.shape[1:] != inp.shape[1:]:
+            trailing = "".join(f", {n}" for n in inp.shape[1:])
+            raise ValueError(
+                f"`output` must have shape [rows{trailing}] (the trailing shape of `input`), "
+                f"but has shape {list(out.shape)} instead."
+            )
+        out_splits = check_splits("output_splits", output_splits, self._size, out.shape[0], "output")
+        in_splits = check_splits("input_splits", input_splits, self._size, inp.shape[0], "input")
+        if self._debug:
+            self._verify_splits(out, out_splits, in_splits)
+        work = self._all_to_all_uneven(out, inp.contiguous(), out_splits, in_splits, async_op)
+        return self._result("all_to_all_uneven", work, async_op)
 
     @final
     def broadcast_objects(self, objects: list[object], source_rank: int = 0) -> None:
@@ -403,22 +713,47 @@ class Gang(ABC):
     def _barrier(self) -> None: ...
 
     @abstractmethod
-    def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None: ...
+    def _all_reduce(self, tensor: Tensor, op: ReduceOperation, async_op: bool) -> Work | None: ...
 
     @abstractmethod
-    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None: ...
+    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None: ...
 
     @abstractmethod
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None: ...
 
     @abstractmethod
-    def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None: ...
+    def _reduce_scatter(
+        self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation, async_op: bool
+    ) -> Work | None: ...
 
     @abstractmethod
-    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None: ...
+    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None: ...
 
     @abstractmethod
-    def _broadcast(self, tensor: Tensor, source_rank: int) -> None: ...
+    def _broadcast(self, tensor: Tensor, source_rank: int, async_op: bool) -> Work | None: ...
+
+    def _send_recv(
+        self, sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], async_op: bool, operation: str
+    ) -> Work | None:
+        """Post every send and receive at once and complete them all; :meth:`send` and :meth:`recv` come here too.
+
+        ``sends`` and ``recvs`` are checked ``(tensor, peer)`` pairs (contiguous tensors, peers
+        other ranks of this gang; at least one pair in all), in the caller's order, which fixes
+        the order of the transfers between two ranks. ``operation`` is the public method's name,
+        for error messages. Must never deadlock whatever order the ranks list their pairs in.
+        """
+        raise NotSupportedError(f"`{operation}` is not supported by `{type(self).__name__}` yet.")
+
+    def _all_to_all_uneven(
+        self,
+        output: Tensor,
+        input: Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        async_op: bool,
+    ) -> Work | None:
+        """Exchange rows of contiguous ``input`` into ``output`` by the checked split sizes."""
+        raise NotSupportedError(f"`all_to_all_uneven` is not supported by `{type(self).__name__}` yet.")
 
     @abstractmethod
     def _close(self) -> None: ...
@@ -430,7 +765,7 @@ class Gang(ABC):
         if self.rank == source_rank:
             payload, error = pickle_or_error(objects)
         header = torch.tensor([-1 if payload is None else len(payload)], dtype=torch.int64, device=self.device)
-        self._broadcast(header, source_rank)
+        _block(self._broadcast(header, source_rank, False))
         length = int(header.item())
         if length < 0:
             raise ValueError(_unpicklable_objects(source_rank, error))
@@ -439,7 +774,7 @@ class Gang(ABC):
         else:
             data = torch.empty(length, dtype=torch.uint8, device=self.device)
         if length > 0:
-            self._broadcast(data, source_rank)
+            _block(self._broadcast(data, source_rank, False))
         if self.rank != source_rank:
             objects[:] = pickle.loads(data.cpu().numpy().tobytes())
 
@@ -451,21 +786,93 @@ class Gang(ABC):
             self._children.append(child)
         return child
 
-    def _verify_same_call(self, call: str) -> None:
+    @staticmethod
+    def _result(operation: str, work: Work | None, async_op: bool) -> Work | None:
+        """What a public method returns for what its protected method returned (``None``: done already)."""
+        if async_op:
+            return CompletedWork(operation) if work is None else work
+        if work is not None:
+            work.wait()
+        return None
+
+    def _gather_blocking(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+        _block(self._all_gather(output_tensor, input_tensor, False))
+
+    def _verify_same_call(self, call: str, detail: str = "") -> list[str]:
         """Debug mode: exchange a description of the call; raise on every rank if they differ.
 
         The exchange is the same two all-gathers on every rank whatever each rank called, so
-        mismatched ranks meet here instead of deadlocking in different collectives.
+        mismatched ranks meet here instead of deadlocking in different collectives. ``detail``
+        travels with the call but may differ between ranks; every rank's is returned.
         """
         check_values_exchangeable(self, "debug mode")
-        rows = all_gather_bytes(self, call.encode(), gather=self._all_gather)
-        calls = [(row or b"").decode(errors="replace") for row in rows]
+        rows = all_gather_bytes(self, f"{call}\0{detail}".encode(), gather=self._gather_blocking)
+        texts = [(row or b"").decode(errors="replace").split("\0", 1) for row in rows]
+        calls = [text[0] for text in texts]
         if len(set(calls)) > 1:
             listing = "; ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
             raise GangError(
                 f"Debug mode: the ranks of a gang of size {self.size} made different calls "
                 f"(this is rank {self.rank}): {listing}."
             )
+        return [text[-1] if len(text) > 1 else "" for text in texts]
+
+    def _verify_splits(self, output: Tensor, output_splits: list[int], input_splits: list[int]) -> None:
+        """Debug mode: check on every rank that rank i's ``input_splits[j]`` is rank j's ``output_splits[i]``."""
+        call = f"all_to_all_uneven({_spec(output, rows='*')})"
+        details = self._verify_same_call(call, json.dumps([input_splits, output_splits]))
+        if self._assumes_same_data:
+            return  # every simulated rank made this rank's call: its own checks are in its `_all_to_all_uneven`
+        table = [json.loads(d) for d in details]
+        wrong = [
+            f"rank {i} sends {table[i][0][j]} rows to rank {j}, "
+            f"but rank {j} receives {table[j][1][i]} rows from rank {i}"
+            for i in range(self.size)
+            for j in range(self.size)
+            if table[i][0][j] != table[j][1][i]
+        ]
+        if wrong:
+            raise GangError(
+                f"Debug mode: the splits of `all_to_all_uneven` do not match across the ranks of a gang of size "
+                f"{self.size} (this is rank {self.rank}): {'; '.join(wrong)}."
+            )
+
+    def _verify_pairs(self, sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]]) -> None:
+        """Debug mode: exchange with each peer what this rank sends it and receives from it; raise on both sides
+        if they differ.
+
+        Each side posts one send and one receive of its description per peer (lengths first,
+        then the text), so the two meet whatever each called. A peer that makes no matching call
+        at all is not seen here: the exchange then fails at the gang's timeout.
+        """
+        if self._assumes_same_data:
+            return  # the simulated peers make the matching calls
+        check_values_exchangeable(self, "debug mode")
+        peers = sorted({p for _, p in sends} | {p for _, p in recvs})
+        mine = {p: [[_spec(t) for t, q in sends if q == p], [_spec(t) for t, q in recvs if q == p]] for p in peers}
+        payloads = {p: json.dumps(mine[p]).encode() for p in peers}
+        lengths = {p: torch.tensor([len(payloads[p])], dtype=torch.int64, device=self.device) for p in peers}
+        theirs = {p: torch.zeros(1, dtype=torch.int64, device=self.device) for p in peers}
+        _block(self._send_recv([(lengths[p], p) for p in peers], [(theirs[p], p) for p in peers], False, "debug mode"))
+        texts = {p: torch.frombuffer(bytearray(payloads[p]), dtype=torch.uint8).to(self.device) for p in peers}
+        received = {p: torch.zeros(int(theirs[p].item()), dtype=torch.uint8, device=self.device) for p in peers}
+        _block(
+            self._send_recv(
+                [(texts[p], p) for p in peers if texts[p].numel()],
+                [(received[p], p) for p in peers if received[p].numel()],
+                False,
+                "debug mode",
+            )
+        )
+        wrong = []
+        for p in peers:
+            other = json.loads(bytes(received[p].cpu().numpy().tobytes()).decode(errors="replace") or "[[], []]")
+            if mine[p][0] != other[1]:
+                wrong.append(_pair_mismatch(self.rank, p, mine[p][0], other[1]))
+            if other[0] != mine[p][1]:
+                wrong.append(_pair_mismatch(p, self.rank, other[0], mine[p][1]))
+        if wrong:
+            raise GangError(f"Debug mode: point-to-point calls do not match: {'; '.join(wrong)}.")
 
     def _check_ranks(self, name: str, ranks: Sequence[int]) -> list[int]:
         if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
@@ -489,6 +896,28 @@ class Gang(ABC):
                 f"but has {bad} in {list(ranks)} instead."
             )
         return sorted(ranks)
+
+    def _check_peer(self, name: str, value: object) -> int:
+        """A rank of this gang other than this process's own: the peer of a send or receive."""
+        peer = check_rank(name, value, self._size)
+        if peer == self._rank:
+            raise ValueError(
+                f"`{name}` must be a rank other than this process's own ({self._rank}) "
+                f"in the range [0, {self._size}), but is {peer} instead."
+            )
+        return peer
+
+    def _check_pairs(self, name: str, pairs: object, peer_name: str, *, contiguous: bool) -> list[tuple[Tensor, int]]:
+        """The ``(tensor, rank)`` pairs of :meth:`send_recv`, checked; ``name[i]`` names an entry."""
+        if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence):
+            raise TypeError(f"`{name}` must be a sequence of `(tensor, {peer_name})` pairs, but is {pairs!r} instead.")
+        checked = []
+        for i, pair in enumerate(pairs):
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise TypeError(f"`{name}[{i}]` must be a `(tensor, {peer_name})` pair, but is {pair!r} instead.")
+            t = self._check_tensor(f"{name}[{i}][0]", pair[0], contiguous=contiguous)
+            checked.append((t, self._check_peer(f"{name}[{i}][1]", pair[1])))
+        return checked
 
     def _check_tensor(self, name: str, value: object, *, contiguous: bool = False) -> Tensor:
         if not isinstance(value, Tensor):
@@ -525,6 +954,33 @@ def debug_from_env() -> bool:
     """Return whether the environment variable ``GANG_DEBUG`` turns debug mode on (``1``, ``true``, ``yes``, ``on``;
     any case, surrounding spaces ignored)."""
     return os.environ.get("GANG_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _check_async(async_op: object) -> None:
+    if async_op is not True and async_op is not False:
+        raise TypeError(f"`async_op` must be a `bool`, but is {async_op!r} instead.")
+
+
+def _block(work: Work | None) -> None:
+    """Wait for what a protected method returned with ``async_op=False`` (a kind may return a work anyway)."""
+    if work is not None:
+        work.wait()
+
+
+def _spec(t: Tensor, rows: str | None = None) -> str:
+    """``float32[4, 8]``: a tensor's dtype and shape as debug mode's messages name them (``rows`` replaces dim 0)."""
+    dims = [str(n) for n in t.shape]
+    if rows is not None and dims:
+        dims[0] = rows
+    return f"{str(t.dtype).removeprefix('torch.')}[{', '.join(dims)}]"
+
+
+def _pair_mismatch(sender: int, receiver: int, sent: list[str], received: list[str]) -> str:
+    """How debug mode names the transfers from ``sender`` to ``receiver`` that do not match."""
+    return (
+        f"rank {sender} sends {', '.join(sent) or 'nothing'} to rank {receiver}, "
+        f"but rank {receiver} receives {', '.join(received) or 'nothing'} from rank {sender}"
+    )
 
 
 def _describe(t: Tensor) -> str:

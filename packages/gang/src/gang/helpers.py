@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
-from gang.extend import all_gather_bytes, check_op, check_values_exchangeable, pickle_or_error
+from gang.extend import all_gather_bytes, check_op, check_splits, check_values_exchangeable, pickle_or_error
 from gang.gang import Gang, ReduceOperation
 
 T = TypeVar("T")
@@ -27,6 +27,38 @@ def broadcast_flag(gang: Gang, flag: bool, source_rank: int = 0) -> bool:
     tensor = torch.tensor([int(flag)], dtype=torch.int32, device=gang.device)
     gang.broadcast(tensor, source_rank)
     return bool(tensor.item())
+
+
+def exchange_rows(gang: Gang, input: Tensor, input_splits: Sequence[int]) -> tuple[Tensor, list[int]]:
+    """Send ``input_splits[j]`` rows of ``input`` to each rank ``j``; return what every rank sent this one.
+
+    The token dispatch of a mixture-of-experts layer (and, called with what it returned, its
+    reverse): each rank knows only how many rows it sends, so the counts are exchanged first
+    (one :meth:`~gang.Gang.all_to_all` of ``int64``), then the rows (one
+    :meth:`~gang.Gang.all_to_all_uneven`). Every member of the gang calls it.
+
+    :param gang: The gang to exchange over.
+    :param input: The rows to send (dim 0), grouped by destination rank.
+    :param input_splits: ``gang.size`` non-negative ``int`` s summing to ``input``'s rows.
+    :returns: ``(output, output_splits)``: the rows received, grouped by source rank (a new
+        tensor with ``input``'s trailing shape and dtype), and how many came from each rank.
+    :raises TypeError: If ``input`` is not a tensor or ``input_splits`` not a sequence of ``int``.
+    :raises ValueError: If ``input`` has no dimension, or ``input_splits`` has the wrong length, a
+        negative entry or does not sum to ``input``'s rows.
+    :raises GangError: If a collective fails or times out.
+    """
+    if not isinstance(input, Tensor):
+        raise TypeError(f"`input` must be a `torch.Tensor`, but is of type `{type(input).__name__}` instead.")
+    if input.dim() == 0:
+        raise ValueError("`input` must have at least one dimension (the rows), but is a scalar instead.")
+    splits = check_splits("input_splits", input_splits, gang.size, input.shape[0], "input")
+    counts = torch.tensor(splits, dtype=torch.int64, device=gang.device)
+    received = torch.empty_like(counts)
+    gang.all_to_all(received, counts)  # row i of `received`: what rank i sends this one
+    output_splits = [int(n) for n in received.tolist()]
+    output = input.new_empty((sum(output_splits), *input.shape[1:]), device=gang.device)
+    gang.all_to_all_uneven(output, input, output_splits, splits)
+    return output, output_splits
 
 
 def _number_kind(value: object) -> torch.dtype | None:

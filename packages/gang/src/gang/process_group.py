@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import NamedTuple, Protocol, TypeVar, final
+from typing import Any, NamedTuple, Protocol, TypeVar, final
 
 import torch
 import torch.distributed as dist
@@ -30,10 +32,11 @@ from gang._torch_groups import (
 )
 from gang.env import get_master_address, get_rank, get_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
-from gang.extend import check_device, check_timeout, guard
+from gang.extend import check_device, check_timeout, guard, operation_error
 from gang.gang import Gang, ReduceOperation
+from gang.work import Work
 
-__all__ = ["DEFAULT_COLLECTIVE_TIMEOUT", "ProcessGroupGang"]
+__all__ = ["DEFAULT_COLLECTIVE_TIMEOUT", "ProcessGroupGang", "TorchWork"]
 
 DEFAULT_COLLECTIVE_TIMEOUT = timedelta(minutes=15)
 """How long a :class:`ProcessGroupGang`'s rendezvous and each of its collectives wait for the other
@@ -110,11 +113,108 @@ class _Options(Protocol):
 _O = TypeVar("_O", bound=_Options)
 
 
-def _sync_options(cls: type[_O]) -> _O:
-    """Return new options of ``cls`` for a blocking call, as ``torch.distributed``'s functions build them."""
+def _sync_options(cls: type[_O], async_op: bool = False) -> _O:
+    """Return new options of ``cls`` for a blocking call (or one with ``async_op``), as ``torch.distributed``'s
+    functions build them."""
     opts = cls()
-    opts.asyncOp = False
+    opts.asyncOp = async_op
     return opts
+
+
+TorchHandle = Any
+"""A ``torch.distributed`` ``Work`` (typed loosely: torch's stubs give it no ``wait(timeout)``)."""
+
+
+@final
+class TorchWork(Work):
+    """The :class:`~gang.Work` of operations started on a torch process group.
+
+    It keeps its own state: torch 2.13's gloo works never report ``is_completed()`` for a
+    point-to-point transfer or a reduce-scatter, even after ``wait()``, and gloo's
+    ``wait(timeout)`` on a point-to-point transfer closes the connection when the time is up.
+    So on the CPU a wait without a timeout calls torch's ``wait()`` (bounded by the group's own
+    timeout), and a bounded wait or a poll hands torch's ``wait()`` to a thread that it then
+    waits for. On CUDA, where torch's ``is_completed()`` reads the device's events, a bounded wait
+    polls it, and ``wait()`` then makes the current stream wait for the operation, as torch does.
+
+    :param operation: The gang method's name, for error messages.
+    :param works: The torch works of the operation (a batch of transfers has several).
+    :param rank: The rank of the calling process in the gang, for error messages.
+    :param size: The gang's size.
+    :param device: The gang's device.
+    """
+
+    def __init__(self, operation: str, works: list[TorchHandle], rank: int, size: int, device: torch.device) -> None:
+        super().__init__(operation)
+        self._works = works
+        self._where = (rank, size)
+        self._cuda = device.type == "cuda"
+        self._finished: threading.Event | None = None
+        self._failure: BaseException | None = None
+
+    def _wait(self, timeout: float | None) -> bool:
+        if self._cuda and timeout is not None and not self._poll_until(time.monotonic() + timeout):
+            return False
+        if self._cuda or (timeout is None and self._finished is None):
+            with guard(self._operation, self._where):
+                for work in self._works:
+                    work.wait()
+            return True
+        finished = self._waiter()
+        if not finished.wait(timeout):
+            return False
+        if self._failure is not None:
+            raise operation_error(self._operation, self._where, self._failure) from self._failure
+        return True
+
+    def _poll(self) -> bool:
+        if self._cuda:
+            return all(work.is_completed() for work in self._works)
+        return self._waiter().is_set()
+
+    def _poll_until(self, deadline: float) -> bool:
+        pause = 0.0001
+        while not self._poll():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(2 * pause, 0.01)
+        return True
+
+    def _waiter(self) -> threading.Event:
+        """The event set once a thread that waits for the works saw them end (started on first use)."""
+        if self._finished is None:
+            self._finished = threading.Event()
+            threading.Thread(target=self._wait_in_thread, name=f"gang {self._operation}", daemon=True).start()
+        return self._finished
+
+    def _wait_in_thread(self) -> None:
+        assert self._finished is not None
+        try:
+            for work in self._works:
+                work.wait()
+        except BaseException as ex:  # handed to the waiting thread
+            self._failure = ex
+        finally:
+            self._finished.set()
+
+
+def _canonical(
+    rank: int, sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]]
+) -> list[tuple[bool, Tensor, int]]:
+    """The transfers ``(is_send, tensor, peer)`` in the order both sides of each pair post them.
+
+    By peer; with each peer, the lower rank posts its sends first and the higher one its
+    receives first; the caller's order is kept among the sends (and among the receives) of one peer.
+    """
+    ops = [(True, t, p) for t, p in sends] + [(False, t, p) for t, p in recvs]
+    return sorted(ops, key=lambda op: (op[2], op[0] != (rank < op[2])))
+
+
+def real_view(tensor: Tensor) -> Tensor:
+    """``tensor`` as gloo moves it: a complex tensor as its pairs of reals (the same memory; gloo has no
+    complex type), any other tensor as it is."""
+    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
 
 
 def reduce_op(op: ReduceOperation) -> dist.ReduceOp:
@@ -153,14 +253,20 @@ class ProcessGroupGang(Gang):
         self._name = rendezvous.wrapped_name(pg.group_name, self._size) if name is None else name
         self._splits = 0
         # Built once and handed straight to the group (see `_direct`).
-        self._allreduce_options = {op: _sync_options(AllreduceOptions) for op in ReduceOperation}
-        self._reduce_scatter_options = {op: _sync_options(ReduceScatterOptions) for op in ReduceOperation}
+        # Indexed by `async_op` (False: 0, True: 1).
+        self._allreduce_options = [
+            {op: _sync_options(AllreduceOptions, a) for op in ReduceOperation} for a in (False, True)
+        ]
+        self._reduce_scatter_options = [
+            {op: _sync_options(ReduceScatterOptions, a) for op in ReduceOperation} for a in (False, True)
+        ]
         for op, torch_op in _REDUCE_OPS.items():
-            self._allreduce_options[op].reduceOp = dist.ReduceOp(torch_op)
-            self._reduce_scatter_options[op].reduceOp = dist.ReduceOp(torch_op)
-        self._allgather_options = _sync_options(AllgatherOptions)
-        self._all_to_all_options = _sync_options(AllToAllOptions)
-        self._broadcast_options: dict[int, BroadcastOptions] = {}
+            for a in (False, True):
+                self._allreduce_options[a][op].reduceOp = dist.ReduceOp(torch_op)
+                self._reduce_scatter_options[a][op].reduceOp = dist.ReduceOp(torch_op)
+        self._allgather_options = [_sync_options(AllgatherOptions, a) for a in (False, True)]
+        self._all_to_all_options = [_sync_options(AllToAllOptions, a) for a in (False, True)]
+        self._broadcast_options: list[dict[int, BroadcastOptions]] = [{}, {}]
         self._barrier_options = _sync_options(BarrierOptions)
         self._barrier_options.device = pg.bound_device_id or torch.device("cpu")
 
@@ -336,59 +442,129 @@ class ProcessGroupGang(Gang):
                 dist.barrier(group=self._pg)
 
     @override
-    def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
+    def _all_reduce(self, tensor: Tensor, op: ReduceOperation, async_op: bool) -> Work | None:
         with guard("all_reduce", self):
             if _direct(tensor):
-                self._pg.allreduce([tensor], self._allreduce_options[op]).wait()
+                work = self._pg.allreduce([tensor], self._allreduce_options[async_op][op])
             else:
-                dist.all_reduce(tensor, _REDUCE_OPS[op], group=self._pg)
+                work = dist.all_reduce(tensor, _REDUCE_OPS[op], group=self._pg, async_op=async_op)
+            return self._complete("all_reduce", work, async_op)
 
     @override
-    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
+    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
         with guard("all_gather", self):
             out, inp = _flat(output_tensor), _flat(input_tensor)
             if _direct(inp):
-                self._pg.all_gather_single(out, inp, self._allgather_options).wait()
+                work = self._pg.all_gather_single(out, inp, self._allgather_options[async_op])
             else:
-                dist.all_gather_single(out, inp, group=self._pg)
+                work = dist.all_gather_single(out, inp, group=self._pg, async_op=async_op)
+            return self._complete("all_gather", work, async_op)
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
         with guard("all_gather_to_list", self):
             if _direct(input_tensor):
-                self._pg.allgather([output_tensors], [input_tensor], self._allgather_options).wait()
+                self._pg.allgather([output_tensors], [input_tensor], self._allgather_options[False]).wait()
             else:
                 dist.all_gather(output_tensors, input_tensor, group=self._pg)
 
     @override
-    def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
+    def _reduce_scatter(
+        self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation, async_op: bool
+    ) -> Work | None:
         with guard("reduce_scatter", self):
             out, inp = _flat(output_tensor), _flat(input_tensor)
             if _direct(inp):
-                self._pg.reduce_scatter_single(out, inp, self._reduce_scatter_options[op]).wait()
+                work = self._pg.reduce_scatter_single(out, inp, self._reduce_scatter_options[async_op][op])
             else:
-                dist.reduce_scatter_single(out, inp, _REDUCE_OPS[op], group=self._pg)
+                work = dist.reduce_scatter_single(out, inp, _REDUCE_OPS[op], group=self._pg, async_op=async_op)
+            return self._complete("reduce_scatter", work, async_op)
 
     @override
-    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        with guard("all_to_all", self):
-            # Rows are split along the first dimension, whatever the shape (as torch's users pass them).
-            if _direct(input_tensor):
-                self._pg.all_to_all_single(output_tensor, input_tensor, [], [], self._all_to_all_options).wait()
-            else:
-                dist.all_to_all_single(output_tensor, input_tensor, group=self._pg)
+    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
+        return self._all_to_all_single("all_to_all", output_tensor, input_tensor, [], [], async_op)
 
     @override
-    def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
+    def _all_to_all_uneven(
+        self,
+        output: Tensor,
+        input: Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        async_op: bool,
+    ) -> Work | None:
+        return self._all_to_all_single("all_to_all_uneven", output, input, output_splits, input_splits, async_op)
+
+    def _all_to_all_single(
+        self,
+        operation: str,
+        output: Tensor,
+        input: Tensor,
+        out_splits: list[int],
+        in_splits: list[int],
+        async_op: bool,
+    ) -> Work | None:
+        # Rows are split along the first dimension, whatever the shape (as torch's users pass them);
+        # empty split lists mean equal rows.
+        with guard(operation, self):
+            if _direct(input):
+                work = self._pg.all_to_all_single(
+                    output, input, out_splits, in_splits, self._all_to_all_options[async_op]
+                )
+            else:
+                work = dist.all_to_all_single(
+                    output, input, out_splits or None, in_splits or None, group=self._pg, async_op=async_op
+                )
+            return self._complete(operation, work, async_op)
+
+    @override
+    def _broadcast(self, tensor: Tensor, source_rank: int, async_op: bool) -> Work | None:
         with guard("broadcast", self):
             if _direct(tensor):
-                opts = self._broadcast_options.get(source_rank) or self._new_broadcast_options(source_rank)
-                self._pg.broadcast([tensor], opts).wait()
+                opts = self._broadcast_options[async_op].get(source_rank) or self._new_broadcast_options(
+                    source_rank, async_op
+                )
+                work = self._pg.broadcast([tensor], opts)
             else:
-                dist.broadcast(tensor, group=self._pg, group_src=source_rank)
+                work = dist.broadcast(tensor, group=self._pg, group_src=source_rank, async_op=async_op)
+            return self._complete("broadcast", work, async_op)
 
-    def _new_broadcast_options(self, source_rank: int) -> BroadcastOptions:
-        opts = self._broadcast_options[source_rank] = _sync_options(BroadcastOptions)
+    @override
+    def _send_recv(
+        self, sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], async_op: bool, operation: str
+    ) -> Work | None:
+        # Posted in one order that both sides of every pair agree on, whatever order the caller
+        # listed them in: by peer, and with each peer the lower rank sends first, the higher one
+        # receives first. The k-th send to a peer still meets the k-th receive it posts for us.
+        ops = _canonical(self._rank, sends, recvs)
+        with guard(operation, self):
+            if self._device.type == "cuda":  # NCCL: one group call, so that no pair waits on another
+                p2p = [
+                    dist.P2POp(dist.isend if is_send else dist.irecv, t, group=self._pg, group_peer=peer)
+                    for is_send, t, peer in ops
+                ]
+                works = [w for w in dist.batch_isend_irecv(p2p) if w is not None]
+            else:  # gloo posts each transfer at once and never blocks on posting
+                works = [
+                    (self._pg.send if is_send else self._pg.recv)([real_view(t)], peer, 0) for is_send, t, peer in ops
+                ]
+            if not async_op:
+                for work in works:
+                    work.wait()
+                return None
+        return TorchWork(operation, works, self._rank, self._size, self._device)
+
+    def _complete(self, operation: str, work: TorchHandle | None, async_op: bool) -> Work | None:
+        """Wait for ``work`` (inside the caller's ``guard``), or hand it back as a :class:`TorchWork`."""
+        if not async_op:
+            if work is not None:
+                work.wait()
+            return None
+        assert work is not None
+        return TorchWork(operation, [work], self._rank, self._size, self._device)
+
+    def _new_broadcast_options(self, source_rank: int, async_op: bool) -> BroadcastOptions:
+        opts = self._broadcast_options[async_op][source_rank] = _sync_options(BroadcastOptions, async_op)
         opts.rootRank = source_rank
         opts.rootTensor = 0
         return opts

@@ -27,7 +27,7 @@ from gang._torch_groups import (
 )
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_int, check_open, check_timeout, operation_error
-from gang.ft.group import reaper, reduce_options, root_options, settle
+from gang.ft.group import reaper, reduce_options, root_options, settle, wait_briefly
 from gang.ft.heal import receive_state, send_state
 from gang.ft.heartbeat import Heartbeat
 from gang.ft.identity import check_device, check_replica_id, check_replica_rank, check_store
@@ -37,6 +37,8 @@ from gang.ft.policy import Policy, Quorum, watched
 from gang.ft.process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
 from gang.ft.quorum import ROOT, IdentityError, QuorumClient, QuorumTimeoutError, StoreClient
 from gang.gang import Gang, ReduceOperation
+from gang.process_group import real_view
+from gang.work import Work
 
 DEFAULT_REPLICA_TIMEOUT = timedelta(seconds=60)
 """The ``timeout`` of :meth:`ReplicaGang.join` when none is given: the bound on one of the
@@ -50,6 +52,54 @@ _fault_hook: Callable[[ReplicaGang, str], RuntimeError | None] | None = None
 """A test-only seam (``tests/ft`` sets it): called before each collective of a step with the gang
 and the operation's name; a ``RuntimeError`` it returns is raised where the backend's error would
 be, so a test can fail one member's collective while every member lives to vote."""
+
+
+_NOT_ACROSS_REPLICAS = (
+    "`{}` is not supported by `ReplicaGang`: across replicas, whose membership changes at every quorum, "
+    "a gang runs collectives only (no point-to-point transfers and no uneven rows)."
+)
+
+
+@final
+class _StepWork(Work):
+    """The :class:`~gang.Work` of a collective started with ``async_op=True`` inside a step.
+
+    Its failure is recorded as a blocking collective's is (:meth:`ReplicaGang.errored`, the step
+    not committed) rather than raised: :meth:`wait` returns, and the step's later collectives are
+    skipped. :meth:`ReplicaGang.should_commit` first waits for every work of the step not waited for.
+    """
+
+    def __init__(self, gang: ReplicaGang, operation: str, work: Any, then: Callable[[], object] | None) -> None:
+        super().__init__(operation)
+        self._gang: ReplicaGang | None = gang
+        self._work = work
+        self._then = then
+
+    def forget(self) -> None:
+        """The step failed or ended: drop the torch work (and the gang), so waiting returns at once."""
+        self._gang = self._work = self._then = None
+
+    def _wait(self, timeout: float | None) -> bool:
+        gang, work = self._gang, self._work
+        if gang is None or work is None:
+            return True
+        try:
+            if timeout is None:
+                gang._finish(work)
+            elif not gang._finish_within(work, timeout):
+                return False
+        except BACKEND_ERRORS as ex:
+            gang._record(self._operation, ex)  # forgets this work, with the step's others
+            return True
+        if self._then is not None:
+            self._then()
+        with suppress(ValueError):
+            gang._pending.remove(self)
+        self.forget()
+        return True
+
+    def _poll(self) -> bool:
+        return self._work is None or bool(self._work.is_completed())
 
 
 @dataclass(frozen=True)
@@ -130,6 +180,7 @@ class ReplicaGang(Gang):
         self._pg_round = -1
         self._process_group: ReplicaProcessGroup | None = None
         self._in_step = False
+        self._pending: list[_StepWork] = []  # this step's works started with `async_op=True`, not yet waited for
         self._error: GangError | None = None
         self._commit: bool | None = None
         policy = Policy(min_replicas, quorum_timeout.total_seconds(), heartbeat_timeout.total_seconds(), init_sync)
@@ -380,6 +431,7 @@ class ReplicaGang(Gang):
             raise
         finally:
             self._in_step = False
+            self._forget_pending()
             try:
                 if self._commit is None:
                     try:
@@ -436,6 +488,7 @@ class ReplicaGang(Gang):
         if not self._in_step:
             raise InvalidOperationError("`should_commit` must be called inside `with gang.step():`.")
         if self._commit is None:
+            self._settle_pending()
             self._vote(self._error is None)
         assert self._commit is not None
         return self._commit
@@ -570,6 +623,16 @@ class ReplicaGang(Gang):
     def _finish(self, work: Any) -> None:
         settle(work, self._device, self._timeout.total_seconds(), self._protocol.watch_interval, self._watch)
 
+    def _finish_within(self, work: Any, seconds: float) -> bool:
+        """Wait up to ``seconds`` for ``work`` as :meth:`_finish` does; return whether it finished."""
+        deadline = time.monotonic() + seconds
+        interval = self._protocol.watch_interval
+        while not wait_briefly(work, max(1e-3, min(interval, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                return False
+            self._watch()
+        return True
+
     def _finish_transfer(self, work: Any) -> None:
         # A point-to-point work's `wait(timeout)` is gloo's own wait, which closes the connection
         # when the time is up: a heal's sends and receives are waited for whole (up to `timeout`).
@@ -625,6 +688,12 @@ class ReplicaGang(Gang):
             return False
         return True
 
+    def _forget_pending(self) -> None:
+        """Give up this step's unwaited works (the step failed or ended): waiting for them returns at once."""
+        pending, self._pending = self._pending, []
+        for work in pending:
+            work.forget()
+
     def _fault(self, operation: str) -> None:
         """Raise what the test-only seam :data:`_fault_hook` returns for this collective, if anything."""
         if _fault_hook is not None:
@@ -650,6 +719,7 @@ class ReplicaGang(Gang):
         error.__cause__ = ex
         self._error = self._last_error = error
         if abort and self._in_step:
+            self._forget_pending()
             self._drop_group()
             if self._commit is None:
                 with suppress(GangError):  # the store is lost: the vote stays "not committed"
@@ -666,30 +736,89 @@ class ReplicaGang(Gang):
     # (the step is then not committed anywhere), and the later ones of the step do not run.
 
     @override
-    def _all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
-        self._run("all_reduce", lambda pg: pg.allreduce([tensor], reduce_options(op)))
+    def _all_reduce(self, tensor: Tensor, op: ReduceOperation, async_op: bool) -> Work | None:
+        t = real_view(tensor)
+        return self._start("all_reduce", lambda pg: pg.allreduce([t], reduce_options(op)), async_op)
 
     @override
-    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        self._run("all_gather", lambda pg: pg.allgather([list(output_tensor.unbind(0))], [input_tensor]))
+    def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
+        outputs, inp = list(real_view(output_tensor).unbind(0)), real_view(input_tensor)
+        return self._start("all_gather", lambda pg: pg.allgather([outputs], [inp]), async_op)
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
-        self._run("all_gather_to_list", lambda pg: pg.allgather([output_tensors], [input_tensor]))
+        outputs, inp = [real_view(t) for t in output_tensors], real_view(input_tensor)
+        self._run("all_gather_to_list", lambda pg: pg.allgather([outputs], [inp]))
 
     @override
-    def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
+    def _reduce_scatter(
+        self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation, async_op: bool
+    ) -> Work | None:
         total = input_tensor.clone()  # gloo has no reduce-scatter of one tensor: reduce all rows
-        if self._run("reduce_scatter", lambda pg: pg.allreduce([total], reduce_options(op))):
-            output_tensor.copy_(total[self.rank])
+        return self._start(
+            "reduce_scatter",
+            lambda pg: pg.allreduce([real_view(total)], reduce_options(op)),
+            async_op,
+            then=lambda: output_tensor.copy_(total[self.rank]),
+        )
 
     @override
-    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        self._run("all_to_all", lambda pg: pg.alltoall_base(output_tensor.view(-1), input_tensor.view(-1), [], []))
+    def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
+        out, inp = real_view(output_tensor).view(-1), real_view(input_tensor).view(-1)
+        return self._start("all_to_all", lambda pg: pg.alltoall_base(out, inp, [], []), async_op)
 
     @override
-    def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        self._run("broadcast", lambda pg: pg.broadcast([tensor], root_options(source_rank)))
+    def _broadcast(self, tensor: Tensor, source_rank: int, async_op: bool) -> Work | None:
+        t = real_view(tensor)
+        return self._start("broadcast", lambda pg: pg.broadcast([t], root_options(source_rank)), async_op)
+
+    @override
+    def _send_recv(
+        self, sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], async_op: bool, operation: str
+    ) -> Work | None:
+        raise NotSupportedError(_NOT_ACROSS_REPLICAS.format(operation))
+
+    @override
+    def _all_to_all_uneven(
+        self,
+        output: Tensor,
+        input: Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        async_op: bool,
+    ) -> Work | None:
+        raise NotSupportedError(_NOT_ACROSS_REPLICAS.format("all_to_all_uneven"))
+
+    def _start(
+        self,
+        operation: str,
+        call: Callable[[StandaloneGroup], Any],
+        async_op: bool,
+        then: Callable[[], object] | None = None,
+    ) -> Work | None:
+        """Run ``call`` as :meth:`_run` does; with ``async_op``, return its work unwaited (a :class:`_StepWork`)."""
+        if not async_op:
+            if self._run(operation, call) and then is not None:
+                then()
+            return None
+        if not self._in_step:
+            raise InvalidOperationError(f"`{operation}` must be called inside `with gang.step():`.")
+        if self._error is not None or self._pg is None:
+            return None  # skipped, as the blocking call is
+        try:
+            self._fault(operation)
+            work = call(self._pg)
+        except BACKEND_ERRORS as ex:
+            self._record(operation, ex)
+            return None
+        handle = _StepWork(self, operation, work, then)
+        self._pending.append(handle)
+        return handle
+
+    def _settle_pending(self) -> None:
+        """Wait for the works of this step that the caller did not wait for (before the vote)."""
+        while self._pending:
+            self._pending[0].wait()
 
     @override
     def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:
