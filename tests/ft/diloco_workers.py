@@ -10,8 +10,8 @@ committed sync with the fields of the ``gang.ft`` ``sync`` record and this proce
 parameters, ``local`` parameters and outer ``momentum`` after it (flat; local shards under FSDP2).
 
 Pauses (``FT_PAUSE``): ``enter:1`` before entering DiLoCo (``FT_GATE=1``), ``step:<t>`` before
-local step ``t``, ``exchange:<t>`` inside the sync that follows local step ``t``, before its
-all-gather (through ``gang.ft.replica``'s test-only fault seam). ``FT_FRAGMENTS``, ``FT_DELAY``,
+local step ``t``, ``exchange:<t>`` inside the sync that follows local step ``t``, as its
+all-gather starts (through ``gang.ft.replica``'s test-only fault seam). ``FT_FRAGMENTS``, ``FT_DELAY``,
 ``FT_ALPHA`` and ``FT_SYNC_EVERY`` configure DiLoCo; ``FT_TIMEOUT``, ``FT_QUORUM_TIMEOUT``,
 ``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` the gang.
 
@@ -82,45 +82,50 @@ def replay(syncs: list[dict[str, Any]], *, procs: int, delay: int, alpha: float)
 
     Every replica id trains at every local step (those that are not in a quorum are never read),
     each on its own batches; a replica's step averages the gradients of its ``procs`` processes
-    (as FSDP2's reduce-scatter does). At each committed sync (in step order): the healed members
-    copy their healer's local parameters and pending applications; the pseudo-gradients ``global -
-    local`` of the averaged members are summed in quorum order and divided by their number; the
-    outer optimizer (its own SGD over its own copy of the global parameters) steps with these as
-    gradients of the fragments' parameters (the others have none); every member's fragment becomes
-    ``alpha * local + (1 - alpha) * global``, ``delay`` local steps later. Returns, per sync,
-    ``{"global": [...], "local": {rid: [...]}}`` (full parameters) after it.
+    (as FSDP2's reduce-scatter does). At each committed sync after local step ``t`` (in step
+    order): the healed members copy their healer's local parameters; the pseudo-gradients
+    ``global - local`` of the other members are summed in quorum order and divided by their
+    number; the outer optimizer (its own SGD over its own copy of the global parameters) steps with
+    these as gradients of the fragments' parameters (the others have none); every member's
+    fragment becomes ``alpha * local + (1 - alpha) * global`` after local step ``t + delay``.
+    Returns, per sync, the full ``global`` parameters after it and every replica's ``local``
+    parameters once it was applied.
     """
     start = [p.detach().clone() for p in build_model("0").parameters()]
     glob = [p.clone().requires_grad_(True) for p in start]
     outer_opt = outer(glob)
     models: dict[str, nn.Module] = {}
     opts: dict[str, torch.optim.Optimizer] = {}
-    pending: dict[str, list[tuple[list[int], int]]] = {}
+    history: list[dict[str, Any]] = []
+    waiting: list[tuple[int, list[str], list[int], int]] = []  # (sync, members, parameters, apply after step)
     done = 0
-    history = []
 
     def model(rid: str) -> nn.Module:
         if rid not in models:
             models[rid] = build_model(rid)
-            opts[rid], pending[rid] = inner(models[rid].parameters()), []
+            opts[rid] = inner(models[rid].parameters())
         return models[rid]
 
     def params(rid: str) -> list[Tensor]:
         return list(model(rid).parameters())
 
-    def apply(rid: str, indices: list[int]) -> None:
-        with torch.no_grad():
-            for i in indices:
-                p = params(rid)[i]
-                if alpha == 0.0:
-                    p.copy_(glob[i])
-                else:
-                    p.mul_(alpha).add_(glob[i], alpha=1.0 - alpha)
+    def apply_due(t: int) -> None:
+        for entry in [e for e in waiting if e[3] <= t]:
+            waiting.remove(entry)
+            index, members, indices, _ = entry
+            with torch.no_grad():
+                for rid in members:
+                    for i in indices:
+                        p = params(rid)[i]
+                        if alpha == 0.0:
+                            p.copy_(glob[i])
+                        else:
+                            p.mul_(alpha).add_(glob[i], alpha=1.0 - alpha)
+            history[index]["local"] = {r: [p.detach().clone() for p in params(r)] for r in models}
 
-    for sync in syncs:
-        for rid in sync["quorum"]:
-            model(rid)
-        for t in range(done, sync["local_steps"]):
+    def advance(to: int) -> None:
+        nonlocal done
+        for t in range(done, to):
             for rid, m in models.items():
                 grads = []
                 for k in range(procs):
@@ -130,38 +135,34 @@ def replay(syncs: list[dict[str, Any]], *, procs: int, delay: int, alpha: float)
                 for p, gs in zip(m.parameters(), zip(*grads, strict=True), strict=True):
                     p.grad = sum(gs[1:], gs[0].clone()).div_(procs)
                 opts[rid].step()
-                for indices, _ in [e for e in pending[rid] if e[1] <= t]:
-                    apply(rid, indices)
-                pending[rid] = [e for e in pending[rid] if e[1] > t]
-        done = sync["local_steps"]
+            apply_due(t)
+        done = max(done, to)
+
+    for index, sync in enumerate(syncs):
+        for rid in sync["quorum"]:
+            model(rid)
+        advance(sync["local_steps"])
         for member, source in sync["healed"].items():
             with torch.no_grad():
                 for mine, theirs in zip(params(member), params(source), strict=True):
                     mine.copy_(theirs)
-            pending[member] = list(pending[source])
         indices = [i for k in sync["fragments"] for i in sync["fragment_params"][k]]
         if indices:
+            averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
             for i, g in enumerate(glob):
                 g.grad = None
                 if i in indices:
-                    averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
                     rows = [g.detach() - params(rid)[i].detach() for rid in averaged]
                     total = rows[0].clone()
                     for row in rows[1:]:
                         total.add_(row)
                     g.grad = total.div_(len(rows))
             outer_opt.step()
-            for rid in sync["quorum"]:
-                if delay == 0:
-                    apply(rid, indices)
-                else:
-                    pending[rid].append((indices, done - 1 + delay))
-        history.append(
-            {
-                "global": [g.detach().clone() for g in glob],
-                "local": {r: [p.detach().clone() for p in params(r)] for r in models},
-            }
-        )
+        history.append({"global": [g.detach().clone() for g in glob]})
+        later = delay if indices else 0  # a sync without fragments (entering) has nothing to apply
+        waiting.append((index, list(sync["quorum"]), indices, sync["local_steps"] - 1 + later))
+        apply_due(done - 1)
+    advance(done + delay)
     return history
 
 

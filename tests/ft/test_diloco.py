@@ -113,27 +113,29 @@ TIMEOUTS = {"FT_TIMEOUT": "30", "FT_QUORUM_TIMEOUT": "20", "FT_HEARTBEAT_TIMEOUT
 
 
 def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(make_cluster: Any) -> None:
-    # Three one-process replicas (min_replicas=2). Replica 1 is SIGKILLed between syncs (before
-    # local step 6) and restarted while the others wait before local step 8: it heals at their
-    # next sync (after local step 9: global parameters, outer momentum, counters) and is left out
-    # of its average. Replica 2 is SIGKILLed inside the exchange after local step 11: that sync is
-    # aborted on 0 and 1 and retried after local step 12. Brand-new replica 3 joins at the sync
-    # after local step 17. Replicas 1 and 3 stop after 20 local steps; replica 0, alone, cannot
-    # form its next quorum: GangError.
+    # Three one-process replicas (min_replicas=2). Each exchange starts through async handles and
+    # is voted on and applied one local step later. Replica 1 is SIGKILLed between syncs (before
+    # local step 7, with nothing in flight) and restarted while the others wait before local step
+    # 8: it heals at their next sync (after local step 9: global parameters, outer momentum,
+    # counters), is left out of its average and receives it. Replica 2 is SIGKILLed inside the
+    # exchange started after local step 11: that sync is aborted on 0 and 1 (after local step 12)
+    # and retried after local step 13, together with the fragment due then. Brand-new replica 3
+    # joins at the sync after local step 17. Replicas 1 and 3 stop after 21 local steps; replica
+    # 0, alone, cannot form its next quorum: GangError.
     cluster = make_cluster("one")
     env = STREAMING | TIMEOUTS
-    plan = {"0": ("step:8,step:16", 24), "1": ("step:6", 20), "2": ("step:8,exchange:11", 24)}
+    plan = {"0": ("step:8,step:16", 24), "1": ("step:7", 21), "2": ("step:8,exchange:11", 24)}
     for rid, (pause, steps) in plan.items():
         cluster.start(rid, pause=pause, steps=steps, min_replicas=2, env=env)
     for rid in plan:
         cluster.wait(rid, "paused", 1)
     for rid in plan:
         cluster.release(rid, "enter", 1)
-    cluster.wait("1", "paused", 6)
+    cluster.wait("1", "paused", 7)
     cluster.signal("1", signal.SIGKILL)
     for rid in ("0", "2"):
         cluster.wait(rid, "paused", 8)
-    cluster.start("1", pause="step:16", steps=20, min_replicas=2, env=env)
+    cluster.start("1", pause="step:16", steps=21, min_replicas=2, env=env)
     cluster.wait("1", "paused", 1)
     cluster.release("1", "enter", 1)
     for rid in ("0", "2"):
@@ -142,7 +144,7 @@ def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(make_cluste
     cluster.signal("2", signal.SIGKILL)
     for rid in ("0", "1"):
         cluster.wait(rid, "paused", 16)
-    cluster.start("3", steps=20, min_replicas=2, env=env)
+    cluster.start("3", steps=21, min_replicas=2, env=env)
     cluster.wait("3", "paused", 1)
     cluster.release("3", "enter", 1)
     for rid in ("0", "1"):
@@ -159,17 +161,17 @@ def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(make_cluste
         (2, [0], all3, [], all3),
         (4, [1], all3, [], all3),
         (6, [0], all3, [], all3),
-        (8, [1], survivors, [], survivors),  # replica 1 was killed before local step 6
+        (8, [1], survivors, [], survivors),  # replica 1 was killed before local step 7
         (10, [0], all3, ["1"], survivors),  # the restarted replica 1 heals and is left out of the average
-        # after local step 11 the exchange failed (replica 2 killed in it): retried one step later
-        (13, [1], ["0", "1"], [], ["0", "1"]),
-        (14, [0], ["0", "1"], [], ["0", "1"]),
+        # the exchange after local step 11 failed (replica 2 killed in it): retried after step 13
+        (14, [0, 1], ["0", "1"], [], ["0", "1"]),
         (16, [1], ["0", "1"], [], ["0", "1"]),
         (18, [0], late, ["3"], ["0", "1"]),  # brand-new replica 3 heals
         (20, [1], late, [], late),
     ], got
     assert syncs[0]["fragment_params"] == [[0], [1, 2, 3]]  # 1024 bytes, then 128 + 512 + 32
     assert syncs[1]["bytes"] == 16 * 8 * 8, syncs[1]  # fragment 0: the first weight, float64
+    assert all(s["applied_after"] == s["local_steps"] + 1 for s in syncs[1:]), syncs  # one step later
     for rid in ("1", "3"):  # the new incarnations healed before their first sync
         events = [e["event"] for e in cluster.events(cluster.current(rid)[0])]
         assert "healed" in events and events.index("healed") < events.index("sync"), (rid, events)

@@ -25,11 +25,15 @@ How a sync goes (one ``rg.step()``):
    (``fragment_update_alpha`` mixes in the local values). A sync that was not committed (a member
    died or hung in the exchange) changes nothing on any survivor: local progress is kept, and the
    sync is retried after the next local step with the survivors (its pseudo-gradient then spans
-   one more step).
+   one more step). With ``fragment_sync_delay=d`` the exchange runs through async handles while
+   ``d`` more local steps compute, and the vote and the application follow local step ``t + d``.
 
 Every committed sync is logged on the ``gang.ft`` logger (event ``sync``: ``step``,
-``local_steps``, ``fragments``, ``quorum``, ``healed``, ``averaged``, ``bytes`` this process
-contributed, ``seconds``). The guide is ``docs/diloco.rst``.
+``local_steps`` when the exchange started, ``applied_after`` local steps, ``fragments``,
+``quorum``, ``healed``, ``averaged``, ``bytes`` this process contributed, ``seconds`` from the
+exchange's start and ``waited``, the seconds of those spent blocked in the vote and the
+application: with a delay, the part of the exchange that the local steps did not hide). The
+guide is ``docs/diloco.rst``.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ import itertools
 import logging
 import time
 from collections.abc import Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, final
 
@@ -157,7 +163,7 @@ class _SemiSync:
         self._offsets = prepare_offsets(self._sync_every, fragments)
         self._local_step = 0
         self._due: list[int] = []  # fragments whose exchange is due (prepared, or failed and retried)
-        self._pending: list[tuple[int, int]] = []  # (fragment, local step after which it is applied)
+        self._flight: _Exchange | None = None  # an exchange started and not yet finished (a delayed fragment)
         self._handle: RemovableHandle | None = None
         self._restored = False
         self._name = f"gang.ft.{self._kind}"
@@ -182,12 +188,13 @@ class _SemiSync:
             self._reset()
         self._rg._attach_state(self._name, self._state, self._load)
         try:
-            if self._rg.step_number == 0:
-                # A job's start (or a replica started anew): one step of the replica gang makes
-                # the replicas agree (the gang's `init_sync`), or heals this one and takes part in
-                # the sync the others run. Retried until this replica has a step number.
-                while self._rg.step_number == 0:
-                    self._sync()
+            # A job's start (or a replica started anew): one step of the replica gang makes the
+            # replicas agree (the gang's `init_sync`), or heals this one and takes part in the
+            # sync the others run (its exchange may then be in flight). Retried until this
+            # replica has a step number.
+            while self._rg.step_number == 0:
+                if self._start().apply_after <= self._local_step - 1:
+                    self._finish()
         except BaseException:
             self._rg._detach_state(self._name)
             raise
@@ -197,17 +204,27 @@ class _SemiSync:
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-        self._rg._detach_state(self._name)
+        """Leave: an exchange in flight is finished and applied (or, when leaving on an exception,
+        aborted on every member); the step hook is removed."""
+        try:
+            flight, self._flight = self._flight, None
+            if flight is not None and kind is None:
+                self._flight = flight
+                self._finish()
+            elif flight is not None:
+                flight.stack.__exit__(kind, value, traceback)
+        finally:
+            if self._handle is not None:
+                self._handle.remove()
+                self._handle = None
+            self._rg._detach_state(self._name)
 
     def state_dict(self) -> dict[str, Any]:
         """This object's state, for a checkpoint (save it with the model's and ``rg.state_dict()``).
 
-        ``local_step``, the fragments whose exchange is ``due``, the ``pending`` applications of
-        a delayed fragment, and for :class:`DiLoCo` the ``global`` parameters (this process's
-        local shards under FSDP2) and the ``outer`` optimizer's state. Tensors are copies.
+        ``local_step``, the fragments whose exchange is ``due`` (or in flight), and for
+        :class:`DiLoCo` the ``global`` parameters (this process's local shards under FSDP2) and
+        the ``outer`` optimizer's state. Tensors are copies.
         """
         state: dict[str, Any] = _copy(self._state())
         return state
@@ -232,56 +249,86 @@ class _SemiSync:
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         t = self._local_step
         self._local_step += 1
-        self._apply_pending(t)
+        if self._flight is not None and t >= self._flight.apply_after and not self._finish():
+            return  # retried after the next local step
         for k, offset in enumerate(self._offsets):
             if t % self._sync_every == offset and k not in self._due:
                 self._due.append(k)
-        if self._due:
-            self._sync()
+        if self._due and self._flight is None and self._start().apply_after <= t:
+            self._finish()
 
-    def _sync(self) -> bool:
-        """Run one step of the replica gang that exchanges the due fragments; return whether it committed."""
+    def _start(self) -> _Exchange:
+        """Enter one step of the replica gang and start exchanging the due fragments.
+
+        Without a delay the exchange is blocking and :meth:`_finish` follows at once; with
+        ``fragment_sync_delay=d`` it goes through async handles and the step stays open while
+        ``d`` more local steps compute, until :meth:`_finish` after local step ``t + d``.
+        """
         started = time.monotonic()
         rg = self._rg
-        with rg.step():
+        stack = ExitStack()
+        stack.enter_context(rg.step())  # forms the quorum; heals this replica if it is behind
+        try:
             quorum = rg.current_quorum
             assert quorum is not None
             due = sorted(self._due)  # after a heal: the healer's
             healed = {quorum.members.index(m) for m in quorum.heal}
-            averaged = [r for r in range(rg.size) if r not in healed]
-            tables: list[Tensor] = []
-            sent = 0
-            for row in self._outgoing(due):
-                table = row.new_empty((rg.size, row.numel()))
-                rg.all_gather(table, row)
-                tables.append(table)
-                sent += row.numel() * row.element_size()
+            t = self._local_step - 1  # after a heal: the healer's
+            rows = self._outgoing(due)
+            tables = [row.new_empty((rg.size, row.numel())) for row in rows]
+            for table, row in zip(tables, rows, strict=True):
+                rg.all_gather(table, row, async_op=self._delay > 0)
+        except BaseException as ex:
+            stack.__exit__(type(ex), ex, ex.__traceback__)
+            raise
+        self._flight = _Exchange(
+            stack=stack,
+            due=due,
+            rows=rows,
+            tables=tables,
+            averaged=[r for r in range(rg.size) if r not in healed],
+            members=list(quorum.members),
+            healed=dict(quorum.heal),
+            local_steps=t + 1,
+            apply_after=t + self._delay if due else t,
+            started=started,
+        )
+        return self._flight
+
+    def _finish(self) -> bool:
+        """Vote on the exchange in flight (waiting for its handles), apply it if committed; return whether it was."""
+        flight, self._flight = self._flight, None
+        assert flight is not None
+        rg = self._rg
+        waiting = time.monotonic()
+        with flight.stack:
             committed = rg.should_commit()
         if not committed:
             return False
-        t = self._local_step - 1  # the local step this sync follows (-1: before the first)
-        if due:
-            means = [_ordered_mean(table, averaged) for table in tables]
-            self._land(due, means, t)
-        self._due = [k for k in self._due if k not in due]
-        seconds = time.monotonic() - started
-        members = list(quorum.members)
+        if flight.due:
+            self._land(flight.due, [_ordered_mean(table, flight.averaged) for table in flight.tables])
+        self._due = [k for k in self._due if k not in flight.due]
+        now = time.monotonic()
+        sent = sum(row.numel() * row.element_size() for row in flight.rows)
+        averaged = [flight.members[r] for r in flight.averaged]
         log_event(
             "sync",
-            f"{self._kind} sync at step {rg.step_number} after {self._local_step} local steps on replica "
-            f"{rg.replica_id!r} rank {rg.replica_rank}: fragments {due} averaged over "
-            f"{[members[r] for r in averaged]} of {quorum.describe()}, {sent} bytes sent in {seconds:.3f} s",
+            f"{self._kind} sync at step {rg.step_number} after {flight.local_steps} local steps on replica "
+            f"{rg.replica_id!r} rank {rg.replica_rank}: fragments {flight.due} averaged over {averaged} of "
+            f"{flight.members}, {sent} bytes sent in {now - flight.started:.3f} s ({now - waiting:.3f} s waited)",
             level=logging.INFO,
             replica=rg.replica_id,
             replica_rank=rg.replica_rank,
             step=rg.step_number,
-            local_steps=self._local_step,
-            fragments=due,
-            quorum=members,
-            healed=dict(quorum.heal),
-            averaged=[members[r] for r in averaged],
+            local_steps=flight.local_steps,
+            applied_after=self._local_step,
+            fragments=flight.due,
+            quorum=flight.members,
+            healed=flight.healed,
+            averaged=averaged,
             bytes=sent,
-            seconds=round(seconds, 6),
+            seconds=round(now - flight.started, 6),
+            waited=round(now - waiting, 6),
         )
         return True
 
@@ -308,12 +355,6 @@ class _SemiSync:
                 at += local.numel()
         return out
 
-    def _apply_pending(self, t: int) -> None:
-        ready = [k for k, at in self._pending if at <= t]
-        self._pending = [(k, at) for k, at in self._pending if at > t]
-        for k in ready:
-            self._apply(k)
-
     # -- what each kind does -------------------------------------------------------------------------
 
     def _reset(self) -> None:
@@ -322,23 +363,34 @@ class _SemiSync:
     def _contribution(self, i: int) -> Tensor:
         raise NotImplementedError
 
-    def _land(self, due: list[int], means: list[Tensor], t: int) -> None:
+    def _land(self, due: list[int], means: list[Tensor]) -> None:
         raise NotImplementedError
-
-    def _apply(self, k: int) -> None:
-        """Apply fragment ``k``'s new global values to the local parameters (a delayed fragment)."""
 
     def _state(self) -> dict[str, Any]:
         return {
             "local_step": self._local_step,
             "due": list(self._due),
-            "pending": [list(p) for p in self._pending],
         }
 
     def _load(self, state: Mapping[str, Any]) -> None:
         self._local_step = int(state["local_step"])
         self._due = [int(k) for k in state["due"]]
-        self._pending = [(int(k), int(at)) for k, at in state["pending"]]
+
+
+@dataclass
+class _Exchange:
+    """An exchange started by :meth:`_SemiSync._start`: its open step of the replica gang and its buffers."""
+
+    stack: ExitStack  # holds the open `rg.step()`
+    due: list[int]
+    rows: list[Tensor]  # what this process sent (kept alive while the handles run)
+    tables: list[Tensor]  # the all-gathered rows, one table per dtype group
+    averaged: list[int]  # the ranks averaged (not healed in this step)
+    members: list[str]
+    healed: dict[str, str]
+    local_steps: int  # the local steps taken when the exchange started
+    apply_after: int  # the local step after which it is voted on and applied
+    started: float
 
 
 def _ordered_mean(table: Tensor, ranks: list[int]) -> Tensor:
@@ -404,7 +456,7 @@ class LocalSGD(_SemiSync):
     def _contribution(self, i: int) -> Tensor:
         return _local(self._params[i])
 
-    def _land(self, due: list[int], means: list[Tensor], t: int) -> None:
+    def _land(self, due: list[int], means: list[Tensor]) -> None:
         with torch.no_grad():
             for i, mean in self._split(due, means).items():
                 _local(self._params[i]).copy_(mean)
@@ -423,10 +475,12 @@ class DiLoCo(_SemiSync):
     it (other parameters' gradients are ``None`` meanwhile, so the outer optimizer leaves them;
     every ``.grad`` is restored afterwards): the result is the fragment's new global value. The
     local parameters become ``alpha * local + (1 - alpha) * new_global`` (``alpha`` is
-    ``fragment_update_alpha``), at once, or with ``fragment_sync_delay=d`` after local step ``t +
-    d`` (the local values are then those of step ``t + d``). The exchange itself runs at step
-    ``t`` and blocks: the delay's semantics are kept, but the exchange does not overlap the ``d``
-    local steps.
+    ``fragment_update_alpha``). Without a delay all of it happens after local step ``t``. With
+    ``fragment_sync_delay=d`` the exchange starts after local step ``t`` through async handles
+    (``async_op=True``) and the step of the replica gang stays open while ``d`` more local steps
+    compute; after local step ``t + d`` the handles are waited for, the members vote, and the
+    fragment is applied (to the local values of step ``t + d``). A failed exchange is then
+    retried after the next local step.
 
     On entering a job at step 0, the replicas first agree on the starting parameters (the gang's
     ``init_sync``). A replica healed at a sync (restarted, or new) receives the global parameters,
@@ -508,7 +562,7 @@ class DiLoCo(_SemiSync):
     def _contribution(self, i: int) -> Tensor:
         return self._global[i] - _local(self._params[i])
 
-    def _land(self, due: list[int], means: list[Tensor], t: int) -> None:
+    def _land(self, due: list[int], means: list[Tensor]) -> None:
         averaged = self._split(due, means)
         saved = [p.grad for p in self._params]
         local = {i: _local(self._params[i]).clone() for i in averaged}
@@ -523,15 +577,12 @@ class DiLoCo(_SemiSync):
             with torch.no_grad():
                 for i in averaged:
                     self._global[i].copy_(_local(self._params[i]))
-                    _local(self._params[i]).copy_(local[i])  # applied below, or after the delay
+                    _local(self._params[i]).copy_(local[i])
         finally:
             for p, grad in zip(self._params, saved, strict=True):
                 p.grad = grad
         for k in due:
-            if self._delay == 0:
-                self._apply(k)
-            else:
-                self._pending.append((k, t + self._delay))
+            self._apply(k)
 
     def _apply(self, k: int) -> None:
         with torch.no_grad():
