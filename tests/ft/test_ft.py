@@ -49,6 +49,11 @@ WAIT = 180.0  # the harness's bound on waiting for one event (a loaded 2-core ma
 class Cluster:
     """A store process and replica processes, each replica logging JSON lines to its own file."""
 
+    script: tuple[str, ...] = ()
+    """What replicas run instead of ``ft_workers.py``: a script and its first arguments (empty: ``ft_workers.py``)."""
+    bulky: tuple[str, ...] = ("params",)
+    """The fields of log events that :meth:`dump` leaves out."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.procs: list[subprocess.Popen[bytes] | Forked] = []
@@ -75,6 +80,9 @@ class Cluster:
     def _popen(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | Forked:
         """Start ``cmd``: forked from the fork server (a replica or a store), or anew (torchrun)."""
         proc: subprocess.Popen[bytes] | Forked
+        if self.script and str(WORKER) in cmd:
+            at = cmd.index(str(WORKER))
+            cmd = [*cmd[:at], *self.script, *cmd[at + 1 :]]
         if can_fork(cmd):
             proc = Forked(cmd, env, self.root / f"stderr.{len(self.procs)}")
         else:
@@ -280,7 +288,8 @@ class Cluster:
         for logs in self.logs.values():
             for log in logs:
                 for e in self.events(log):
-                    e.pop("params", None)
+                    for key in self.bulky:
+                        e.pop(key, None)
                     lines.append(f"{log.name}: {e}")
         return "\n".join(lines[-200:])
 

@@ -12,16 +12,14 @@ average: once per backward pass, or at once when gradients accumulate.
 from __future__ import annotations
 
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from forked import Forked
 from pg_workers import reference
-from test_ft import STEPS, WORKER, Cluster
+from test_ft import STEPS, Cluster
 
 from gang import Gang
 
@@ -33,13 +31,8 @@ class PGCluster(Cluster):
 
     def __init__(self, root: Path, mode: str) -> None:
         self.mode = mode
+        self.script = (str(PG_WORKER), mode)
         super().__init__(root)
-
-    def _popen(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | Forked:
-        if str(WORKER) in cmd:
-            at = cmd.index(str(WORKER))
-            cmd = [*cmd[:at], str(PG_WORKER), self.mode, *cmd[at + 1 :]]
-        return super()._popen(cmd, env)
 
     def check_steps(self) -> dict[int, list[dict[str, Any]]]:
         """Check every committed step against the replay; return each step's commit events (one per process)."""

@@ -17,7 +17,8 @@ logger = logging.getLogger("gang.ft")
 def log_event(event: str, message: str, *, level: int = logging.INFO, **fields: object) -> None:
     """Log ``message`` on the ``gang.ft`` logger with ``fields`` and ``event`` as ``record.gang_ft``.
 
-    :param event: The kind of event: ``quorum``, ``drop``, ``died``, ``stalled``, ``heal`` or ``abort``.
+    :param event: The kind of event: ``quorum``, ``drop``, ``died``, ``stalled``, ``heal``, ``abort`` or ``sync``
+        (a sync of :class:`gang.ft.LocalSGD` or :class:`gang.ft.DiLoCo`).
     """
     if logger.isEnabledFor(level):
         logger.log(level, message, extra={"gang_ft": {"event": event, **fields}})

@@ -171,6 +171,8 @@ class ReplicaGang(Gang):
         self._address = address
         self._state_dict = state_dict
         self._load_state_dict = load_state_dict
+        # State healed along with the user's (`LocalSGD`, `DiLoCo`): name -> (state_dict, load_state_dict).
+        self._attached: dict[str, tuple[Callable[[], Mapping[str, Any]], Callable[[Mapping[str, Any]], None]]] = {}
         self._min_replicas = min_replicas
         self._timeout = timeout
         self._quorum_timeout = quorum_timeout
@@ -566,18 +568,18 @@ class ReplicaGang(Gang):
         started = time.monotonic()
         try:  # no local reference to the group: dropping it must destroy it (see `_record`)
             if self.rank in plan:
-                current = self._state_dict()
+                current = self._full_state()
                 self._dirty = True  # from here on, tensors of `current` may be written in place
                 step, state, received = receive_state(
                     self._pg, plan[self.rank], current, self._device, self._finish_transfer
                 )
                 self._heal_bytes[1] += received
                 assert isinstance(state, Mapping)
-                self._load_state_dict(state)
+                self._load_full_state(state)
                 self._step_number, self._dirty = step, False
                 moved, done = received, f"received {received} bytes from rank {plan[self.rank]}"
             else:
-                state = self._state_dict()
+                state = self._full_state()
                 sent = sum(
                     send_state(self._pg, r, state, self._step_number, self._device, self._finish_transfer)
                     for r in receivers
@@ -600,6 +602,39 @@ class ReplicaGang(Gang):
             seconds=round(seconds, 6),
             step=self._step_number,
         )
+
+    def _attach_state(
+        self,
+        name: str,
+        state_dict: Callable[[], Mapping[str, Any]],
+        load_state_dict: Callable[[Mapping[str, Any]], None],
+    ) -> None:
+        """Heal ``state_dict()`` under ``name`` along with the user's state (:class:`gang.ft.DiLoCo` does).
+
+        A replica that heals loads the user's state first, then each attached one in the order attached.
+        """
+        if name in self._attached:
+            raise InvalidOperationError(f"`{name}` is already attached to replica {self._replica_id!r}'s gang.")
+        self._attached[name] = (state_dict, load_state_dict)
+
+    def _detach_state(self, name: str) -> None:
+        """Stop healing what :meth:`_attach_state` attached under ``name``."""
+        self._attached.pop(name, None)
+
+    def _full_state(self) -> Mapping[str, Any]:
+        """What a heal sends: the user's state, with the attached states when there are any."""
+        if not self._attached:
+            return self._state_dict()
+        return {"user": self._state_dict(), "attached": {n: get() for n, (get, _) in self._attached.items()}}
+
+    def _load_full_state(self, state: Mapping[str, Any]) -> None:
+        """Load what :meth:`_full_state` of the healer returned."""
+        if not self._attached:
+            self._load_state_dict(state)
+            return
+        self._load_state_dict(state["user"])
+        for name, (_, load) in self._attached.items():
+            load(state["attached"][name])
 
     def _finish(self, work: Any) -> None:
         settle(work, self._device, self._timeout.total_seconds(), self._protocol.watch_interval, self._watch)

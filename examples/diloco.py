@@ -1,0 +1,160 @@
+"""Training across data centres with :class:`gang.ft.DiLoCo`: replicas sync every few steps, and survive a kill.
+
+As a replica (``GANG_FT_STORE`` and ``GANG_FT_REPLICA_ID`` set, as a launcher of the replica sets
+them): :func:`train` joins the job and trains its own copy of the model with AdamW inside
+streaming DiLoCo (2 fragments, each synchronised every 8 local steps through the replica gang,
+applied by an outer SGD with Nesterov momentum) until ``--steps`` local steps are done and every
+replica is back in the quorum. Every sync is printed from the
+``gang.ft`` logger's ``sync`` record (fragment, quorum, members averaged, bytes).
+
+Run as is (``python examples/diloco.py``): :func:`run_local_job` starts the coordination store and
+3 replicas of this file on this machine, ``SIGKILL``\\ s replica 2 after a few syncs, starts it
+again a few syncs later (it heals: global parameters, outer momentum and counters, and takes part
+in the sync it arrives at), and checks that every replica finished with bit-identical global
+parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import sys
+import time
+import zlib
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional
+
+from gang.ft import DiLoCo, ReplicaGang
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _ft_launch import LocalJob, matching
+
+REPLICAS = 3
+SYNC_EVERY = 8
+FRAGMENTS = 2
+
+
+def batch(replica_id: str, step: int) -> tuple[Tensor, Tensor]:
+    """Replica ``replica_id``'s own batch of local step ``step`` (each data centre reads its own shard)."""
+    generator = torch.Generator().manual_seed(zlib.crc32(f"{replica_id}/{step}".encode()))
+    x = torch.randn(16, 8, generator=generator)
+    return x, (x @ torch.linspace(-1, 1, 8).unsqueeze(1)).tanh()
+
+
+def fingerprint(tensors: list[Tensor]) -> str:
+    """A short hash of the tensors' bytes: equal on two replicas only if they are bit-identical."""
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        digest.update(tensor.detach().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+class PrintSyncs(logging.Handler):
+    """Prints each ``sync`` and ``heal`` record of the ``gang.ft`` logger in one short line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = getattr(record, "gang_ft", {})
+        if fields.get("event") == "sync" and fields["fragments"]:
+            print(
+                f"sync {fields['step']:3d} after {fields['local_steps']:3d} local steps: "
+                f"fragment {fields['fragments']} averaged over {fields['averaged']} of {fields['quorum']}, "
+                f"{fields['bytes']} bytes"
+            )
+        elif fields.get("event") == "heal" and fields.get("source") != fields.get("replica"):
+            print(f"healed from replica {fields['source']!r}: {fields['bytes']} bytes")
+
+
+def train(steps: int, pace: float) -> None:
+    """Train inside DiLoCo until ``steps`` local steps are done and every replica took part in the
+    last sync; print the final global parameters' fingerprint."""
+    replica_id = os.environ["GANG_FT_REPLICA_ID"]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    logger = logging.getLogger("gang.ft")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(PrintSyncs())
+
+    def state_dict() -> dict[str, Any]:  # the user's own state: the model and the inner optimizer
+        return {"model": model.state_dict(), "inner": inner.state_dict()}
+
+    def load_state_dict(state: Mapping[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        inner.load_state_dict(state["inner"])
+
+    gang = ReplicaGang.join(
+        state_dict=state_dict, load_state_dict=load_state_dict, min_replicas=2, timeout=timedelta(seconds=30)
+    )
+    with gang, DiLoCo(gang, model, inner, outer, sync_every=SYNC_EVERY, fragments=FRAGMENTS) as diloco:
+        # Until `steps` local steps are done and the last sync had every replica (the same on
+        # every replica: they all took part in it), at the end of a round of fragments.
+        while diloco.local_step < steps or gang.size < REPLICAS or diloco.local_step % SYNC_EVERY:
+            x, y = batch(replica_id, diloco.local_step)
+            loss = functional.mse_loss(model(x), y)
+            inner.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            time.sleep(pace)  # the rest of a real model's forward and backward
+            inner.step()  # counts one local step; runs a sync when one is due
+            if diloco.local_step % SYNC_EVERY == 0:
+                print(f"local step {diloco.local_step:3d}  loss {loss.item():.4f}")
+        final = fingerprint(diloco.state_dict()["global"])
+    print(f"final sync {gang.step_number} global parameters {final}")
+
+
+def run_local_job(*, steps: int = 64, kill_at: int = 4, restart_at: int = 8, pace: float = 0.02) -> None:
+    """Run the store and 3 replicas locally; kill replica 2 at sync ``kill_at``, restart it at sync ``restart_at``."""
+    with LocalJob() as job:
+        store = job.start_store()
+        args = [__file__, "--steps", str(steps), "--pace", str(pace)]
+
+        def start(replica: int) -> None:
+            job.start(f"replica {replica}", args, {"GANG_FT_STORE": store, "GANG_FT_REPLICA_ID": str(replica)})
+
+        def synced(step: int) -> None:
+            job.expect(lambda line: line.name == "replica 0" and _sync_of(line.text) >= step, timeout=120)
+
+        for replica in range(REPLICAS):
+            start(replica)
+        synced(kill_at)
+        job.say("=== SIGKILL replica 2")
+        job.kill("replica 2")
+        synced(restart_at)
+        job.say("=== starting replica 2 again")
+        start(2)
+        finals = [job.expect(matching("final sync"), timeout=120) for _ in range(REPLICAS)]
+        for replica in range(REPLICAS):
+            status = job.wait(f"replica {replica}", timeout=60)
+            if status != 0:
+                raise RuntimeError(f"replica {replica} exited with status {status}")
+    if len({line.text for line in finals}) != 1:
+        raise RuntimeError(f"the replicas finished differently: {[line.text for line in finals]}")
+    print(f"=== every replica finished with the same global parameters: {finals[0].text}")
+
+
+def _sync_of(text: str) -> int:
+    parts = text.split()
+    return int(parts[1]) if len(parts) > 1 and parts[0] == "sync" and parts[1].isdigit() else -1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--pace", type=float, default=0.02, help="seconds of simulated compute per local step")
+    args = parser.parse_args()
+    if "GANG_FT_STORE" in os.environ:
+        train(args.steps, args.pace)
+    else:
+        run_local_job(steps=args.steps, pace=args.pace)
+
+
+if __name__ == "__main__":
+    main()

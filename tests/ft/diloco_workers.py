@@ -1,0 +1,297 @@
+"""The replicas of the DiLoCo tests: one process each (``one``) or a torchrun of 2 sharding with FSDP2 (``fsdp``).
+
+Run as ``python diloco_workers.py one|fsdp LOG STEPS`` with ``GANG_FT_REPLICA_ID``/``GANG_FT_STORE``
+set. Each process builds the float64 model of :func:`build_model` (replica ``0`` from seed 1234,
+the others from their own seeds: the gang's ``init_sync`` makes them agree), trains it with plain
+SGD inside ``gang.ft.DiLoCo`` (outer SGD with Nesterov momentum) until ``STEPS`` local steps, on
+batch :func:`gang_batch` of (replica, replica rank, local step), and logs JSON lines as
+``ft_workers.py`` does: ``joined``, ``paused``, ``healed``, ``error``, ``done``, and ``sync`` for every
+committed sync with the fields of the ``gang.ft`` ``sync`` record and this process's ``global``
+parameters, ``local`` parameters and outer ``momentum`` after it (flat; local shards under FSDP2).
+
+Pauses (``FT_PAUSE``): ``enter:1`` before entering DiLoCo (``FT_GATE=1``), ``step:<t>`` before
+local step ``t``, ``exchange:<t>`` inside the sync that follows local step ``t``, as its
+all-gather starts (through ``gang.ft.replica``'s test-only fault seam). ``FT_FRAGMENTS``, ``FT_DELAY``,
+``FT_ALPHA`` and ``FT_SYNC_EVERY`` configure DiLoCo; ``FT_TIMEOUT``, ``FT_QUORUM_TIMEOUT``,
+``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` the gang.
+
+:func:`replay` is DiLoCo from its definition in plain torch, in one process: it needs only the
+committed syncs (their local step, fragments, quorum, heals and averaged members).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import zlib
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from ft_workers import Replica
+from torch import Tensor, nn
+
+import gang.ft.replica as replica_module
+from gang import GangError, create_default_gang, create_fsdp_gangs, create_parallel_gangs, get_rank
+from gang.ft import DiLoCo, ReplicaGang
+
+IN, HIDDEN, OUT, BATCH = 8, 16, 4, 16
+INNER_LR, OUTER_LR, MOMENTUM = 0.05, 0.7, 0.9
+FSDP_PROCS = 2
+
+
+def build_model(rid: str) -> nn.Sequential:
+    """Replica ``rid``'s starting model (float64): replica ``"0"``'s is the one every replica adopts."""
+    torch.manual_seed(1234 if rid == "0" else zlib.crc32(rid.encode()))
+    return nn.Sequential(nn.Linear(IN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, OUT)).double()
+
+
+def inner(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=INNER_LR)
+
+
+def outer(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=OUTER_LR, momentum=MOMENTUM, nesterov=True)
+
+
+def gang_batch(rid: str, process: int, t: int) -> tuple[Tensor, Tensor]:
+    """The batch of process ``process`` of replica ``rid`` at local step ``t``."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"{rid}/{process}/{t}".encode()))
+    return torch.randn(BATCH, IN, generator=g, dtype=torch.float64), torch.randn(
+        BATCH, OUT, generator=g, dtype=torch.float64
+    )
+
+
+def loss_of(model: nn.Module, rid: str, process: int, t: int) -> Tensor:
+    x, y = gang_batch(rid, process, t)
+    loss: Tensor = ((model(x) - y) ** 2).mean()
+    return loss
+
+
+def flat(tensors: list[Tensor]) -> list[float]:
+    values: list[float] = torch.cat([t.detach().reshape(-1) for t in tensors]).tolist()
+    return values
+
+
+def replay(syncs: list[dict[str, Any]], *, procs: int, delay: int, alpha: float) -> list[dict[str, Any]]:
+    """DiLoCo from its definition, in one process and plain torch (it reads of each sync only its
+    local step, fragments, quorum and heals).
+
+    Every replica id trains at every local step (those that are not in a quorum are never read),
+    each on its own batches; a replica's step averages the gradients of its ``procs`` processes
+    (as FSDP2's reduce-scatter does). At each committed sync after local step ``t`` (in step
+    order): the healed members copy their healer's local parameters; the pseudo-gradients
+    ``global - local`` of the other members are summed in quorum order and divided by their
+    number; the outer optimizer (its own SGD over its own copy of the global parameters) steps with
+    these as gradients of the fragments' parameters (the others have none); every member's
+    fragment becomes ``alpha * local + (1 - alpha) * global`` after local step ``t + delay``.
+    Returns, per sync, the full ``global`` parameters after it and every replica's ``local``
+    parameters once it was applied.
+    """
+    start = [p.detach().clone() for p in build_model("0").parameters()]
+    glob = [p.clone().requires_grad_(True) for p in start]
+    outer_opt = outer(glob)
+    models: dict[str, nn.Module] = {}
+    opts: dict[str, torch.optim.Optimizer] = {}
+    history: list[dict[str, Any]] = []
+    waiting: list[tuple[int, list[str], list[int], int]] = []  # (sync, members, parameters, apply after step)
+    done = 0
+
+    def model(rid: str) -> nn.Module:
+        if rid not in models:
+            models[rid] = build_model(rid)
+            opts[rid] = inner(models[rid].parameters())
+        return models[rid]
+
+    def params(rid: str) -> list[Tensor]:
+        return list(model(rid).parameters())
+
+    def apply_due(t: int) -> None:
+        for entry in [e for e in waiting if e[3] <= t]:
+            waiting.remove(entry)
+            index, members, indices, _ = entry
+            with torch.no_grad():
+                for rid in members:
+                    for i in indices:
+                        p = params(rid)[i]
+                        if alpha == 0.0:
+                            p.copy_(glob[i])
+                        else:
+                            p.mul_(alpha).add_(glob[i], alpha=1.0 - alpha)
+            history[index]["local"] = {r: [p.detach().clone() for p in params(r)] for r in models}
+
+    def advance(to: int) -> None:
+        nonlocal done
+        for t in range(done, to):
+            for rid, m in models.items():
+                grads = []
+                for k in range(procs):
+                    m.zero_grad()
+                    loss_of(m, rid, k, t).backward()  # type: ignore[no-untyped-call]
+                    grads.append([p.grad.clone() for p in m.parameters() if p.grad is not None])
+                for p, gs in zip(m.parameters(), zip(*grads, strict=True), strict=True):
+                    p.grad = sum(gs[1:], gs[0].clone()).div_(procs)
+                opts[rid].step()
+            apply_due(t)
+        done = max(done, to)
+
+    for index, sync in enumerate(syncs):
+        for rid in sync["quorum"]:
+            model(rid)
+        advance(sync["local_steps"])
+        for member, source in sync["healed"].items():
+            with torch.no_grad():
+                for mine, theirs in zip(params(member), params(source), strict=True):
+                    mine.copy_(theirs)
+        indices = [i for k in sync["fragments"] for i in sync["fragment_params"][k]]
+        if indices:
+            averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
+            for i, g in enumerate(glob):
+                g.grad = None
+                if i in indices:
+                    rows = [g.detach() - params(rid)[i].detach() for rid in averaged]
+                    total = rows[0].clone()
+                    for row in rows[1:]:
+                        total.add_(row)
+                    g.grad = total.div_(len(rows))
+            outer_opt.step()
+        history.append({"global": [g.detach().clone() for g in glob]})
+        later = delay if indices else 0  # a sync without fragments (entering) has nothing to apply
+        waiting.append((index, list(sync["quorum"]), indices, sync["local_steps"] - 1 + later))
+        apply_due(done - 1)
+    advance(done + delay)
+    return history
+
+
+class Worker(Replica):
+    """One process of a replica: the model, the inner optimizer, the heal callbacks and the log."""
+
+    def __init__(self, mode: str, log: Path, process: int, rid: str) -> None:
+        super().__init__(log, process, FSDP_PROCS if mode == "fsdp" else 1, rid)
+        self.process = process
+        self.model = build_model(rid)
+        if mode == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            from gang_mesh import fsdp_mesh
+
+            mesh = fsdp_mesh(create_fsdp_gangs(create_parallel_gangs(create_default_gang(torch.device("cpu")))))
+            for layer in self.model:
+                if isinstance(layer, nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(self.model, mesh=mesh)
+        self.inner = inner(self.model.parameters())
+        self.diloco: DiLoCo | None = None
+
+    def local(self) -> list[Tensor]:
+        return [getattr(p, "_local_tensor", p).detach() for p in self.model.parameters()]
+
+    def state_dict(self) -> Mapping[str, Any]:
+        return {"local": self.local()}  # plain SGD has no state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        with torch.no_grad():
+            for mine, theirs in zip(self.local(), state["local"], strict=True):
+                if mine is not theirs:
+                    mine.copy_(theirs)
+        self.emit("healed")
+
+
+class LogSyncs(logging.Handler):
+    """Logs every ``sync`` record of the ``gang.ft`` logger with this process's parameters after it,
+    and the fields of every other record as ``ft_log``."""
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__()
+        self.worker = worker
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields = dict(getattr(record, "gang_ft", {}))
+        if fields.get("event") != "sync":
+            self.worker.emit("ft_log", ft=fields)
+            return
+        diloco = self.worker.diloco
+        assert diloco is not None
+        state = diloco.state_dict()
+        momentum = [s["momentum_buffer"] for s in state["outer"]["state"].values() if "momentum_buffer" in s]
+        fields.pop("event")
+        self.worker.emit(
+            "sync",
+            **fields,
+            fragment_params=diloco.fragments,
+            **{"global": flat(state["global"])},
+            local=flat(self.worker.local()),
+            momentum=flat(momentum) if momentum else [],
+        )
+
+
+def main() -> None:
+    mode, log, steps = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    process = get_rank() if mode == "fsdp" else 0
+    if mode == "fsdp":
+        log = Path(f"{log}.rr{process}")
+    rid = os.environ["GANG_FT_REPLICA_ID"]
+    worker = Worker(mode, log, process, rid)
+    ft_logger = logging.getLogger("gang.ft")
+    ft_logger.setLevel(logging.INFO)
+    ft_logger.addHandler(LogSyncs(worker))
+
+    def seconds(name: str, default: str) -> timedelta:
+        return timedelta(seconds=float(os.environ.get(name, default)))
+
+    def pause_in_exchange(gang: ReplicaGang, operation: str) -> RuntimeError | None:
+        if operation == "all_gather" and worker.diloco is not None:
+            worker.maybe_pause("exchange", worker.diloco.local_step - 1)
+        return None
+
+    replica_module._fault_hook = pause_in_exchange
+    try:
+        rg = ReplicaGang.join(
+            state_dict=worker.state_dict,
+            load_state_dict=worker.load_state_dict,
+            timeout=seconds("FT_TIMEOUT", "30"),
+            quorum_timeout=seconds("FT_QUORUM_TIMEOUT", "30"),
+            heartbeat_timeout=seconds("FT_HEARTBEAT_TIMEOUT", "3"),
+            min_replicas=int(os.environ.get("FT_MIN_REPLICAS", "1")),
+        )
+    except GangError as ex:
+        worker.emit("error", error=str(ex))
+        os._exit(3)
+    worker.gang = rg
+    worker.emit("joined", step=rg.step_number)
+    if os.environ.get("FT_GATE") == "1":
+        worker.pauses.add(("enter", 1))  # every process waits to enter until the harness lets it
+        worker.maybe_pause("enter", 1)
+    diloco = DiLoCo(
+        rg,
+        worker.model,
+        worker.inner,
+        outer(worker.model.parameters()),
+        sync_every=int(os.environ.get("FT_SYNC_EVERY", "4")),
+        fragments=int(os.environ.get("FT_FRAGMENTS", "1")),
+        fragment_sync_delay=int(os.environ.get("FT_DELAY", "0")),
+        fragment_update_alpha=float(os.environ.get("FT_ALPHA", "0")),
+    )
+    worker.diloco = diloco
+    try:
+        with diloco:
+            while diloco.local_step < steps:
+                t = diloco.local_step
+                worker.maybe_pause("step", t)
+                worker.inner.zero_grad()
+                loss_of(worker.model, rid, process, t).backward()  # type: ignore[no-untyped-call]
+                worker.inner.step()
+    except GangError as ex:
+        worker.emit("error", error=str(ex))
+        sys.stdout.flush()
+        os._exit(3)
+    rg.close()
+    worker.emit("done", step=rg.step_number, local_steps=diloco.local_step)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
