@@ -7,8 +7,14 @@ so one test body can run on both; :mod:`gang_jax.functional` offers the same col
 
 from __future__ import annotations
 
+import importlib.metadata
+
 from gang_jax.gang import DEFAULT_COORDINATION_TIMEOUT, JaxGang
 
-__version__ = "0.1.0"
+try:
+    __version__ = importlib.metadata.version("gang-jax")
+    """The installed distribution's version (``gang-jax`` in ``pyproject.toml``, its one source)."""
+except importlib.metadata.PackageNotFoundError:  # a source tree on ``sys.path`` that was never installed
+    __version__ = "0+unknown"
 
 __all__ = ["DEFAULT_COORDINATION_TIMEOUT", "JaxGang"]
