@@ -2,7 +2,8 @@
 
 Every session installs through ``constraints.txt`` (torch==2.13.0 is the local CPU wheel; a looser
 requirement would pull a multi-GB CUDA build) and installs our own packages from their folders in
-one pip call, so the unrelated ``gang`` distribution on the registry is never chosen.
+one pip call. Their distributions are ``gang-core``, ``gang-mesh`` and ``gang-jax`` (import names
+``gang``, ``gang_mesh``, ``gang_jax``): the name ``gang`` on the registry is an unrelated project.
 
 The sessions that need every package (typecheck, tests, launchers, docs) share one environment,
 made fresh once per nox run: torch and JAX are installed once, not once per session. ``plugin``
@@ -26,9 +27,11 @@ import nox
 ROOT = Path(__file__).parent
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 
-# A package joins the suite by appearing here. Ours are always installed from their folders, so
-# `gang>=0.1` is never satisfied by the registry's unrelated `gang`.
+# A package joins the suite by appearing here (its folder under packages/). Ours are installed from
+# their folders (`nox -s build` from their wheels).
 PACKAGES = ("gang", "gang-mesh", "gang-jax")
+# Each folder's distribution (its `name` in pyproject.toml; `gang` on the registry is not ours).
+DISTRIBUTIONS = {"gang": "gang-core", "gang-mesh": "gang-mesh", "gang-jax": "gang-jax"}
 # Each package's tests, and the cross-package tests in tests/.
 TEST_TARGETS = [*PACKAGES, "integration"]
 
@@ -48,10 +51,10 @@ def install(session: nox.Session, *extra: str, packages: list[str] | None = None
     session.run("python", "-c", OURS, silent=True)
 
 
-# Proves that `gang` is ours, not the registry's unrelated 0.0.x distribution.
+# Proves that the `gang` imported is ours, from this checkout (an editable install of `gang-core`).
 OURS = (
     "import gang, importlib.metadata as m, pathlib; "
-    "v = m.version('gang'); assert v.startswith('0.1'), v; "
+    "assert gang.__version__ == m.version('gang-core'), gang.__version__; "
     f"assert pathlib.Path(gang.__file__).is_relative_to({str(ROOT)!r}), gang.__file__"
 )
 
@@ -111,7 +114,8 @@ def tests(session: nox.Session, target: str) -> None:
     if target != "integration":
         session.run(*pytest, str(ROOT / "packages" / target / "tests"), *session.posargs)
         return
-    tests = [str(ROOT / "tests"), "--ignore", str(LAUNCHER_TESTS)]  # the `launchers` session runs them
+    # The `launchers` and `ray` sessions run theirs.
+    tests = [str(ROOT / "tests"), "--ignore", str(LAUNCHER_TESTS), "--ignore", str(RAY_TESTS)]
     if session.posargs:
         session.run(*pytest, *tests, *session.posargs)
         return
@@ -275,6 +279,64 @@ def run_side_by_side(session: nox.Session, jobs: dict[str, list[list[str]]], *, 
     failed = [name for name, ok in outcomes.items() if not ok]
     if failed:
         session.error(f"failed: {', '.join(failed)}")
+
+
+WHEEL_CHECKS = ROOT / "tests" / "wheels" / "check_wheels.py"
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build the sdist and wheel of each package as a user gets them, check them, install and test them.
+
+    ``python -m build`` (sdist, then the wheel from the sdist) into ``.nox/dist``, ``twine check
+    --strict`` on their metadata, then a fresh environment with only the wheels (and their
+    dependencies, under the constraints) runs ``tests/wheels/check_wheels.py`` from a folder outside
+    the repository: imports from site-packages, versions, the pytest plugin's entry point (a test
+    body on 2 processes, ``pytest --help``), ``python -m gang.bench --help``.
+    """
+    session.env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    session.install(*CONSTRAINTS, "build", "twine")
+    out = ROOT / ".nox" / "dist"
+    shutil.rmtree(out, ignore_errors=True)
+    for name in PACKAGES:
+        session.run("python", "-m", "build", "--outdir", str(out), str(ROOT / "packages" / name), silent=True)
+    built = sorted(str(path) for path in out.iterdir())
+    expected = {DISTRIBUTIONS[name].replace("-", "_") for name in PACKAGES}
+    for suffix in (".tar.gz", "-py3-none-any.whl"):
+        found = {Path(path).name.split("-")[0] for path in built if path.endswith(suffix)}
+        if found != expected:
+            session.error(f"expected {sorted(expected)} as *{suffix}, built {built}")
+    session.run("twine", "check", "--strict", *built)
+
+    user = Path(session.create_tmp()).resolve() / "user"
+    shutil.rmtree(user, ignore_errors=True)
+    (user / "project").mkdir(parents=True)
+    session.run(sys.executable, "-m", "virtualenv", "-q", str(user / "venv"), external=True)
+    python = str(user / "venv" / ("Scripts" if os.name == "nt" else "bin") / "python")
+    wheels = [path for path in built if path.endswith(".whl")]
+    session.run(python, "-m", "pip", "install", "-q", *CONSTRAINTS, *wheels, "pytest", external=True)
+    shutil.copy(WHEEL_CHECKS, user / "project")
+    # The project's own pytest.ini: pytest looks no further up for configuration or conftest.py, so
+    # nothing of this checkout configures it; --strict-markers fails unless the plugin registered `gang`.
+    (user / "project" / "pytest.ini").write_text("[pytest]\naddopts = --strict-markers\n")
+    session.chdir(user / "project")  # nothing of this checkout on sys.path
+    pytest = [python, "-m", "pytest", WHEEL_CHECKS.name, "-p", "no:cacheprovider", "-q"]
+    session.run(*pytest, env={"OMP_NUM_THREADS": "1"}, external=True)
+
+
+RAY_TESTS = ROOT / "tests" / "frameworks"
+
+
+@nox.session
+def ray(session: nox.Session) -> None:
+    """A gang inside Ray Train's ``TorchTrainer`` on a local Ray cluster (loopback, 2 CPU workers).
+
+    Not in the default sessions (``ray[train]``, pinned in ``constraints.txt``, is a large install);
+    ``.ci/run`` runs it after them. The test gives Ray its token and a temporary folder, so nothing is
+    written under the home directory.
+    """
+    install(session, "pytest", "pytest-timeout", "ray[train]", packages=["gang", "gang-mesh"])
+    session.run("pytest", str(RAY_TESTS), "-p", "no:cacheprovider", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session

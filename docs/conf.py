@@ -11,10 +11,13 @@ for package in ("gang", "gang-mesh", "gang-jax"):
 # The guides' doctests import the runnable examples by name (``from quickstart import ...``).
 sys.path.insert(0, str(ROOT / "examples"))
 
+import gang  # noqa: E402  (from the folders above)
+
 project = "gang"
 author = "the gang developers"
 copyright = "2026, the gang developers"
-release = "0.1.0"
+# The installed distributions' version (packages/gang/pyproject.toml, the one source; see CHANGELOG.md).
+release = version = gang.__version__
 
 extensions = ["sphinx.ext.autodoc", "sphinx.ext.doctest", "sphinx.ext.viewcode"]
 autodoc_member_order = "bysource"

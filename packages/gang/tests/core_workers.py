@@ -200,6 +200,41 @@ def lifecycle_errors() -> list[str]:
     return out
 
 
+def adopt_framework_group() -> dict[str, Any]:
+    """Initialise the default group as a framework does (env://), then build a gang over it."""
+    dist.init_process_group("gloo")  # what Ray Train, Lightning or Accelerate do before user code runs
+    try:
+        gang.ProcessGroupGang.create_default_process_group(torch.device("cpu"))
+    except gang.InvalidOperationError as ex:
+        explicit = str(ex)
+    root = gang.create_default_gang()
+    assert isinstance(root, gang.ProcessGroupGang)
+    t = torch.tensor([float(root.rank + 1)])
+    root.all_reduce(t, ReduceOperation.SUM)
+    gangs = gang.create_parallel_gangs(root)
+    pair = root.create_gang([0, 1])
+    assert pair is not None
+    u = torch.ones(1)
+    pair.all_reduce(u, ReduceOperation.SUM)
+    adopted = root.as_process_group() is dist.group.WORLD
+    root.close()
+    # The framework's group outlives the gang; the sub-gang made from it is gone.
+    after = torch.ones(1)
+    dist.all_reduce(after)
+    result = {
+        "explicit": explicit,
+        "adopted": adopted,
+        "sum": t.item(),
+        "dp": gangs.dp.size,
+        "pair": u.item(),
+        "pair_closed": pair.closed,
+        "still_initialised": dist.is_initialized(),
+        "after": after.item(),
+    }
+    dist.destroy_process_group()  # the framework's job
+    return result
+
+
 def wrap_user_group(g: Gang) -> list[Any]:
     pg = dist.new_group([0, 1, 2, 3])
     wrapped = gang.ProcessGroupGang.from_process_group(pg, torch.device("cpu"))

@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from core_workers import (
+    adopt_framework_group,
     asymmetric_history,
     close_and_reinit,
     fallback_warnings,
@@ -62,6 +63,23 @@ def test_close_and_reinitialise_under_torchrun(tmp_path: Path) -> None:
 def test_lifecycle_errors() -> None:
     results = launch(lifecycle_errors, 2)
     assert results == [["InvalidOperationError", "ValueError", "TypeError", "TypeError", "InvalidOperationError"]] * 2
+
+
+def test_create_default_gang_adopts_a_group_a_framework_initialised() -> None:
+    # As under Ray Train's TorchTrainer (proven there by `nox -s ray`): the group exists before user code runs.
+    for result in launch(adopt_framework_group, 2):
+        explicit = result.pop("explicit")
+        assert explicit.startswith("The default process group is already initialised"), explicit
+        assert "`create_default_gang()` adopts it" in explicit and "from_process_group" in explicit, explicit
+        assert result == {
+            "adopted": True,
+            "sum": 3.0,
+            "dp": 2,
+            "pair": 2.0,
+            "pair_closed": True,
+            "still_initialised": True,
+            "after": 2.0,
+        }
 
 
 def test_from_process_group_wraps_without_owning(worlds: Callable[[int], World]) -> None:

@@ -43,6 +43,8 @@ def unpicklable():
 def test_sum(gang, base, box, tmp_path):
     with open(os.environ["PIDS"], "a") as f:
         f.write(f"{os.getpid()}\\n")
+    with open(os.environ["PIDS"] + ".server", "a") as f:  # the fork server the worker was forked from
+        f.write(f"{os.getppid()}\\n")
     t = torch.tensor([float(gang.rank + base * box.value)])
     gang.all_reduce(t, ReduceOperation.SUM)
     n = gang.size
@@ -99,6 +101,9 @@ def test_outcomes_tracebacks_timeouts_and_no_orphans(
     pytester.makepyfile(test_bodies=BODIES)
     monkeypatch.setenv("PIDS", str(pids))  # the workers write their process ids there
     result = pytester.runpytest_subprocess(*PLUGIN, "-rA", "-s")
+    # The fork server the workers were forked from was stopped (and reaped) before pytest exited.
+    (server,) = _worker_pids(Path(f"{pids}.server"))
+    assert not _alive(server)
     result.assert_outcomes(passed=5, failed=3, skipped=1)
     out = result.stdout.str()
     # Parametrized by world size, with the parameters' own ids.

@@ -8,9 +8,15 @@ layout into a ``jax.sharding.Mesh`` and back (the JAX side of ``gang_mesh``).
 
 from __future__ import annotations
 
+import importlib.metadata
+
 from gang_jax.gang import DEFAULT_COORDINATION_TIMEOUT, JaxGang
 from gang_jax.mesh import from_jax_mesh, to_jax_mesh
 
-__version__ = "0.1.0"
+try:
+    __version__ = importlib.metadata.version("gang-jax")
+    """The installed distribution's version (``gang-jax`` in ``pyproject.toml``, its one source)."""
+except importlib.metadata.PackageNotFoundError:  # a source tree on ``sys.path`` that was never installed
+    __version__ = "0+unknown"
 
 __all__ = ["DEFAULT_COORDINATION_TIMEOUT", "JaxGang", "from_jax_mesh", "to_jax_mesh"]

@@ -7,6 +7,8 @@ on one CPU with :class:`FakeGang`, on local processes, or on a cluster with
 
 from __future__ import annotations
 
+import importlib.metadata
+
 from gang.env import (
     get_default_device,
     get_local_rank,
@@ -36,7 +38,11 @@ from gang.process_group import ProcessGroupGang
 from gang.topology import Grid
 from gang.work import Work
 
-__version__ = "0.1.0"
+try:
+    __version__ = importlib.metadata.version("gang-core")
+    """The installed distribution's version (``gang-core`` in ``pyproject.toml``, its one source)."""
+except importlib.metadata.PackageNotFoundError:  # a source tree on ``sys.path`` that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "FakeGang",

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from gang.env import get_default_device, get_world_size
 from gang.extend import check_open
@@ -145,15 +146,24 @@ def create_fake_gangs(device: torch.device) -> Gangs:
 def create_default_gang(device: torch.device | None = None, *, timeout: timedelta | None = None) -> Gang:
     """Return the root gang for this process's launch environment.
 
-    A world of one process (no launcher variables, or ``WORLD_SIZE=1``) gets a :class:`FakeGang`;
-    otherwise the default process group is initialised (see
-    :meth:`ProcessGroupGang.create_default_process_group`).
+    When torch's default process group already exists (a framework such as Ray Train's
+    ``TorchTrainer``, Lightning, Accelerate or torchtitan initialised it), the gang adopts it: a
+    :class:`ProcessGroupGang` over that group that does not own it (see
+    :meth:`ProcessGroupGang.from_process_group`), so closing the gang destroys only the sub-gangs
+    made from it and leaves the group to the framework. Otherwise a world of one process (no
+    launcher variables, or ``WORLD_SIZE=1``) gets a :class:`FakeGang`, and a larger world
+    initialises the default process group (see :meth:`ProcessGroupGang.create_default_process_group`).
 
     :param device: The device; :func:`get_default_device` when ``None``.
-    :param timeout: The collective timeout of a real gang.
+    :param timeout: The collective timeout of a real gang. An adopted group keeps its own timeout
+        (its collectives were set up by the framework); ``timeout`` is then given to its sub-gangs.
     """
     if device is None:
         device = get_default_device()
+    if dist.is_available() and dist.is_initialized():
+        world = dist.group.WORLD
+        assert world is not None  # initialised
+        return ProcessGroupGang.from_process_group(world, device, timeout=timeout)
     if get_world_size() == 1:
         return FakeGang(device)
     return ProcessGroupGang.create_default_process_group(device, timeout=timeout)

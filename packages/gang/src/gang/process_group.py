@@ -293,7 +293,8 @@ class ProcessGroupGang(Gang):
             :attr:`Gang.debug`); ``None`` reads the ``GANG_DEBUG`` environment variable.
         :raises ValueError: If ``device`` is neither CPU nor CUDA, or the environment is malformed.
         :raises TypeError: If ``device`` is not a ``torch.device`` or ``timeout`` not a ``timedelta``.
-        :raises InvalidOperationError: If the default process group already exists.
+        :raises InvalidOperationError: If the default process group already exists (its message names
+            :func:`~gang.create_default_gang` and :meth:`from_process_group`, which adopt it).
         :raises NotSupportedError: If ``torch.distributed`` is not available.
         :raises GangError: If the rendezvous fails or times out.
         """
@@ -308,7 +309,11 @@ class ProcessGroupGang(Gang):
         if not dist.is_available():
             raise NotSupportedError("`torch.distributed` is not available in this build of PyTorch.")
         if dist.is_initialized():
-            raise InvalidOperationError("The default process group is already initialised.")
+            raise InvalidOperationError(
+                "The default process group is already initialised (by this process or by a framework such as "
+                "Ray Train, Lightning or Accelerate); `create_default_gang()` adopts it, and "
+                "`ProcessGroupGang.from_process_group(torch.distributed.group.WORLD, device)` wraps it."
+            )
 
         rank, world_size = get_rank(), get_world_size()
         host, port = get_master_address()

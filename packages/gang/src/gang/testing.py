@@ -395,10 +395,26 @@ def shared_world(size: int) -> World:
 
 
 def close_shared_worlds() -> None:
-    """Stop every world of :func:`shared_world`. Idempotent."""
+    """Stop every world of :func:`shared_world` and the fork server they were forked from. Idempotent.
+
+    The fork server would otherwise outlive this process briefly (it exits on its own once this
+    process is gone), which a check for stray processes right after pytest would see. A later
+    world starts a new one.
+    """
     for world in _SHARED.values():
         world.close()
     _SHARED.clear()
+    _stop_fork_server()
+
+
+def _stop_fork_server() -> None:
+    """Stop ``multiprocessing``'s fork server of this process, if it runs, and wait for it to exit."""
+    from multiprocessing import forkserver
+
+    # CPython's own way to stop it (its tests use it); where it is missing the server exits by itself.
+    stop = getattr(getattr(forkserver, "_forkserver", None), "_stop", None)
+    if callable(stop):
+        stop()
 
 
 def spawn(
