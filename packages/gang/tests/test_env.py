@@ -366,3 +366,20 @@ def test_a_new_launcher_is_one_class(monkeypatch: pytest.MonkeyPatch) -> None:
         found.master_address()
     # Launchers registered before it still win, as a whole.
     assert launchers.detect_launcher({"PBS_NP": "4", "RANK": "1", "WORLD_SIZE": "2"}).name == "torchrun"
+
+
+def test_the_launcher_says_whether_its_agent_serves_the_store_and_how_often_it_restarted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the process group and the JAX rendezvous ask the launcher, instead of reading its variables."""
+    setenv(monkeypatch, {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"})
+    assert (get_launcher().agent_store, get_launcher().restart_count) == (False, 0)
+    setenv(monkeypatch, {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "3"})
+    assert (get_launcher().agent_store, get_launcher().restart_count) == (True, 3)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "x")
+    with pytest.raises(ValueError, match="`TORCHELASTIC_RESTART_COUNT` must be"):
+        _ = get_launcher().restart_count
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(name)
+    setenv(monkeypatch, slurm_task(0, 0, 0, SLURM_RESTART_COUNT="2"))
+    assert (get_launcher().name, get_launcher().agent_store, get_launcher().restart_count) == ("slurm", False, 2)

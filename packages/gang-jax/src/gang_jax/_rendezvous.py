@@ -12,7 +12,7 @@ import torch.distributed as dist
 from gang.env import get_launcher, get_master_address
 from gang.extend import guard
 from gang.launchers import Launcher
-from gang.rendezvous import jax_coordinator_key
+from gang.rendezvous import next_call
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,13 @@ def free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _has_agent_store(launcher: Launcher) -> bool:
-    """Whether torchrun's agent serves a store at ``MASTER_ADDR:MASTER_PORT`` for the whole run."""
-    return launcher.name == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+def _coordinator_key(launcher: Launcher) -> str:
+    """A fresh store key under which JAX's coordinator address is published.
+
+    It holds the launcher's restart count and a per-process count of JAX rendezvous, so a second
+    initialisation, in the same process or after an elastic restart, never reads a stale address.
+    """
+    return f"gang_jax/coordinator/{launcher.restart_count}/{next_call('gang_jax/coordinator')}"
 
 
 def _beside(launcher: Launcher) -> str:
@@ -46,7 +50,7 @@ def _beside(launcher: Launcher) -> str:
     return f"{host}:{port + 1 if port < 65535 else port - 1}"
 
 
-def _publish_through_torch_store(process_id: int, num_processes: int, timeout: timedelta) -> str:
+def _publish_through_torch_store(launcher: Launcher, process_id: int, num_processes: int, timeout: timedelta) -> str:
     """Rank 0 binds a free port and publishes ``host:port`` in torch's store; every rank reads it.
 
     The port is chosen by the operating system, so it cannot be torch's store port (which is in
@@ -54,7 +58,7 @@ def _publish_through_torch_store(process_id: int, num_processes: int, timeout: t
     initialisation never reads a stale address.
     """
     host, port = get_master_address()
-    key = jax_coordinator_key()
+    key = _coordinator_key(launcher)
     what = f"the JAX coordinator address could not be exchanged through torch's store at {host}:{port}"
     with guard("create_default", (process_id, num_processes), what):
         store = dist.TCPStore(  # type: ignore[attr-defined]
@@ -89,8 +93,8 @@ def resolve(
     if process_id is None:
         process_id = launcher.rank
     if coordinator_address is None:
-        if _has_agent_store(launcher):
-            coordinator_address = _publish_through_torch_store(process_id, num_processes, timeout)
+        if launcher.agent_store:
+            coordinator_address = _publish_through_torch_store(launcher, process_id, num_processes, timeout)
         else:
             coordinator_address = _beside(launcher)
     return Rendezvous(coordinator_address, num_processes, process_id)

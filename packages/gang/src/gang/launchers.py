@@ -214,6 +214,19 @@ class Launcher:
         """
         raise NotImplementedError
 
+    @property
+    def agent_store(self) -> bool:
+        """Whether the launcher's agent serves the rendezvous store at :meth:`master_address` for the
+        whole run (torchrun's ``TORCHELASTIC_USE_AGENT_STORE``), so no rank may serve it. ``False``
+        by default: rank 0 serves it."""
+        return False
+
+    @property
+    def restart_count(self) -> int:
+        """How often the launcher restarted this job (0 on the first run), so that keys written in
+        a store by an earlier run are never read as fresh. 0 where the launcher does not say."""
+        return 0
+
     def master_address(self) -> tuple[str, int]:
         """Return the rendezvous ``(host, port)`` that every process of the world agrees on.
 
@@ -294,6 +307,16 @@ class TorchrunLauncher(Launcher):
         )
         return cls(rank, size, local_rank, local_size, env)
 
+    @property
+    def agent_store(self) -> bool:
+        """Whether ``TORCHELASTIC_USE_AGENT_STORE`` is ``True``: torchrun's agent serves the store."""
+        return self._env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+    @property
+    def restart_count(self) -> int:
+        """``TORCHELASTIC_RESTART_COUNT`` (torchrun's ``--max-restarts`` count so far; 0 when unset)."""
+        return _int(self._env, "TORCHELASTIC_RESTART_COUNT", minimum=0, default=0)
+
 
 @register_launcher
 class OpenMPILauncher(Launcher):
@@ -369,6 +392,11 @@ class SlurmLauncher(Launcher):
         local_size = counts[node]
         local_rank = _below(env, "SLURM_LOCALID", _int(env, "SLURM_LOCALID", minimum=0), local_size, "local world size")
         return cls(rank, size, local_rank, local_size, env)
+
+    @property
+    def restart_count(self) -> int:
+        """``SLURM_RESTART_COUNT`` (how often a requeued job was started again; 0 when unset)."""
+        return _int(self._env, "SLURM_RESTART_COUNT", minimum=0, default=0)
 
     def _derived_address(self, host: str | None, port: int | None) -> tuple[str, int]:
         env = self._env

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +29,7 @@ from gang._torch_groups import (
     is_fake_backend,
     is_non_member,
 )
-from gang.env import get_master_address, get_rank, get_world_size
+from gang.env import get_launcher, get_master_address, get_rank, get_world_size
 from gang.errors import GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_device, check_timeout, guard, operation_error
 from gang.gang import Gang, ReduceOperation
@@ -328,8 +327,8 @@ class ProcessGroupGang(Gang):
 
         what = f"rendezvous at {host}:{port} as rank {rank} of {world_size}"
         try:
-            agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-            store = rendezvous.store(host, port, world_size, is_master=rank == 0 and not agent_store, timeout=timeout)
+            serves = rank == 0 and not get_launcher().agent_store
+            store = rendezvous.store(host, port, world_size, is_master=serves, timeout=timeout)
             round_number = rendezvous.next_generation()
             dist.init_process_group(
                 backend,

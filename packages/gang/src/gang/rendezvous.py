@@ -23,7 +23,6 @@ on, under its own store prefix, since its membership changes at every step:
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 from torch.distributed import (  # type: ignore[attr-defined]  # public, but not in torch's stubs
@@ -36,7 +35,6 @@ from gang._torch_groups import new_named_group
 
 __all__ = [
     "generation",
-    "jax_coordinator_key",
     "new_named_group",
     "next_call",
     "next_generation",
@@ -118,13 +116,3 @@ def wrapped_name(group_name: str, size: int) -> str:
 def sub_name(parent: str, split_index: int, group_index: int) -> str:
     """The name of group ``group_index`` of the ``split_index``-th split of the gang named ``parent``."""
     return f"{parent}.{split_index}.{group_index}"
-
-
-def jax_coordinator_key() -> str:
-    """A fresh store key under which JAX's coordinator address is published (see :mod:`gang_jax`).
-
-    It holds torchrun's restart count and a per-process count of JAX rendezvous, so a second
-    initialisation, in the same process or after an elastic restart, never reads a stale address.
-    """
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"gang_jax/coordinator/{restart}/{next_call('gang_jax/coordinator')}"
