@@ -70,7 +70,7 @@ class DiLoCoCluster(Cluster):
         """Check every member's parameters after every sync against the replay; return the syncs."""
         syncs, by_step = self.syncs()
         procs = FSDP_PROCS if self.mode == "fsdp" else 1
-        history = replay(syncs, procs=procs, delay=delay, alpha=alpha)
+        history = replay(syncs, procs=procs, delay=delay, alpha=alpha, local_sgd=self.mode == "localsgd")
         for sync, expected in zip(syncs, history, strict=True):
             for rid, process, e in by_step[sync["step"]]:
                 want_global = _shard(expected["global"], process, procs)
@@ -86,6 +86,8 @@ class DiLoCoCluster(Cluster):
 
 def _shard(params: list[torch.Tensor], process: int, procs: int) -> torch.Tensor:
     """Process ``process``'s flat local shards of ``params`` (FSDP2 shards dim 0 in ``procs`` chunks)."""
+    if not params:  # LocalSGD has no global parameters
+        return torch.zeros(0, dtype=torch.float64)
     return torch.cat([p.chunk(procs)[process].reshape(-1) for p in params])
 
 
@@ -231,6 +233,33 @@ def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: A
     for log in cluster.current("1"):  # both processes of the restarted replica healed before their first sync
         events = [e["event"] for e in cluster.events(log)]
         assert "healed" in events and events.index("healed") < events.index("sync"), (log.name, events)
+
+
+def test_local_sgd_replica_killed_in_the_exchange(make_cluster: Any) -> None:
+    # LocalSGD over 3 one-process replicas, averaging their parameters every 3 local steps.
+    # Replica 2 is SIGKILLed inside the exchange after local step 5: the sync is aborted on 0 and
+    # 1, which keep their local progress and retry it after local step 6.
+    cluster = make_cluster("localsgd")
+    env = {"FT_SYNC_EVERY": "3"} | TIMEOUTS
+    plan = {"0": "", "1": "", "2": "exchange:5"}
+    for rid, pause in plan.items():
+        cluster.start(rid, pause=pause, steps=9, env=env)
+    for rid in plan:
+        cluster.wait(rid, "paused", 1)
+    for rid in plan:
+        cluster.release(rid, "enter", 1)
+    cluster.wait("2", "paused", 5)
+    cluster.signal("2", signal.SIGKILL)
+    cluster.finish({"0": 0, "1": 0})
+    syncs = cluster.check_replay(delay=0, alpha=0.0)
+    got = [(s["local_steps"], s["fragments"], s["quorum"], sorted(s["healed"]), s["averaged"]) for s in syncs]
+    all3, pair = ["0", "1", "2"], ["0", "1"]
+    assert got == [
+        (0, [], all3, ["1", "2"], ["0"]),
+        (3, [0], all3, [], all3),
+        (7, [0], pair, [], pair),  # retried one local step after the failed exchange
+        (9, [0], pair, [], pair),
+    ], got
 
 
 @pytest.fixture
