@@ -194,9 +194,10 @@ def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: A
     # its torchrun ends the replica) and the replica restarted: each of its processes heals from
     # the process of equal replica rank (shards of the global parameters and of the outer
     # momentum). Replica rank 0 of replica 2 is SIGKILLed inside the exchange after local step 11.
+    # Brand-new replica 3 (2 processes) joins at the last sync, after local step 15.
     cluster = make_cluster("fsdp")
     env = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2"} | TIMEOUTS
-    plan = {"0": "step:8", "1": "step:6", "2": "step:8,exchange:11@0"}
+    plan = {"0": "step:8,step:14", "1": "step:6", "2": "step:8,exchange:11@0"}
     for rid, pause in plan.items():
         cluster.start(rid, pause=pause, steps=16, nproc=2, env=env)
     for rid in plan:
@@ -207,14 +208,21 @@ def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: A
     cluster.signal("1", signal.SIGKILL, rank=1)
     for rid in ("0", "2"):
         cluster.wait(rid, "paused", 8)
-    cluster.start("1", steps=16, nproc=2, env=env)
+    cluster.start("1", pause="step:14", steps=16, nproc=2, env=env)
     cluster.wait("1", "paused", 1)
     cluster.release("1", "enter", 1)
     for rid in ("0", "2"):
         cluster.release(rid, "step", 8)
     cluster.wait("2", "paused", 11, rank=0)
     cluster.signal("2", signal.SIGKILL, rank=0)
-    cluster.finish({"0": 0, "1": 0})
+    for rid in ("0", "1"):
+        cluster.wait(rid, "paused", 14)
+    cluster.start("3", steps=16, nproc=2, env=env)
+    cluster.wait("3", "paused", 1)
+    cluster.release("3", "enter", 1)
+    for rid in ("0", "1"):
+        cluster.release(rid, "step", 14)
+    cluster.finish({"0": 0, "1": 0, "3": 0})
 
     syncs = cluster.check_replay(delay=0, alpha=0.0)
     got = [(s["local_steps"], s["fragments"], s["quorum"], sorted(s["healed"]), s["averaged"]) for s in syncs]
@@ -228,11 +236,12 @@ def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: A
         (10, [0], all3, ["1"], survivors),
         (13, [1], pair, [], pair),
         (14, [0], pair, [], pair),
-        (16, [1], pair, [], pair),
+        (16, [1], ["0", "1", "3"], ["3"], pair),  # brand-new replica 3 heals and is left out
     ], got
-    for log in cluster.current("1"):  # both processes of the restarted replica healed before their first sync
-        events = [e["event"] for e in cluster.events(log)]
-        assert "healed" in events and events.index("healed") < events.index("sync"), (log.name, events)
+    for rid in ("1", "3"):  # every process of the new incarnations healed before its first sync
+        for log in cluster.current(rid):
+            events = [e["event"] for e in cluster.events(log)]
+            assert "healed" in events and events.index("healed") < events.index("sync"), (log.name, events)
 
 
 def test_local_sgd_replica_killed_in_the_exchange(make_cluster: Any) -> None:
