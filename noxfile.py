@@ -363,8 +363,8 @@ def bench(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """The main job, on 4 local CPU ranks launched by torchrun: a tour of the gangs and every
     collective, FSDP2 + tensor-parallel training through ``to_device_mesh``, and torch vs JAX; then
-    fault-tolerant training on 3 replica processes, one killed and restarted, and the same with HSDP
-    (3 replicas of 2 processes)."""
+    fault-tolerant training on 3 replica processes, one killed and restarted, the same with HSDP
+    (3 replicas of 2 processes), and streaming DiLoCo over 3 replicas, one killed and restarted."""
     install(session)
     for script in ("demo/tour.py", "fsdp_tp_training.py", "jax_vs_torch.py"):
         session.run(

@@ -3,13 +3,15 @@
 As a replica (``GANG_FT_STORE`` and ``GANG_FT_REPLICA_ID`` set, as a launcher of the replica sets
 them): :func:`train` joins the job and trains its own copy of the model with AdamW inside
 streaming DiLoCo (2 fragments, each synchronised every 8 local steps through the replica gang,
-applied by an outer SGD with Nesterov momentum) until ``--steps`` local steps are done and every
+its exchange overlapped with the next 2 local steps, applied by an outer SGD with Nesterov
+momentum) until ``--steps`` local steps are done and every
 replica is back in the quorum. Every sync is printed from the
-``gang.ft`` logger's ``sync`` record (fragment, quorum, members averaged, bytes).
+``gang.ft`` logger's ``sync`` record (fragment, quorum, members averaged, bytes, and the
+milliseconds the vote waited after the overlapped local steps).
 
 Run as is (``python examples/diloco.py``): :func:`run_local_job` starts the coordination store and
-3 replicas of this file on this machine, ``SIGKILL``\\ s replica 2 after a few syncs, starts it
-again a few syncs later (it heals: global parameters, outer momentum and counters, and takes part
+3 replicas of this file on this machine, ``SIGKILL``\\ s replica 2 a few syncs after all 3 synced
+together, starts it again a few syncs later (it heals: global parameters, outer momentum and counters, and takes part
 in the sync it arrives at), and checks that every replica finished with bit-identical global
 parameters.
 """
@@ -40,6 +42,7 @@ from _ft_launch import LocalJob, matching
 REPLICAS = 3
 SYNC_EVERY = 8
 FRAGMENTS = 2
+DELAY = 2  # local steps that compute while a fragment's exchange is in flight
 
 
 def batch(replica_id: str, step: int) -> tuple[Tensor, Tensor]:
@@ -58,15 +61,22 @@ def fingerprint(tensors: list[Tensor]) -> str:
 
 
 class PrintSyncs(logging.Handler):
-    """Prints each ``sync`` and ``heal`` record of the ``gang.ft`` logger in one short line."""
+    """Prints ``sync`` records of the ``gang.ft`` logger (every 8th, and each whose quorum changed)
+    and ``heal`` records, in one short line each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quorum: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         fields = getattr(record, "gang_ft", {})
-        if fields.get("event") == "sync" and fields["fragments"]:
+        changed = fields.get("quorum") != self.quorum
+        if fields.get("event") == "sync" and fields["fragments"] and (changed or fields["step"] % 8 == 0):
+            self.quorum = fields["quorum"]
             print(
                 f"sync {fields['step']:3d} after {fields['local_steps']:3d} local steps: "
                 f"fragment {fields['fragments']} averaged over {fields['averaged']} of {fields['quorum']}, "
-                f"{fields['bytes']} bytes"
+                f"{fields['bytes']} bytes, waited {1000 * fields['waited']:.1f} ms"
             )
         elif fields.get("event") == "heal" and fields.get("source") != fields.get("replica"):
             print(f"healed from replica {fields['source']!r}: {fields['bytes']} bytes")
@@ -94,7 +104,12 @@ def train(steps: int, pace: float) -> None:
     gang = ReplicaGang.join(
         state_dict=state_dict, load_state_dict=load_state_dict, min_replicas=2, timeout=timedelta(seconds=30)
     )
-    with gang, DiLoCo(gang, model, inner, outer, sync_every=SYNC_EVERY, fragments=FRAGMENTS) as diloco:
+    with (
+        gang,
+        DiLoCo(
+            gang, model, inner, outer, sync_every=SYNC_EVERY, fragments=FRAGMENTS, fragment_sync_delay=DELAY
+        ) as diloco,
+    ):
         # Until `steps` local steps are done and the last sync had every replica (the same on
         # every replica: they all took part in it), at the end of a round of fragments.
         while diloco.local_step < steps or gang.size < REPLICAS or diloco.local_step % SYNC_EVERY:
@@ -104,14 +119,15 @@ def train(steps: int, pace: float) -> None:
             loss.backward()  # type: ignore[no-untyped-call]
             time.sleep(pace)  # the rest of a real model's forward and backward
             inner.step()  # counts one local step; runs a sync when one is due
-            if diloco.local_step % SYNC_EVERY == 0:
+            if diloco.local_step % (4 * SYNC_EVERY) == 0:
                 print(f"local step {diloco.local_step:3d}  loss {loss.item():.4f}")
         final = fingerprint(diloco.state_dict()["global"])
     print(f"final sync {gang.step_number} global parameters {final}")
 
 
-def run_local_job(*, steps: int = 64, kill_at: int = 4, restart_at: int = 8, pace: float = 0.02) -> None:
-    """Run the store and 3 replicas locally; kill replica 2 at sync ``kill_at``, restart it at sync ``restart_at``."""
+def run_local_job(*, steps: int = 64, kill_after: int = 4, restart_after: int = 8, pace: float = 0.02) -> None:
+    """Run the store and 3 replicas locally; once all 3 synced together, kill replica 2 ``kill_after``
+    syncs later and restart it ``restart_after`` syncs later."""
     with LocalJob() as job:
         store = job.start_store()
         args = [__file__, "--steps", str(steps), "--pace", str(pace)]
@@ -124,10 +140,11 @@ def run_local_job(*, steps: int = 64, kill_at: int = 4, restart_at: int = 8, pac
 
         for replica in range(REPLICAS):
             start(replica)
-        synced(kill_at)
+        everyone = job.expect(matching(r"sync .* of \['0', '1', '2'\]", "replica 0"), timeout=120)
+        synced(_sync_of(everyone.text) + kill_after)
         job.say("=== SIGKILL replica 2")
         job.kill("replica 2")
-        synced(restart_at)
+        synced(_sync_of(everyone.text) + restart_after)
         job.say("=== starting replica 2 again")
         start(2)
         finals = [job.expect(matching("final sync"), timeout=120) for _ in range(REPLICAS)]

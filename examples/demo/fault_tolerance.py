@@ -14,6 +14,11 @@ without it); at step 20 replica 2 is started again and each of its processes hea
 process of equal rank in a live replica. The quorum is printed whenever it changes, and the loss
 of every committed step with the quorum it was averaged over.
 
+Last, training across data centres: 3 replicas of ``examples/diloco.py`` train on their own and
+synchronise through streaming DiLoCo (2 fragments, each every 8 local steps, its exchange
+overlapped with the next 2 local steps); replica 2 is ``SIGKILL``\\ ed a few syncs after all 3
+synced together and started again a few syncs later (it heals at the survivors' next sync).
+
 Each run ends when every replica has finished with the same parameters (shards), and kills every
 process it started.
 """
@@ -24,6 +29,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import diloco
 import fault_tolerance
 import ft_hsdp
 
@@ -31,3 +37,5 @@ if __name__ == "__main__":
     fault_tolerance.run_local_job(steps=40, kill_at=10, restart_at=20, pace=0.1)
     print("=== HSDP across replicas: FSDP2 inside each replica of 2 processes, gang.ft across them")
     ft_hsdp.run_local_job(steps=40, kill_at=10, restart_at=20, pace=0.1)
+    print("=== Training across data centres: streaming DiLoCo over 3 replicas, one killed and restarted")
+    diloco.run_local_job()

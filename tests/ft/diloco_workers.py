@@ -1,6 +1,7 @@
-"""The replicas of the DiLoCo tests: one process each (``one``) or a torchrun of 2 sharding with FSDP2 (``fsdp``).
+"""The replicas of the DiLoCo tests: one process each (``one``; ``localsgd`` runs ``gang.ft.LocalSGD``
+instead) or a torchrun of 2 sharding with FSDP2 (``fsdp``).
 
-Run as ``python diloco_workers.py one|fsdp LOG STEPS`` with ``GANG_FT_REPLICA_ID``/``GANG_FT_STORE``
+Run as ``python diloco_workers.py one|localsgd|fsdp LOG STEPS`` with ``GANG_FT_REPLICA_ID``/``GANG_FT_STORE``
 set. Each process builds the float64 model of :func:`build_model` (replica ``0`` from seed 1234,
 the others from their own seeds: the gang's ``init_sync`` makes them agree), trains it with plain
 SGD inside ``gang.ft.DiLoCo`` (outer SGD with Nesterov momentum) until ``STEPS`` local steps, on
@@ -36,7 +37,7 @@ from torch import Tensor, nn
 
 import gang.ft.replica as replica_module
 from gang import GangError, create_default_gang, create_fsdp_gangs, create_parallel_gangs, get_rank
-from gang.ft import DiLoCo, ReplicaGang
+from gang.ft import DiLoCo, LocalSGD, ReplicaGang
 
 IN, HIDDEN, OUT, BATCH = 8, 16, 4, 16
 INNER_LR, OUTER_LR, MOMENTUM = 0.05, 0.7, 0.9
@@ -76,7 +77,9 @@ def flat(tensors: list[Tensor]) -> list[float]:
     return values
 
 
-def replay(syncs: list[dict[str, Any]], *, procs: int, delay: int, alpha: float) -> list[dict[str, Any]]:
+def replay(
+    syncs: list[dict[str, Any]], *, procs: int, delay: int, alpha: float, local_sgd: bool = False
+) -> list[dict[str, Any]]:
     """DiLoCo from its definition, in one process and plain torch (it reads of each sync only its
     local step, fragments, quorum and heals).
 
@@ -89,7 +92,9 @@ def replay(syncs: list[dict[str, Any]], *, procs: int, delay: int, alpha: float)
     these as gradients of the fragments' parameters (the others have none); every member's
     fragment becomes ``alpha * local + (1 - alpha) * global`` after local step ``t + delay``.
     Returns, per sync, the full ``global`` parameters after it and every replica's ``local``
-    parameters once it was applied.
+    parameters once it was applied. With ``local_sgd``, a sync instead sets every member's
+    parameters of the fragments to the mean of the other members' (summed in quorum order), and
+    there are no global parameters.
     """
     start = [p.detach().clone() for p in build_model("0").parameters()]
     glob = [p.clone().requires_grad_(True) for p in start]
@@ -147,6 +152,20 @@ def replay(syncs: list[dict[str, Any]], *, procs: int, delay: int, alpha: float)
                 for mine, theirs in zip(params(member), params(source), strict=True):
                     mine.copy_(theirs)
         indices = [i for k in sync["fragments"] for i in sync["fragment_params"][k]]
+        if local_sgd:
+            averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
+            with torch.no_grad():
+                for i in indices:
+                    total = params(averaged[0])[i].detach().clone()
+                    for rid in averaged[1:]:
+                        total.add_(params(rid)[i])
+                    total.div_(len(averaged))
+                    for rid in sync["quorum"]:
+                        params(rid)[i].copy_(total)
+            history.append({"global": []})
+            waiting.append((index, [], [], done - 1))
+            apply_due(done - 1)
+            continue
         if indices:
             averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
             for i, g in enumerate(glob):
@@ -184,7 +203,7 @@ class Worker(Replica):
                     fully_shard(layer, mesh=mesh)
             fully_shard(self.model, mesh=mesh)
         self.inner = inner(self.model.parameters())
-        self.diloco: DiLoCo | None = None
+        self.diloco: DiLoCo | LocalSGD | None = None
 
     def local(self) -> list[Tensor]:
         return [getattr(p, "_local_tensor", p).detach() for p in self.model.parameters()]
@@ -216,13 +235,14 @@ class LogSyncs(logging.Handler):
         diloco = self.worker.diloco
         assert diloco is not None
         state = diloco.state_dict()
-        momentum = [s["momentum_buffer"] for s in state["outer"]["state"].values() if "momentum_buffer" in s]
+        outer_state = state["outer"]["state"].values() if "outer" in state else []
+        momentum = [s["momentum_buffer"] for s in outer_state if "momentum_buffer" in s]
         fields.pop("event")
         self.worker.emit(
             "sync",
             **fields,
             fragment_params=diloco.fragments,
-            **{"global": flat(state["global"])},
+            **{"global": flat(state["global"]) if "global" in state else []},
             local=flat(self.worker.local()),
             momentum=flat(momentum) if momentum else [],
         )
@@ -265,16 +285,21 @@ def main() -> None:
     if os.environ.get("FT_GATE") == "1":
         worker.pauses.add(("enter", 1))  # every process waits to enter until the harness lets it
         worker.maybe_pause("enter", 1)
-    diloco = DiLoCo(
-        rg,
-        worker.model,
-        worker.inner,
-        outer(worker.model.parameters()),
-        sync_every=int(os.environ.get("FT_SYNC_EVERY", "4")),
-        fragments=int(os.environ.get("FT_FRAGMENTS", "1")),
-        fragment_sync_delay=int(os.environ.get("FT_DELAY", "0")),
-        fragment_update_alpha=float(os.environ.get("FT_ALPHA", "0")),
-    )
+    sync_every = int(os.environ.get("FT_SYNC_EVERY", "4"))
+    diloco: DiLoCo | LocalSGD
+    if mode == "localsgd":
+        diloco = LocalSGD(rg, worker.model, worker.inner, sync_every=sync_every)
+    else:
+        diloco = DiLoCo(
+            rg,
+            worker.model,
+            worker.inner,
+            outer(worker.model.parameters()),
+            sync_every=sync_every,
+            fragments=int(os.environ.get("FT_FRAGMENTS", "1")),
+            fragment_sync_delay=int(os.environ.get("FT_DELAY", "0")),
+            fragment_update_alpha=float(os.environ.get("FT_ALPHA", "0")),
+        )
     worker.diloco = diloco
     try:
         with diloco:

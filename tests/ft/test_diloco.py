@@ -70,7 +70,7 @@ class DiLoCoCluster(Cluster):
         """Check every member's parameters after every sync against the replay; return the syncs."""
         syncs, by_step = self.syncs()
         procs = FSDP_PROCS if self.mode == "fsdp" else 1
-        history = replay(syncs, procs=procs, delay=delay, alpha=alpha)
+        history = replay(syncs, procs=procs, delay=delay, alpha=alpha, local_sgd=self.mode == "localsgd")
         for sync, expected in zip(syncs, history, strict=True):
             for rid, process, e in by_step[sync["step"]]:
                 want_global = _shard(expected["global"], process, procs)
@@ -86,6 +86,8 @@ class DiLoCoCluster(Cluster):
 
 def _shard(params: list[torch.Tensor], process: int, procs: int) -> torch.Tensor:
     """Process ``process``'s flat local shards of ``params`` (FSDP2 shards dim 0 in ``procs`` chunks)."""
+    if not params:  # LocalSGD has no global parameters
+        return torch.zeros(0, dtype=torch.float64)
     return torch.cat([p.chunk(procs)[process].reshape(-1) for p in params])
 
 
@@ -192,9 +194,10 @@ def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: A
     # its torchrun ends the replica) and the replica restarted: each of its processes heals from
     # the process of equal replica rank (shards of the global parameters and of the outer
     # momentum). Replica rank 0 of replica 2 is SIGKILLed inside the exchange after local step 11.
+    # Brand-new replica 3 (2 processes) joins at the last sync, after local step 15.
     cluster = make_cluster("fsdp")
     env = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2"} | TIMEOUTS
-    plan = {"0": "step:8", "1": "step:6", "2": "step:8,exchange:11@0"}
+    plan = {"0": "step:8,step:14", "1": "step:6", "2": "step:8,exchange:11@0"}
     for rid, pause in plan.items():
         cluster.start(rid, pause=pause, steps=16, nproc=2, env=env)
     for rid in plan:
@@ -205,14 +208,21 @@ def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: A
     cluster.signal("1", signal.SIGKILL, rank=1)
     for rid in ("0", "2"):
         cluster.wait(rid, "paused", 8)
-    cluster.start("1", steps=16, nproc=2, env=env)
+    cluster.start("1", pause="step:14", steps=16, nproc=2, env=env)
     cluster.wait("1", "paused", 1)
     cluster.release("1", "enter", 1)
     for rid in ("0", "2"):
         cluster.release(rid, "step", 8)
     cluster.wait("2", "paused", 11, rank=0)
     cluster.signal("2", signal.SIGKILL, rank=0)
-    cluster.finish({"0": 0, "1": 0})
+    for rid in ("0", "1"):
+        cluster.wait(rid, "paused", 14)
+    cluster.start("3", steps=16, nproc=2, env=env)
+    cluster.wait("3", "paused", 1)
+    cluster.release("3", "enter", 1)
+    for rid in ("0", "1"):
+        cluster.release(rid, "step", 14)
+    cluster.finish({"0": 0, "1": 0, "3": 0})
 
     syncs = cluster.check_replay(delay=0, alpha=0.0)
     got = [(s["local_steps"], s["fragments"], s["quorum"], sorted(s["healed"]), s["averaged"]) for s in syncs]
@@ -226,11 +236,39 @@ def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: A
         (10, [0], all3, ["1"], survivors),
         (13, [1], pair, [], pair),
         (14, [0], pair, [], pair),
-        (16, [1], pair, [], pair),
+        (16, [1], ["0", "1", "3"], ["3"], pair),  # brand-new replica 3 heals and is left out
     ], got
-    for log in cluster.current("1"):  # both processes of the restarted replica healed before their first sync
-        events = [e["event"] for e in cluster.events(log)]
-        assert "healed" in events and events.index("healed") < events.index("sync"), (log.name, events)
+    for rid in ("1", "3"):  # every process of the new incarnations healed before its first sync
+        for log in cluster.current(rid):
+            events = [e["event"] for e in cluster.events(log)]
+            assert "healed" in events and events.index("healed") < events.index("sync"), (log.name, events)
+
+
+def test_local_sgd_replica_killed_in_the_exchange(make_cluster: Any) -> None:
+    # LocalSGD over 3 one-process replicas, averaging their parameters every 3 local steps.
+    # Replica 2 is SIGKILLed inside the exchange after local step 5: the sync is aborted on 0 and
+    # 1, which keep their local progress and retry it after local step 6.
+    cluster = make_cluster("localsgd")
+    env = {"FT_SYNC_EVERY": "3"} | TIMEOUTS
+    plan = {"0": "", "1": "", "2": "exchange:5"}
+    for rid, pause in plan.items():
+        cluster.start(rid, pause=pause, steps=9, env=env)
+    for rid in plan:
+        cluster.wait(rid, "paused", 1)
+    for rid in plan:
+        cluster.release(rid, "enter", 1)
+    cluster.wait("2", "paused", 5)
+    cluster.signal("2", signal.SIGKILL)
+    cluster.finish({"0": 0, "1": 0})
+    syncs = cluster.check_replay(delay=0, alpha=0.0)
+    got = [(s["local_steps"], s["fragments"], s["quorum"], sorted(s["healed"]), s["averaged"]) for s in syncs]
+    all3, pair = ["0", "1", "2"], ["0", "1"]
+    assert got == [
+        (0, [], all3, ["1", "2"], ["0"]),
+        (3, [0], all3, [], all3),
+        (7, [0], pair, [], pair),  # retried one local step after the failed exchange
+        (9, [0], pair, [], pair),
+    ], got
 
 
 @pytest.fixture

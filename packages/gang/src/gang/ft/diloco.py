@@ -249,12 +249,12 @@ class _SemiSync:
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         t = self._local_step
         self._local_step += 1
-        if self._flight is not None and t >= self._flight.apply_after and not self._finish():
-            return  # retried after the next local step
+        failed = self._flight is not None and t >= self._flight.apply_after and not self._finish()
         for k, offset in enumerate(self._offsets):
             if t % self._sync_every == offset and k not in self._due:
                 self._due.append(k)
-        if self._due and self._flight is None and self._start().apply_after <= t:
+        # After a failed exchange, the due fragments are retried after the next local step.
+        if not failed and self._due and self._flight is None and self._start().apply_after <= t:
             self._finish()
 
     def _start(self) -> _Exchange:
