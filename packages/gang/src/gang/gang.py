@@ -104,6 +104,12 @@ class Gang(ABC):
     def debug(self) -> bool:
         """Whether debug mode is on: every collective first checks that all ranks make the same call.
 
+        Point-to-point calls first check with each peer that what one side sends is what the
+        other receives (dtype and shape, in order), raising on both sides with both calls named;
+        ``all_to_all_uneven`` checks that rank ``i``'s ``input_splits[j]`` is rank ``j``'s
+        ``output_splits[i]``. A peer that makes no matching call at all is not seen: the check
+        then fails at the gang's timeout.
+
         On when the gang was created with ``debug=True``, or with ``debug=None`` while the
         environment variable ``GANG_DEBUG`` turns it on (``1``, ``true``, ``yes`` or ``on``).
         Sub-gangs inherit it. Off, it costs one attribute test per call.
@@ -864,6 +870,8 @@ class Gang(ABC):
             return  # the simulated peers make the matching calls
         check_values_exchangeable(self, "debug mode")
         peers = sorted({p for _, p in sends} | {p for _, p in recvs})
+        if not peers:
+            return
         mine = {p: [[_spec(t) for t, q in sends if q == p], [_spec(t) for t, q in recvs if q == p]] for p in peers}
         payloads = {p: json.dumps(mine[p]).encode() for p in peers}
         lengths = {p: torch.tensor([len(payloads[p])], dtype=torch.int64, device=self.device) for p in peers}

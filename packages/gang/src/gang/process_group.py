@@ -129,9 +129,11 @@ TorchHandle = Any
 class TorchWork(Work):
     """The :class:`~gang.Work` of operations started on a torch process group.
 
-    It keeps its own state: torch 2.13's gloo works never report ``is_completed()`` for a
-    point-to-point transfer or a reduce-scatter, even after ``wait()``, and gloo's
-    ``wait(timeout)`` on a point-to-point transfer closes the connection when the time is up.
+    It keeps its own state: with torch 2.13, gloo's ``is_completed()`` stays ``False`` for a
+    reduce-scatter even after ``wait()``, and for a receive whose data has arrived until
+    ``wait()`` is called (measured on two processes); gloo's ``wait(timeout)`` on a
+    point-to-point transfer closes the connection when the time is up; gloo's works have no
+    future.
     So on the CPU a wait without a timeout calls torch's ``wait()`` (bounded by the group's own
     timeout), and a bounded wait or a poll hands torch's ``wait()`` to a thread that it then
     waits for. On CUDA, where torch's ``is_completed()`` reads the device's events, a bounded wait
