@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gang import FakeGang, NotSupportedError, ReduceOperation
+from gang import FakeGang, NotSupportedError, ReduceOperation, exchange_rows
 
 CPU = torch.device("cpu")
 
@@ -152,3 +152,22 @@ def test_cpu_with_an_index_is_the_cpu_device() -> None:
     t = torch.ones(2)  # lives on `cpu`, not `cpu:0`
     g.all_reduce(t, ReduceOperation.SUM)
     assert t.tolist() == [2.0, 2.0]
+
+
+def test_traffic_under_the_same_data_assumption() -> None:
+    # A send goes nowhere, a receive leaves its tensor as it is, and rank r's uneven rows are its own
+    # block for r from every rank; every operation is complete when it returns, handles included.
+    g = FakeGang(torch.device("cpu"), rank=1, size=3)
+    received = torch.arange(4.0)
+    g.send(torch.ones(4), 0)
+    g.recv(received, 2)
+    work = g.send_recv([(torch.ones(4), 2)], [(received, 0)], async_op=True)
+    assert work.is_completed() and received.tolist() == [0.0, 1.0, 2.0, 3.0]
+    inp = torch.arange(10.0).reshape(5, 2)  # rows 1-2 are the block for rank 1
+    out = torch.empty(6, 2)
+    g.all_to_all_uneven(out, inp, [2, 2, 2], [1, 2, 2])
+    assert out.tolist() == [[2.0, 3.0], [4.0, 5.0]] * 3
+    rows, splits = exchange_rows(g, inp, [1, 2, 2])
+    assert torch.equal(rows, out) and splits == [2, 2, 2]
+    with pytest.raises(ValueError, match=r"`output_splits` must all equal `input_splits\[1\]` \(2\) on a `FakeGang`"):
+        g.all_to_all_uneven(torch.empty(6, 2), inp, [1, 2, 3], [1, 2, 2])
