@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 import gang.ft.replica as replica_module
-from gang import Gang, ReduceOperation
+from gang import Gang, NotSupportedError, ReduceOperation
 from gang.ft import ReplicaGang
 from gang.ft.heal import flatten
 
@@ -146,6 +146,40 @@ def run_aborts(g: Gang, store: str) -> list[dict[str, Any]]:
     outcomes.append(_outcome(ft, _exchange))  # a new group at once: no step lost
     status = ft.status()
     outcomes.append({"quorum": status.quorum, "step": status.step, "last_error": str(status.last_error)})
+    return outcomes
+
+
+def run_async_steps(g: Gang, store: str) -> list[dict[str, Any]]:
+    """Three steps of collectives started with ``async_op=True``: the last rank's all_reduce fails
+    (the seam) while the others' handles are pending; then handles left unwaited, which the vote
+    waits for; then P2P, which a ReplicaGang refuses by name."""
+    ft = replica_gang(g, store)
+    last = g.size - 1
+
+    def pending(gang: ReplicaGang) -> None:
+        work = gang.all_reduce(torch.ones(3), ReduceOperation.SUM, async_op=True)
+        work.wait()  # records the failure (here or, released by the failing member, on the peers)
+        assert work.is_completed()
+
+    with _fault(last, "all_reduce"):
+        outcomes = [_outcome(ft, pending)]
+    sums: dict[str, Any] = {}
+
+    def unwaited(gang: ReplicaGang) -> None:
+        sums["sum"] = torch.full((3,), float(gang.rank))
+        sums["gathered"] = torch.empty(gang.size, 2)
+        gang.all_reduce(sums["sum"], ReduceOperation.SUM, async_op=True)
+        gang.all_gather(sums["gathered"], torch.full((2,), float(gang.rank)), async_op=True)
+
+    outcomes.append(_outcome(ft, unwaited) | {"sum": sums["sum"].tolist(), "gathered": sums["gathered"].tolist()})
+
+    def point_to_point(gang: ReplicaGang) -> None:
+        try:
+            gang.send(torch.ones(1), (gang.rank + 1) % gang.size, async_op=True)
+        except NotSupportedError as ex:
+            sums["refused"] = str(ex)
+
+    outcomes.append(_outcome(ft, point_to_point) | {"refused": sums.get("refused", "")})
     return outcomes
 
 

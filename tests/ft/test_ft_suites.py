@@ -63,6 +63,23 @@ def test_a_failure_of_one_member_aborts_the_step_everywhere_at_once(cluster: tup
         assert status["last_error"] == after["error"], status
 
 
+def test_handles_inside_a_step(cluster: tuple[World, str]) -> None:
+    # Step 1: the last rank's async all_reduce fails to start (the seam): its peers' pending
+    # handles are released by its dropped group, `wait()` records the failure as a blocking
+    # collective's is, and no member commits. Step 2: handles never waited for are waited for by
+    # the vote, which commits with their results. Step 3: P2P is refused by name, the step commits.
+    world, store = cluster
+    results = world.run(fw.run_async_steps, store)
+    size, last = len(results), len(results) - 1
+    for rank, (failed, unwaited, p2p) in enumerate(results):
+        assert failed["committed"] is False and failed["raised"] == "", (rank, failed)
+        assert "injected failure" in failed["error"] if rank == last else _released(failed["error"]), (rank, failed)
+        assert unwaited["committed"] is True and unwaited["step"] == failed["step"] + 1, (rank, unwaited)
+        assert unwaited["sum"] == [float(sum(range(size)))] * 3, unwaited
+        assert unwaited["gathered"] == [[float(r)] * 2 for r in range(size)], unwaited
+        assert p2p["committed"] is True and p2p["refused"].startswith("`send` is not supported by `ReplicaGang`")
+
+
 def test_healing_sends_chunks_to_the_members_behind_only(cluster: tuple[World, str]) -> None:
     # The lower half holds one multi-dtype state, each rank of the upper half one of its own; the
     # upper half restores step 0 and is healed point to point (with 4 ranks, both senders share the work).

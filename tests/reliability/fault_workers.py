@@ -45,6 +45,31 @@ def killed_mid_stream(g: Gang, victim: int, after: int) -> dict[str, Any]:
     return _survive(g, stream)
 
 
+def killed_while_pending(g: Gang, victim: int, kind: str) -> dict[str, Any]:
+    """The survivors start an operation with ``async_op=True`` that needs ``victim``, tell it so, and
+    wait; ``victim`` is SIGKILLed once every survivor's handle is pending.
+
+    ``kind`` is ``"recv"`` (from the victim), ``"all_reduce"``, or ``"send_recv"`` (a ring shift in a
+    gang of two, whose send to the victim tells it the handle is pending).
+    """
+    g.barrier()
+    signal_size = 64 if kind == "send_recv" else 1
+    if g.rank == victim:
+        for survivor in range(g.size):
+            if survivor != victim:
+                g.recv(torch.zeros(signal_size), survivor)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "send_recv":
+        work = g.send_recv([(torch.ones(64), victim)], [(torch.zeros(64), victim)], async_op=True)
+    else:
+        if kind == "recv":
+            work = g.recv(torch.zeros(64), victim, async_op=True)
+        else:
+            work = g.all_reduce(torch.ones(64), ReduceOperation.SUM, async_op=True)
+        g.send(torch.ones(1), victim)  # "my handle is pending"
+    return _survive(g, work.wait)
+
+
 def hang(g: Gang, victim: int, seconds: float) -> dict[str, Any]:
     if g.rank == victim:
         time.sleep(seconds)

@@ -19,6 +19,7 @@ from fault_workers import (
     hang,
     hang_in_sub_gang,
     killed_mid_stream,
+    killed_while_pending,
     never_arrives,
     store_host_dies,
 )
@@ -59,6 +60,18 @@ def test_peer_sigkilled_in_a_stream_of_collectives(size: int, victim: int) -> No
     assert sorted(died.results) == [r for r in range(size) if r != victim]
     for rank, report in died.results.items():
         _check_survivor(rank, size, report, "all_reduce", "Connection closed", "Timed out", "closed by peer", "reset")
+
+
+@pytest.mark.parametrize(("size", "victim", "kind"), [(4, 0, "recv"), (4, 2, "all_reduce"), (2, 1, "send_recv")])
+def test_peer_sigkilled_while_a_handle_is_pending(size: int, victim: int, kind: str) -> None:
+    # Every survivor's handle needs the victim (it receives from it, reduces with it, or shifts a
+    # ring of two through it): each gets GangError from `wait()`, naming the operation.
+    with World(size, gang_timeout=TIMEOUT) as world:
+        died = _died(world, killed_while_pending, victim, kind)
+    assert f"exit codes {{{victim}: -9}}" in str(died)
+    assert sorted(died.results) == [r for r in range(size) if r != victim]
+    for rank, report in died.results.items():
+        _check_survivor(rank, size, report, kind, "Connection closed", "Timed out", "closed by peer", "reset")
 
 
 @pytest.mark.parametrize("size", [2, 3])

@@ -234,12 +234,14 @@ class Gang(ABC):
         :raises GangError: If the collective fails or times out.
         """
         check_open(self, "all_reduce")
-        _check_async(async_op)
+        if async_op is not False:
+            _check_async(async_op)
         t = self._check_tensor("tensor", tensor, contiguous=True)
         check_op("op", op, t.dtype)
         if self._debug:
             self._verify_same_call(f"all_reduce({_describe(t)}, op={op.name})")
-        return self._result("all_reduce", self._all_reduce(t, op, async_op), async_op)
+        work = self._all_reduce(t, op, async_op)
+        return None if work is None and not async_op else self._result("all_reduce", work, async_op)
 
     @overload
     def all_gather(
@@ -267,14 +269,16 @@ class Gang(ABC):
         :raises GangError: If the collective fails or times out.
         """
         check_open(self, "all_gather")
-        _check_async(async_op)
+        if async_op is not False:
+            _check_async(async_op)
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
         inp = self._check_tensor("input_tensor", input_tensor)
         self._check_same_dtype("output_tensor", out, inp)
         self._check_shape("output_tensor", out, (self.size, *inp.shape))
         if self._debug:
             self._verify_same_call(f"all_gather(input {_describe(inp)})")
-        return self._result("all_gather", self._all_gather(out, inp.contiguous(), async_op), async_op)
+        work = self._all_gather(out, inp.contiguous(), async_op)
+        return None if work is None and not async_op else self._result("all_gather", work, async_op)
 
     @final
     def all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: TensorLike) -> None:
@@ -347,7 +351,8 @@ class Gang(ABC):
         :raises GangError: If the collective fails or times out.
         """
         check_open(self, "reduce_scatter")
-        _check_async(async_op)
+        if async_op is not False:
+            _check_async(async_op)
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
         inp = self._check_tensor("input_tensor", input_tensor)
         self._check_same_dtype("input_tensor", inp, out)
@@ -356,7 +361,7 @@ class Gang(ABC):
         if self._debug:
             self._verify_same_call(f"reduce_scatter(input {_describe(inp)}, op={op.name})")
         work = self._reduce_scatter(out, inp.contiguous(), op, async_op)
-        return self._result("reduce_scatter", work, async_op)
+        return None if work is None and not async_op else self._result("reduce_scatter", work, async_op)
 
     @overload
     def all_to_all(
@@ -383,7 +388,8 @@ class Gang(ABC):
         :raises GangError: If the collective fails or times out.
         """
         check_open(self, "all_to_all")
-        _check_async(async_op)
+        if async_op is not False:
+            _check_async(async_op)
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
         inp = self._check_tensor("input_tensor", input_tensor)
         self._check_same_dtype("output_tensor", out, inp)
@@ -395,7 +401,8 @@ class Gang(ABC):
         self._check_shape("output_tensor", out, tuple(inp.shape))
         if self._debug:
             self._verify_same_call(f"all_to_all(input {_describe(inp)})")
-        return self._result("all_to_all", self._all_to_all(out, inp.contiguous(), async_op), async_op)
+        work = self._all_to_all(out, inp.contiguous(), async_op)
+        return None if work is None and not async_op else self._result("all_to_all", work, async_op)
 
     @overload
     def broadcast(self, tensor: TensorLike, source_rank: int = 0, *, async_op: Literal[False] = False) -> None: ...
@@ -420,12 +427,14 @@ class Gang(ABC):
         :raises GangError: If the collective fails or times out.
         """
         check_open(self, "broadcast")
-        _check_async(async_op)
+        if async_op is not False:
+            _check_async(async_op)
         t = self._check_tensor("tensor", tensor, contiguous=True)
         source_rank = check_rank("source_rank", source_rank, self._size)
         if self._debug:
             self._verify_same_call(f"broadcast({_describe(t)}, source_rank={source_rank})")
-        return self._result("broadcast", self._broadcast(t, source_rank, async_op), async_op)
+        work = self._broadcast(t, source_rank, async_op)
+        return None if work is None and not async_op else self._result("broadcast", work, async_op)
 
     @overload
     def send(self, tensor: TensorLike, dest_rank: int, *, async_op: Literal[False] = False) -> None: ...
@@ -456,13 +465,15 @@ class Gang(ABC):
         :raises GangError: If the transfer fails or times out.
         """
         check_open(self, "send")
-        _check_async(async_op)
+        if async_op is not False:
+            _check_async(async_op)
         t = self._check_tensor("tensor", tensor)
         dest_rank = self._check_peer("dest_rank", dest_rank)
         sends = [(t.contiguous(), dest_rank)]
         if self._debug:
             self._verify_pairs(sends, [])
-        return self._result("send", self._send_recv(sends, [], async_op, "send"), async_op)
+        work = self._send_recv(sends, [], async_op, "send")
+        return None if work is None and not async_op else self._result("send", work, async_op)
 
     @overload
     def recv(self, tensor: TensorLike, source_rank: int, *, async_op: Literal[False] = False) -> None: ...
@@ -488,12 +499,14 @@ class Gang(ABC):
         :raises GangError: If the transfer fails or times out.
         """
         check_open(self, "recv")
-        _check_async(async_op)
+        if async_op is not False:
+            _check_async(async_op)
         t = self._check_tensor("tensor", tensor, contiguous=True)
         recvs = [(t, self._check_peer("source_rank", source_rank))]
         if self._debug:
             self._verify_pairs([], recvs)
-        return self._result("recv", self._send_recv([], recvs, async_op, "recv"), async_op)
+        work = self._send_recv([], recvs, async_op, "recv")
+        return None if work is None and not async_op else self._result("recv", work, async_op)
 
     @overload
     def send_recv(
@@ -550,7 +563,8 @@ class Gang(ABC):
         :raises GangError: If a transfer fails or times out.
         """
         check_open(self, "send_recv")
-        _check_async(async_op)
+        if async_op is not False:
+            _check_async(async_op)
         checked_sends = [
             (t.contiguous(), peer) for t, peer in self._check_pairs("sends", sends, "dest_rank", contiguous=False)
         ]
@@ -560,7 +574,7 @@ class Gang(ABC):
         if not checked_sends and not checked_recvs:
             return CompletedWork("send_recv") if async_op else None
         work = self._send_recv(checked_sends, checked_recvs, async_op, "send_recv")
-        return self._result("send_recv", work, async_op)
+        return None if work is None and not async_op else self._result("send_recv", work, async_op)
 
     @overload
     def all_to_all_uneven(
@@ -628,7 +642,8 @@ class Gang(ABC):
         :raises GangError: If the collective fails or times out.
         """
         check_open(self, "all_to_all_uneven")
-        _check_async(async_op)
+        if async_op is not False:
+            _check_async(async_op)
         out = self._check_tensor("output", output, contiguous=True)
         inp = self._check_tensor("input", input)
         self._check_same_dtype("output", out, inp)
@@ -645,7 +660,7 @@ class Gang(ABC):
         if self._debug:
             self._verify_splits(out, out_splits, in_splits)
         work = self._all_to_all_uneven(out, inp.contiguous(), out_splits, in_splits, async_op)
-        return self._result("all_to_all_uneven", work, async_op)
+        return None if work is None and not async_op else self._result("all_to_all_uneven", work, async_op)
 
     @final
     def broadcast_objects(self, objects: list[object], source_rank: int = 0) -> None:

@@ -31,7 +31,7 @@ from gang._torch_groups import (
     is_non_member,
 )
 from gang.env import get_master_address, get_rank, get_world_size
-from gang.errors import GangError, InvalidOperationError, NotSupportedError
+from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_device, check_timeout, guard, operation_error
 from gang.gang import Gang, ReduceOperation
 from gang.work import Work
@@ -139,16 +139,17 @@ class TorchWork(Work):
 
     :param operation: The gang method's name, for error messages.
     :param works: The torch works of the operation (a batch of transfers has several).
-    :param rank: The rank of the calling process in the gang, for error messages.
-    :param size: The gang's size.
-    :param device: The gang's device.
+    :param where: The rank of the calling process in the gang and the gang's size, for error messages.
+    :param cuda: Whether the gang's device is a CUDA device.
     """
 
-    def __init__(self, operation: str, works: list[TorchHandle], rank: int, size: int, device: torch.device) -> None:
+    __slots__ = ("_cuda", "_failure", "_finished", "_where", "_works")
+
+    def __init__(self, operation: str, works: list[TorchHandle], where: tuple[int, int], cuda: bool) -> None:
         super().__init__(operation)
         self._works = works
-        self._where = (rank, size)
-        self._cuda = device.type == "cuda"
+        self._where = where
+        self._cuda = cuda
         self._finished: threading.Event | None = None
         self._failure: BaseException | None = None
 
@@ -156,9 +157,11 @@ class TorchWork(Work):
         if self._cuda and timeout is not None and not self._poll_until(time.monotonic() + timeout):
             return False
         if self._cuda or (timeout is None and self._finished is None):
-            with guard(self._operation, self._where):
+            try:
                 for work in self._works:
                     work.wait()
+            except BACKEND_ERRORS as ex:
+                raise operation_error(self._operation, self._where, ex) from ex
             return True
         finished = self._waiter()
         if not finished.wait(timeout):
@@ -269,6 +272,8 @@ class ProcessGroupGang(Gang):
         self._broadcast_options: list[dict[int, BroadcastOptions]] = [{}, {}]
         self._barrier_options = _sync_options(BarrierOptions)
         self._barrier_options.device = pg.bound_device_id or torch.device("cpu")
+        self._where = (self._rank, self._size)  # what a TorchWork names in its errors
+        self._cuda = self._device.type == "cuda"
 
     @classmethod
     def create_default_process_group(
@@ -552,7 +557,7 @@ class ProcessGroupGang(Gang):
                 for work in works:
                     work.wait()
                 return None
-        return TorchWork(operation, works, self._rank, self._size, self._device)
+        return TorchWork(operation, works, self._where, self._cuda)
 
     def _complete(self, operation: str, work: TorchHandle | None, async_op: bool) -> Work | None:
         """Wait for ``work`` (inside the caller's ``guard``), or hand it back as a :class:`TorchWork`."""
@@ -561,7 +566,7 @@ class ProcessGroupGang(Gang):
                 work.wait()
             return None
         assert work is not None
-        return TorchWork(operation, [work], self._rank, self._size, self._device)
+        return TorchWork(operation, [work], self._where, self._cuda)
 
     def _new_broadcast_options(self, source_rank: int, async_op: bool) -> BroadcastOptions:
         opts = self._broadcast_options[async_op][source_rank] = _sync_options(BroadcastOptions, async_op)

@@ -47,11 +47,14 @@ class Work(ABC):
 
     The tensors of the operation must not be read or written until :meth:`wait` returned. A
     failure of the operation (a dead peer, the gang's timeout) is raised by :meth:`wait` as
-    :class:`~gang.GangError`, again at every later call.
+    :class:`~gang.GangError`, again at every later call (a :class:`~gang.ft.ReplicaGang` records it
+    instead, as it records a blocking collective's failure, and the step is not committed).
 
     :param operation: The name of the gang method that started the operation (``"send"``), used
         in error messages.
     """
+
+    __slots__ = ("_done", "_error", "_operation")
 
     def __init__(self, operation: str) -> None:
         self._operation = operation
@@ -67,8 +70,9 @@ class Work(ABC):
     def wait(self, timeout: float | None = None) -> None:
         """Block until the operation is complete and its output tensors hold the result.
 
-        On a CUDA gang the result is complete on the device when ``wait()`` returns (not only
-        queued on a stream).
+        On a CUDA gang, as with torch's own handles, ``wait()`` makes the current CUDA stream wait
+        for the operation: what is queued on that stream afterwards sees the result, and the
+        host does not block (:meth:`is_completed` tells when the device is done).
 
         :param timeout: At most this many seconds for this wait (``None``: up to the gang's own
             timeout, after which the operation fails). When the time is up the operation is not
@@ -79,7 +83,7 @@ class Work(ABC):
         :raises TypeError: If ``timeout`` is not a number.
         :raises ValueError: If ``timeout`` is not positive and finite.
         """
-        seconds = check_wait_timeout(timeout)
+        seconds = None if timeout is None else check_wait_timeout(timeout)
         if self._done:
             if self._error is not None:
                 raise self._error
@@ -128,6 +132,8 @@ class Work(ABC):
 @final
 class CompletedWork(Work):
     """The handle of an operation that already completed when the gang method returned it."""
+
+    __slots__ = ()
 
     def __init__(self, operation: str) -> None:
         super().__init__(operation)
