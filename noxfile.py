@@ -339,6 +339,57 @@ def ray(session: nox.Session) -> None:
     session.run("pytest", str(RAY_TESTS), "-p", "no:cacheprovider", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
+# The versions users run (`nox -s versions`, not in CI's run): the newest this machine installs and
+# the lowest the packages declare (their pyproject.toml's lower bounds are exactly these). torch
+# 2.13 is the first with `ProcessGroup.all_gather_single` and `reduce_scatter_single`, which
+# ProcessGroupGang calls directly (torch 2.10 and 2.12 lack them; 2.10 failed the suites).
+VERSIONS = {
+    "newest": ("torch==2.14.1", "jax==0.10.2", "jaxlib==0.10.2"),
+    "lowest": ("torch==2.13.0", "jax==0.6.2", "jaxlib==0.6.2"),
+}
+# A representative subset of the suites (about a third of bare nox's test time): every package's
+# own tests, FSDP2 parity (FSDP2's private hooks), and fault tolerance with its process group (DDP's
+# and autograd's hooks). Left out: the conformance table, reliability (dead peers), the quorum's
+# and healing's own tests, launchers. `nox -s versions -- PATHS` runs other tests instead.
+VERSION_TESTS = {
+    "gang": ["packages/gang/tests"],
+    "gang-mesh, gang-jax, FSDP2, fault tolerance": [
+        "packages/gang-mesh/tests",
+        "packages/gang-jax/tests",
+        "tests/test_fsdp_parity.py",
+        "tests/ft/test_ft.py",
+        "tests/ft/test_ft_process_group.py",
+    ],
+}
+
+
+@nox.session
+@nox.parametrize("pins", list(VERSIONS))
+def versions(session: nox.Session, pins: str) -> None:
+    """The suites (:data:`VERSION_TESTS`) on the newest torch installed here and the lowest torch and JAX declared.
+
+    ``nox -s "versions(pins='lowest')"`` runs one. The torch and JAX pins of ``constraints.txt`` are
+    replaced by :data:`VERSIONS`' (torch 2.14.1 is a CUDA build, with its CUDA libraries about
+    3 GB, that runs on the CPU; the lowest torch is the CI's CPU build).
+    """
+    replaced = {pin.split("==")[0] for pin in VERSIONS[pins]}
+    kept = [line for line in (ROOT / "constraints.txt").read_text().splitlines() if line.split("==")[0] not in replaced]
+    constraints = Path(session.create_tmp()).resolve() / "constraints.txt"
+    constraints.write_text("\n".join([*kept, *VERSIONS[pins]]) + "\n")
+    session.env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    local = [arg for name in PACKAGES for arg in ("-e", str(ROOT / "packages" / name))]
+    session.install("-c", str(constraints), *local, *VERSIONS[pins], "pytest", "pytest-timeout")
+    session.run("python", "-c", OURS, silent=True)
+    session.run("python", "-c", "import torch, jax; print('torch', torch.__version__, 'jax', jax.__version__)")
+    share_jax_compilations(session)
+    pytest = [str(Path(session.bin) / "python"), "-m", "pytest", "-p", "no:cacheprovider"]
+    if session.posargs:
+        session.run(*pytest, *session.posargs)
+        return
+    lanes = {name: [[*pytest, *suites]] for name, suites in VERSION_TESTS.items()}
+    run_side_by_side(session, lanes, env={})
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
     """Collective and overhead benchmarks (not in the default sessions): ``nox -s bench -- --quick --out results.json``.

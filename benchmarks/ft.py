@@ -51,9 +51,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from gang.bench.metrics import Row, make_row, median
+from gang.testing import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from _ft_launch import Line, LocalJob, free_port, wait_for_port
+from _ft_launch import Line, LocalJob, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLICAS = 3

@@ -70,9 +70,10 @@ from benchmarks.ft import RECOVERY_TIMEOUT_S, check_torchft_python, torchft_env
 from benchmarks.ft_torchft import MANAGER_TIMEOUT_S
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from _ft_launch import Line, LocalJob, free_port, wait_for_port
+from _ft_launch import Line, LocalJob, wait_for_port
 
 from gang.bench.metrics import Row, make_row
+from gang.testing import free_port
 
 REPLICAS, PROCESSES, BATCH = 2, 2, 32
 SHAPES = {50: (2, 256), 10: (1, 64)}

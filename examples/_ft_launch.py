@@ -28,14 +28,6 @@ from dataclasses import dataclass
 from gang.testing import LOOPBACK, local_env
 
 
-def free_port() -> int:
-    """Return a TCP port that is free on this host now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def wait_for_port(port: int, timeout: float) -> None:
     """Wait until something accepts connections on ``127.0.0.1:port``.
 

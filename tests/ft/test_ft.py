@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from ft_workers import reference
 
 from gang._torch_groups import TCPStore
 from gang.ft.quorum import ROOT
+from gang.testing import free_port
 
 WORKER = Path(__file__).parent / "ft_workers.py"
 STEPS = 8
@@ -140,7 +140,7 @@ class Cluster:
         self.logs[key].extend(Path(f"{log}.rr{k}") for k in range(nproc))
         if nnodes == 1:
             return self._popen(self._torchrun(["--standalone", f"--nproc-per-node={nproc}"], log, steps), env)
-        port = str(_free_port())
+        port = str(free_port())
         for node in range(nnodes):
             nodes = [f"--nnodes={nnodes}", f"--node-rank={node}", f"--nproc-per-node={nproc // nnodes}"]
             nodes += ["--master-addr=127.0.0.1", f"--master-port={port}"]
@@ -319,12 +319,6 @@ class Cluster:
                 final = torch.tensor(done[0]["params"])
                 assert torch.equal(final, expected[k]), f"replica {rid} shard {k} differs from the reference"
         return dict(enumerate(schedule, start=1))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gang.testing import free_port
+
 SBIN = os.pathsep.join(["/usr/sbin", "/sbin", "/usr/local/sbin"])
 PROGRAMS = ("srun", "sbatch", "scontrol", "sinfo", "slurmctld", "slurmd", "munged", "mpirun", "torchrun")
 NODES = ("n1", "n2")
@@ -43,12 +45,6 @@ def which(program: str) -> str | None:
 def missing_programs() -> list[str]:
     """The launcher programs this machine lacks."""
     return [program for program in PROGRAMS if which(program) is None]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class SlurmCluster:

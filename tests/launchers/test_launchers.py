@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from launcher_workers import SlurmCluster, free_port, missing_programs, which
+from launcher_workers import SlurmCluster, missing_programs, which
+
+from gang.testing import free_port
 
 WORKER = str(Path(__file__).with_name("launch_worker.py"))
 MISSING = missing_programs()

@@ -9,7 +9,6 @@ in the benchmarks.
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from fault_workers import (
     store_host_dies,
 )
 
-from gang.testing import WorkerDiedError, World
+from gang.testing import WorkerDiedError, World, free_port
 
 TIMEOUT = 4.0  # the gangs' collective timeout in these scenarios, in seconds (torch's default: 30 minutes)
 
@@ -103,14 +102,8 @@ def test_peer_never_arrives_at_rendezvous() -> None:
     assert results[2] == {"victim": True}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_store_host_dies() -> None:
-    env = {"TORCHELASTIC_USE_AGENT_STORE": "False", "MASTER_PORT": str(_free_port())}
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "False", "MASTER_PORT": str(free_port())}
     with World(3, init_gang=False, env=env) as world:
         died = _died(world, store_host_dies, 12, TIMEOUT)
     assert sorted(died.results) == [1, 2]

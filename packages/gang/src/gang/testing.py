@@ -20,6 +20,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
+import socket
 import threading
 import time
 import traceback
@@ -49,6 +50,7 @@ __all__ = [
     "WorkerDiedError",
     "close_shared_worlds",
     "dry_run",
+    "free_port",
     "is_loopback",
     "launch",
     "local_env",
@@ -415,6 +417,17 @@ def _stop_fork_server() -> None:
     stop = getattr(getattr(forkserver, "_forkserver", None), "_stop", None)
     if callable(stop):
         stop()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that is free on ``host`` now (loopback by default).
+
+    Another process may take it before it is used, so use it at once (a test's store, a
+    coordinator, a daemon's port).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def spawn(

@@ -212,19 +212,34 @@ def environment(root: gang.ProcessGroupGang, impls: Sequence[str]) -> dict[str, 
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark on this rank of a launched job; return 1 if a result was wrong, else 0."""
-    if args.device in (None, "cuda"):  # cuda:LOCAL_RANK when CUDA is available
-        device = gang.get_default_device()
-        if args.device == "cuda" and device.type != "cuda":
-            raise RuntimeError("`--device cuda` needs CUDA, but torch.cuda.is_available() is False.")
-    else:
-        device = torch.device(args.device)
-    root = gang.create_default_gang(device, timeout=timedelta(minutes=10))
-    if not isinstance(root, gang.ProcessGroupGang):
-        raise RuntimeError(f"gang.bench needs a process group gang, but got {root!r}.")
+    """Run the benchmark on this rank of a launched job; return 1 if a result was wrong, else 0.
+
+    The root gang is closed however the run ends (a failed collective, an interrupt).
+    """
+    device = bench_device(args)
+    with gang.create_default_gang(device, timeout=timedelta(minutes=10)) as root:
+        if not isinstance(root, gang.ProcessGroupGang):
+            raise RuntimeError(f"gang.bench needs a process group gang, but got {root!r}.")
+        wrong = measure_and_report(root, args, device)
+        root.barrier()
+    return 1 if wrong else 0
+
+
+def bench_device(args: argparse.Namespace) -> torch.device:
+    """The device of ``--device``: ``cuda:LOCAL_RANK`` when CUDA is available and none (or ``cuda``) is given."""
+    if args.device not in (None, "cuda"):
+        return torch.device(args.device)
+    device = gang.get_default_device()
+    if args.device == "cuda" and device.type != "cuda":
+        raise RuntimeError("`--device cuda` needs CUDA, but torch.cuda.is_available() is False.")
+    return device
+
+
+def measure_and_report(root: gang.ProcessGroupGang, args: argparse.Namespace, device: torch.device) -> int:
+    """Time the collectives on the gang ``args`` asks for; rank 0 prints the tables and the summary
+    and writes ``--out``. Return how many result elements were wrong."""
     timed = layout_gang(root, args)
     impls, makers = default_impls(args, device)
-    dtype = collectives.DTYPES[args.dtype]
     type_name = collectives.TYPE_NAMES.get(args.dtype, args.dtype)
     max_bytes = collectives.QUICK_MAX_BYTES if args.quick else collectives.FULL_MAX_BYTES
     sizes = sorted(set(args.sizes)) if args.sizes else collectives.sizes(max_bytes)
@@ -232,14 +247,7 @@ def run(args: argparse.Namespace) -> int:
     info = environment(root, impls)
     info.update(dtype=args.dtype, gang=args.gang, gang_size=timed.size)
     if lead:
-        grid = f"tp={args.tp}, pp={args.pp}, cp={args.cp}, ep={args.ep}"
-        layout = "" if args.gang == "root" else f"; {args.gang} gangs of {timed.size} ({grid})"
-        print(
-            f"# gang.bench: {root.size} ranks, {info['backend']} on {info['device']}, torch {info['torch']}"
-            + (f", jax {info['jax']}" if "jax" in info else "")
-            + f"; {', '.join(impls)}; {args.dtype}{layout}; algbw and busbw in GB/s",
-            flush=True,
-        )
+        print_header(root, args, info, impls, timed.size)
     progress = Progress(sys.stderr) if lead else None
     current = [""]
 
@@ -259,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
             ops=args.ops,
             impls=impls,
             sizes=sizes,
-            dtype=dtype,
+            dtype=collectives.DTYPES[args.dtype],
             extra=makers,
             quick=args.quick,
             iters=args.iters,
@@ -276,9 +284,21 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(lines), flush=True)
         if args.out is not None:
             write(args.out, {"environment": info, "rows": rows, "summary": lines}, plot=not args.no_plots)
-    root.barrier()
-    root.close()
-    return 1 if wrong else 0
+    return wrong
+
+
+def print_header(
+    root: gang.ProcessGroupGang, args: argparse.Namespace, info: dict[str, Any], impls: Sequence[str], size: int
+) -> None:
+    """Print the run's first line: ranks, backend, versions, implementations, dtype and layout."""
+    grid = f"tp={args.tp}, pp={args.pp}, cp={args.cp}, ep={args.ep}"
+    layout = "" if args.gang == "root" else f"; {args.gang} gangs of {size} ({grid})"
+    print(
+        f"# gang.bench: {root.size} ranks, {info['backend']} on {info['device']}, torch {info['torch']}"
+        + (f", jax {info['jax']}" if "jax" in info else "")
+        + f"; {', '.join(impls)}; {args.dtype}{layout}; algbw and busbw in GB/s",
+        flush=True,
+    )
 
 
 def write(out: Path, result: dict[str, Any], *, plot: bool = True) -> None:
