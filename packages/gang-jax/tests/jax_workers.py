@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -11,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from gang import InvalidOperationError, NotSupportedError, ReduceOperation
+from gang import GangError, InvalidOperationError, NotSupportedError, ReduceOperation
 from gang.address import non_loopback_sockets
 from gang_jax import JaxGang, functional
 
@@ -238,13 +240,18 @@ def isolated_gang() -> JaxGang:
 
 
 def compile_stays_flat(isolated: bool) -> list[int]:
-    """``num_compiled`` after one round of every collective, then after each of five more rounds."""
+    """``num_compiled`` after one round of every operation, then after each of five more rounds."""
     g = isolated_gang() if isolated else gang()
     n = g.size
     floats, longs = torch.ones(2, 3), torch.ones(5, dtype=torch.int64)
     rows, out = torch.ones(n, 4), torch.empty(n, 4)
+    r = g.rank
     counts = []
-    for _ in range(6):
+    for step in range(6):
+        # Point-to-point and uneven rows too; the uneven counts vary (3 or 4 rows), within one padded size.
+        g.send_recv([(rows[0], (r + 1) % n)], [(out[0], (r - 1) % n)])
+        splits = [3 + step % 2] * n
+        g.all_to_all_uneven(torch.empty(sum(splits), 2), torch.ones(sum(splits), 2), splits, splits)
         g.all_reduce(floats, ReduceOperation.SUM)
         g.all_reduce(longs, ReduceOperation.MAX)  # 64-bit reductions run in JAX's 64-bit mode
         g.all_gather(out, rows[0])
@@ -254,6 +261,28 @@ def compile_stays_flat(isolated: bool) -> list[int]:
         g.barrier()
         counts.append(g.num_compiled)
     return counts
+
+
+def bounded_wait(flag: str) -> Any:
+    """Rank 0 waits 0.2 s for a receive that rank 1 sends only once ``flag`` exists (made after that wait)."""
+    g = gang()
+    g.barrier()  # every rank has joined the gang's programs before two of them start a transfer
+    if g.rank == 0:
+        t = torch.zeros(3)
+        work = g.recv(t, 1, async_op=True)
+        try:
+            work.wait(timeout=0.2)
+            outcome = "no error"
+        except GangError as ex:
+            outcome = f"GangError: {ex}"
+        Path(flag).touch()
+        work.wait()
+        return outcome, t.tolist(), work.is_completed()
+    if g.rank == 1:
+        while not os.path.exists(flag):
+            time.sleep(0.01)
+        g.send(torch.arange(3.0), 0)
+    return None
 
 
 def isolated_properties() -> dict[str, Any]:

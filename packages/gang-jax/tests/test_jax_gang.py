@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import jax_workers as jw
 import numpy as np
@@ -169,6 +170,14 @@ def test_num_compiled_stays_flat_in_a_loop(world: World, isolated: bool) -> None
     for counts in world.run(jw.compile_stays_flat, isolated):
         assert counts[0] >= 6
         assert counts == [counts[0]] * 6, counts
+
+
+def test_bounded_wait_gives_up_and_the_receive_goes_on(world: World, tmp_path: Path) -> None:
+    # wait(timeout=...) on a receive whose sender has not sent yet raises GangError (the transfer stays in
+    # flight); once the sender sends, a second wait() returns the data.
+    outcome, received, completed = world.run(jw.bounded_wait, str(tmp_path / "sent"))[0]
+    assert outcome.startswith("GangError: `recv` did not complete within the `wait` timeout of 0.2 s"), outcome
+    assert received == [0.0, 1.0, 2.0] and completed
 
 
 def test_isolated_gang(world: World) -> None:
