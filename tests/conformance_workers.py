@@ -24,16 +24,13 @@ from torch import Tensor
 
 from gang import FakeGang, Gang, Gangs, NotSupportedError, ReduceOperation, create_fsdp_gangs, create_parallel_gangs
 from gang._torch_groups import TCPStore
+from gang.extend import SUPPORTED_DTYPES, check_op
 from gang.ft import ReplicaGang
 from gang_jax import JaxGang
 
-DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "bfloat16": torch.bfloat16,
-}
+DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in sorted(SUPPORTED_DTYPES, key=str)}
+"""Every dtype every gang accepts (:data:`gang.extend.SUPPORTED_DTYPES`), by name."""
+
 
 Body = Callable[[], Any]
 _GANG_REPR = re.compile(r"\b\w*Gang\(rank=")  # the start of a gang's repr, in an error message
@@ -197,6 +194,42 @@ def run_collective(
     return _run_both(pg, name, lambda g: _run_one(g, kind, op, dtype, shape, data_rank=data_rank))
 
 
+def reducible(op: ReduceOperation | None) -> list[str]:
+    """The names of the dtypes of :data:`DTYPES` that every gang can reduce with ``op`` (all of them for ``None``)."""
+    names = []
+    for dtype_name, dtype in DTYPES.items():
+        try:
+            if op is not None:
+                check_op("op", op, dtype)
+        except ValueError:
+            continue
+        names.append(dtype_name)
+    return names
+
+
+def run_every_dtype(
+    pg: Gang, name: str, kind: str, op_name: str | None, shape: tuple[int, ...]
+) -> dict[str, dict[str, Any]]:
+    """:func:`run_collective` for every dtype of :func:`reducible`, in one run (and, for a ReplicaGang, one step).
+
+    Returns ``{"reference": {dtype name: output}, "tested": {dtype name: output}}``.
+    """
+    op = ReduceOperation[op_name] if op_name else None
+    data_rank = _data_rank(name, pg.rank)
+
+    def body(g: Gang) -> dict[str, Any]:
+        return {n: _run_one(g, kind, op, DTYPES[n], shape, data_rank=data_rank) for n in reducible(op)}
+
+    return _run_both(pg, name, body)
+
+
+def _varied(t: Tensor, rank: int, *, scale: bool) -> Tensor:
+    """``t + rank`` (``t * (rank + 1)`` with ``scale``) in ``t``'s dtype; for ``bool``, ``t`` xor the rank's parity."""
+    if t.dtype == torch.bool:
+        return t ^ bool(rank % 2)
+    return t * (rank + 1) if scale else t + rank
+
+
 def _run_one(
     g: Gang,
     kind: str,
@@ -230,13 +263,13 @@ def _run_one(
         g.all_gather_to_list(outs, inp)
         return outs
     if kind == "all_to_all":
-        inp = make_input(rank, (size, *shape), dtype, None) + rank
+        inp = _varied(make_input(rank, (size, *shape), dtype, None), rank, scale=False)
         out = torch.empty_like(inp)
         g.all_to_all(out, inp)
         return out
     if kind.startswith("broadcast"):
         source = 0 if kind == "broadcast_first" else size - 1
-        t = make_input(rank, shape, dtype, None) * (rank + 1)
+        t = _varied(make_input(rank, shape, dtype, None), rank, scale=True)
         g.broadcast(t, source)
         return t
     raise ValueError(f"`kind` must name a collective, but is {kind!r} instead.")

@@ -184,7 +184,7 @@ class LocalEngine(Engine):
 
     def all_reduce(self, tensor: Tensor, op: ReduceOperation) -> None:
         """Reduce ``tensor`` over the members, in place."""
-        wide = tensor.element_size() == 8
+        wide = tensor.element_size() >= 8  # float64, int64, complex128: in JAX's 64-bit mode
         self._run(("all_reduce", tensor.dtype, tensor.shape, op), tensor, tensor, bits=False, wide=wide)
 
     def all_gather(self, output: Tensor, input: Tensor) -> None:
@@ -193,7 +193,7 @@ class LocalEngine(Engine):
 
     def reduce_scatter(self, output: Tensor, input: Tensor, op: ReduceOperation) -> None:
         """Reduce row ``rank`` of every member's ``input`` into ``output``."""
-        wide = input.element_size() == 8
+        wide = input.element_size() >= 8
         self._run(("reduce_scatter", input.dtype, input.shape, op), input, output, bits=False, wide=wide)
 
     def all_to_all(self, output: Tensor, input: Tensor) -> None:

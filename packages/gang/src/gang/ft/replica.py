@@ -636,11 +636,13 @@ class ReplicaGang(Gang):
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        self._run("all_gather", lambda pg: pg.allgather([list(output_tensor.unbind(0))], [input_tensor]))
+        rows = [_real(row) for row in output_tensor.unbind(0)]
+        self._run("all_gather", lambda pg: pg.allgather([rows], [_real(input_tensor)]))
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
-        self._run("all_gather_to_list", lambda pg: pg.allgather([output_tensors], [input_tensor]))
+        outputs = [_real(out) for out in output_tensors]
+        self._run("all_gather_to_list", lambda pg: pg.allgather([outputs], [_real(input_tensor)]))
 
     @override
     def _reduce_scatter(self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation) -> None:
@@ -650,11 +652,12 @@ class ReplicaGang(Gang):
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        self._run("all_to_all", lambda pg: pg.alltoall_base(output_tensor.view(-1), input_tensor.view(-1), [], []))
+        out, inp = _real(output_tensor).view(-1), _real(input_tensor).view(-1)
+        self._run("all_to_all", lambda pg: pg.alltoall_base(out, inp, [], []))
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int) -> None:
-        self._run("broadcast", lambda pg: pg.broadcast([tensor], root_options(source_rank)))
+        self._run("broadcast", lambda pg: pg.broadcast([_real(tensor)], root_options(source_rank)))
 
     @override
     def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:
@@ -770,3 +773,9 @@ class ReplicaGang(Gang):
 
 
 __all__ = ["DEFAULT_HEARTBEAT_TIMEOUT", "DEFAULT_REPLICA_TIMEOUT", "ReplicaGang", "ReplicaStatus"]
+
+
+def _real(tensor: Tensor) -> Tensor:
+    """``tensor``, a complex one as a view of (real, imaginary) pairs: gloo's own methods move no
+    complex dtype (``torch.distributed``'s functions rewrite them the same way before calling it)."""
+    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
