@@ -26,7 +26,7 @@ from gang import FakeGang, Gang, Gangs, NotSupportedError, ReduceOperation, crea
 from gang._torch_groups import TCPStore
 from gang.extend import SUPPORTED_DTYPES, check_op
 from gang.ft import ReplicaGang
-from gang_jax import JaxGang
+from gang_jax import JaxGang, from_jax_mesh, to_jax_mesh
 
 DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in sorted(SUPPORTED_DTYPES, key=str)}
 """Every dtype every gang accepts (:data:`gang.extend.SUPPORTED_DTYPES`), by name."""
@@ -55,6 +55,7 @@ class GangKind:
         path; a ReplicaGang's reduce-scatter is a gloo all_reduce of every row, as at any size).
     :param subgangs: Whether the gang makes sub-gangs (``create_gang``, ``split`` and the parallel
         layouts built on them); the cases that need them are skipped for a gang that refuses them.
+    :param sizes: The world sizes whose tests run on this entry (``None``: every one).
     :param call: ``call(gang, body)`` runs one case's body (every use of the gang in that case,
         its ``rank`` and ``size`` included) and returns what ``body()`` returned; it checks
         whatever the gang promises around a call (a :class:`~gang.ft.ReplicaGang`: a committed step).
@@ -65,6 +66,7 @@ class GangKind:
     objects: bool = True
     large: bool = True
     subgangs: bool = True
+    sizes: frozenset[int] | None = None
     call: Callable[[Gang, Body], Any] = _directly
 
 
@@ -109,6 +111,15 @@ def _in_a_committed_step(g: Gang, body: Body) -> Any:
     return result
 
 
+def _jax_mesh_root(pg: Gang) -> Gang:
+    """The root of the JaxGang gangs that ``gang_jax.from_jax_mesh`` makes of the JAX mesh of the
+    reference's own layout: ``to_jax_mesh`` of torch gangs from the factories (``dp`` x ``tp`` 2), so
+    both bridges stand between the torch gang and the gang under test (on the in-process entry's
+    JAX runtime)."""
+    gang_of("jax", pg)  # starts the JAX runtime, shared with the "jax" entry
+    return from_jax_mesh(to_jax_mesh(create_parallel_gangs(pg, tp_size=2), ("dp", "tp"))).root
+
+
 GANGS: dict[str, GangKind] = {
     "jax": GangKind(lambda _: JaxGang.create_default(isolated=False)),
     "jax-isolated": GangKind(lambda _: JaxGang.create_default(isolated=True)),
@@ -116,6 +127,8 @@ GANGS: dict[str, GangKind] = {
         lambda pg: FakeGang(pg.device, rank=pg.rank, size=pg.size), same_data=True, objects=False, large=False
     ),
     "replica": GangKind(_join_replicas, large=False, subgangs=False, call=_in_a_committed_step),
+    # On 2 processes only: its collectives are the "jax" entry's code, compiled anew (the cost).
+    "jax-mesh": GangKind(_jax_mesh_root, large=False, sizes=frozenset({2})),
 }
 """The gangs compared with the reference, by name (the suite's test ids)."""
 
@@ -208,17 +221,19 @@ def reducible(op: ReduceOperation | None) -> list[str]:
 
 
 def run_every_dtype(
-    pg: Gang, name: str, kind: str, op_name: str | None, shape: tuple[int, ...]
+    pg: Gang, name: str, kind: str, op_name: str | None, shape: tuple[int, ...], only: list[str] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """:func:`run_collective` for every dtype of :func:`reducible`, in one run (and, for a ReplicaGang, one step).
+    """:func:`run_collective` for every dtype of :func:`reducible` (those of ``only`` among them), in one run
+    (and, for a ReplicaGang, one step).
 
     Returns ``{"reference": {dtype name: output}, "tested": {dtype name: output}}``.
     """
     op = ReduceOperation[op_name] if op_name else None
     data_rank = _data_rank(name, pg.rank)
+    names = [n for n in reducible(op) if only is None or n in only]
 
     def body(g: Gang) -> dict[str, Any]:
-        return {n: _run_one(g, kind, op, DTYPES[n], shape, data_rank=data_rank) for n in reducible(op)}
+        return {n: _run_one(g, kind, op, DTYPES[n], shape, data_rank=data_rank) for n in names}
 
     return _run_both(pg, name, body)
 
