@@ -13,6 +13,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 from gang.roles import ROLE_TABLE
 from gang.topology import Layout
@@ -44,17 +45,28 @@ def draw(output: Path) -> None:
         ax.set_yticks([])
     sizes = ", ".join(f"{name}={size}" for name, size in layout.sizes.items())
     fig.suptitle(f"32 ranks, {sizes}: one colour per gang", fontsize=12)
+    save(fig, output)
+
+
+def save(fig: Figure, output: Path) -> None:
+    """Lay ``fig`` out, write it to ``output`` as a PNG (making its folder) and close it."""
     fig.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=80)
     plt.close(fig)
 
 
+def output_path(doc: str, default: Path) -> Path:
+    """The ``--output`` of a picture script (``doc``: its module docstring), ``default`` when not given."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=default, help="where to write the PNG")
+    output: Path = parser.parse_args().output
+    return output
+
+
 def main() -> None:
     """Parse ``--output`` and draw."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", type=Path, default=OUTPUT, help="where to write the PNG")
-    draw(parser.parse_args().output)
+    draw(output_path(__doc__ or "", OUTPUT))
 
 
 if __name__ == "__main__":

@@ -33,16 +33,13 @@ from gang import (
     exchange_rows,
 )
 from gang._torch_groups import TCPStore
+from gang.extend import SUPPORTED_DTYPES, check_op
 from gang.ft import ReplicaGang
-from gang_jax import JaxGang
+from gang_jax import JaxGang, from_jax_mesh, to_jax_mesh
 
-DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "bfloat16": torch.bfloat16,
-}
+DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in sorted(SUPPORTED_DTYPES, key=str)}
+"""Every dtype every gang accepts (:data:`gang.extend.SUPPORTED_DTYPES`), by name."""
+
 
 TRAFFIC_DTYPES = [*DTYPES.values(), torch.complex64, torch.bool, torch.uint8]
 """The dtypes every traffic case moves, in one run: what reductions allow and what only moves as bytes."""
@@ -74,6 +71,7 @@ class GangKind:
         ``recv``, ``send_recv``, ``all_to_all_uneven``, :func:`gang.exchange_rows`); where not,
         each must raise :class:`~gang.NotSupportedError` naming the method (its argument checks
         still run first, as the bad-call catalogue shows).
+    :param sizes: The world sizes whose tests run on this entry (``None``: every one).
     :param call: ``call(gang, body)`` runs one case's body (every use of the gang in that case,
         its ``rank`` and ``size`` included) and returns what ``body()`` returned; it checks
         whatever the gang promises around a call (a :class:`~gang.ft.ReplicaGang`: a committed step).
@@ -85,6 +83,7 @@ class GangKind:
     large: bool = True
     subgangs: bool = True
     traffic: bool = True
+    sizes: frozenset[int] | None = None
     call: Callable[[Gang, Body], Any] = _directly
 
 
@@ -129,6 +128,15 @@ def _in_a_committed_step(g: Gang, body: Body) -> Any:
     return result
 
 
+def _jax_mesh_root(pg: Gang) -> Gang:
+    """The root of the JaxGang gangs that ``gang_jax.from_jax_mesh`` makes of the JAX mesh of the
+    reference's own layout: ``to_jax_mesh`` of torch gangs from the factories (``dp`` x ``tp`` 2), so
+    both bridges stand between the torch gang and the gang under test (on the in-process entry's
+    JAX runtime)."""
+    gang_of("jax", pg)  # starts the JAX runtime, shared with the "jax" entry
+    return from_jax_mesh(to_jax_mesh(create_parallel_gangs(pg, tp_size=2), ("dp", "tp"))).root
+
+
 GANGS: dict[str, GangKind] = {
     "jax": GangKind(lambda _: JaxGang.create_default(isolated=False)),
     "jax-isolated": GangKind(lambda _: JaxGang.create_default(isolated=True)),
@@ -136,6 +144,8 @@ GANGS: dict[str, GangKind] = {
         lambda pg: FakeGang(pg.device, rank=pg.rank, size=pg.size), same_data=True, objects=False, large=False
     ),
     "replica": GangKind(_join_replicas, large=False, subgangs=False, traffic=False, call=_in_a_committed_step),
+    # On 2 processes only: its collectives are the "jax" entry's code, compiled anew (the cost).
+    "jax-mesh": GangKind(_jax_mesh_root, large=False, sizes=frozenset({2})),
 }
 """The gangs compared with the reference, by name (the suite's test ids)."""
 
@@ -214,6 +224,44 @@ def run_collective(
     return _run_both(pg, name, lambda g: _run_one(g, kind, op, dtype, shape, data_rank=data_rank))
 
 
+def reducible(op: ReduceOperation | None) -> list[str]:
+    """The names of the dtypes of :data:`DTYPES` that every gang can reduce with ``op`` (all of them for ``None``)."""
+    names = []
+    for dtype_name, dtype in DTYPES.items():
+        try:
+            if op is not None:
+                check_op("op", op, dtype)
+        except ValueError:
+            continue
+        names.append(dtype_name)
+    return names
+
+
+def run_every_dtype(
+    pg: Gang, name: str, kind: str, op_name: str | None, shape: tuple[int, ...], only: list[str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """:func:`run_collective` for every dtype of :func:`reducible` (those of ``only`` among them), in one run
+    (and, for a ReplicaGang, one step).
+
+    Returns ``{"reference": {dtype name: output}, "tested": {dtype name: output}}``.
+    """
+    op = ReduceOperation[op_name] if op_name else None
+    data_rank = _data_rank(name, pg.rank)
+    names = [n for n in reducible(op) if only is None or n in only]
+
+    def body(g: Gang) -> dict[str, Any]:
+        return {n: _run_one(g, kind, op, DTYPES[n], shape, data_rank=data_rank) for n in names}
+
+    return _run_both(pg, name, body)
+
+
+def _varied(t: Tensor, rank: int, *, scale: bool) -> Tensor:
+    """``t + rank`` (``t * (rank + 1)`` with ``scale``) in ``t``'s dtype; for ``bool``, ``t`` xor the rank's parity."""
+    if t.dtype == torch.bool:
+        return t ^ bool(rank % 2)
+    return t * (rank + 1) if scale else t + rank
+
+
 def _run_one(
     g: Gang,
     kind: str,
@@ -247,13 +295,13 @@ def _run_one(
         g.all_gather_to_list(outs, inp)
         return outs
     if kind == "all_to_all":
-        inp = make_input(rank, (size, *shape), dtype, None) + rank
+        inp = _varied(make_input(rank, (size, *shape), dtype, None), rank, scale=False)
         out = torch.empty_like(inp)
         g.all_to_all(out, inp)
         return out
     if kind.startswith("broadcast"):
         source = 0 if kind == "broadcast_first" else size - 1
-        t = make_input(rank, shape, dtype, None) * (rank + 1)
+        t = _varied(make_input(rank, shape, dtype, None), rank, scale=True)
         g.broadcast(t, source)
         return t
     raise ValueError(f"`kind` must name a collective, but is {kind!r} instead.")

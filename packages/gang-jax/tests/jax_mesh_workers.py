@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -158,3 +160,21 @@ def close(root: Gang) -> None:
     if _JAX is not None:
         _JAX.close()
         _JAX = None
+
+
+def mlp(root: Gang, pp: int) -> dict[str, Any]:
+    """``examples/torch_and_jax_mlp.py``'s comparison on this world: ``rdp`` x ``sdp`` 2 x ``tp`` 2 per pipeline stage.
+
+    With ``pp=2`` each stage of 4 processes trains on its own sub-meshes (``rdp`` of size 1).
+    """
+    examples = str(Path(__file__).resolve().parents[3] / "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    import torch_and_jax_mlp as example
+
+    jax_root()
+    example._quiet()
+    gangs = create_fsdp_gangs(create_parallel_gangs(root, tp_size=2, pp_size=pp), 2)
+    report: dict[str, Any] = example.compare(gangs)
+    report["mesh"] = processes(to_jax_mesh(gangs, example.DIMS))
+    return report

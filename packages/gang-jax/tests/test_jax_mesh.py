@@ -119,3 +119,18 @@ def test_errors_before_any_communication(world: World) -> None:
     assert "fit together" in r["dp with rdp"]
     assert r["not in the mesh"].startswith("ValueError: `mesh` must hold a device of this process")
     assert r["sum"] == "8.0"
+
+
+@pytest.mark.parametrize(("pp", "mesh"), [(1, [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]), (2, [[[0, 1], [2, 3]]])])
+def test_the_same_mlp_in_torch_and_jax(world: World, pp: int, mesh: list[Any]) -> None:
+    # examples/torch_and_jax_mlp.py: FSDP2 + DTensor on to_device_mesh against jit + NamedSharding
+    # on to_jax_mesh, 5 SGD steps from the same weights and batches. pp=1: rdp 2 x sdp 2 x tp 2 on
+    # 8 processes; pp=2: each pipeline stage trains alone, rdp 1 x sdp 2 x tp 2 on 4 processes.
+    for rank, report in enumerate(world.run(jw.mlp, pp)):
+        if rank < 4:
+            assert report["mesh"] == mesh
+        assert report["layout"] == {"rdp": 2 // pp, "sdp": 2, "tp": 2}
+        for dtype, tolerance in (("float32", 1e-5), ("float64", 1e-12)):
+            r = report[dtype]
+            assert r["param_diff"] < tolerance and r["loss_diff"] < tolerance, (rank, dtype, r)
+            assert r["torch"][-1] < r["torch"][0], (rank, dtype)  # it learns

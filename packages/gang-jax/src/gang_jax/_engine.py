@@ -255,7 +255,7 @@ class LocalEngine(Engine):
         copy_in: bool = True,
     ) -> None:
         """Run ``kernel`` on ``comm`` from ``source`` into ``target``; ``key`` names its :class:`HostCall`."""
-        wide = kernel.arithmetic and source.element_size() == 8
+        wide = kernel.arithmetic and source.element_size() >= 8  # float64, int64, complex128: in JAX's 64-bit mode
         if not source.is_contiguous():
             source = source.contiguous()
         call = self._calls.get(key)

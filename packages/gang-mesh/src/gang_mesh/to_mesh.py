@@ -13,8 +13,8 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from gang import Gang, Gangs, ReduceOperation
-from gang._torch_groups import alone_group
 from gang.extend import check_values_exchangeable
+from gang.rendezvous import alone_group
 from gang.topology import MeshDim, mesh_dims
 
 Dim = MeshDim

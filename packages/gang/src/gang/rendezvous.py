@@ -18,7 +18,9 @@ on, under its own store prefix, since its membership changes at every step:
   the number of groups alive;
 * :func:`next_call` counts the calls of a kind (a mesh conversion, a JAX rendezvous) that every
   process makes in the same order, so a name made from the count is the same everywhere;
-* :func:`new_named_group` creates a torch group of some processes under such a name.
+* :func:`new_named_group` creates a torch group of some processes under such a name, and
+  :func:`alone_group` the group of one process alone that a size-1 mesh dimension holds (its name
+  never leaves the process).
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from torch.distributed import (  # type: ignore[attr-defined]  # public, but not
     TCPStore,
 )
 
-from gang._torch_groups import new_named_group
+from gang._torch_groups import alone_group, new_named_group
 
 __all__ = [
+    "alone_group",
     "generation",
     "new_named_group",
     "next_call",
