@@ -342,10 +342,12 @@ def ray(session: nox.Session) -> None:
 # The versions users run (`nox -s versions`, not in CI's run): the newest this machine installs and
 # the lowest the packages declare (their pyproject.toml's lower bounds are exactly these). torch
 # 2.13 is the first with `ProcessGroup.all_gather_single` and `reduce_scatter_single`, which
-# ProcessGroupGang calls directly (torch 2.10 and 2.12 lack them; 2.10 failed the suites).
+# ProcessGroupGang calls directly (torch 2.10 and 2.12 lack them; 2.10 failed the suites). JAX 0.8.1
+# is the first whose `jax.distributed.initialize` takes `shutdown_timeout_seconds` (0.6.2 lacks
+# `heartbeat_timeout_seconds` too; both failed gang-jax's tests).
 VERSIONS = {
     "newest": ("torch==2.14.1", "jax==0.10.2", "jaxlib==0.10.2"),
-    "lowest": ("torch==2.13.0", "jax==0.6.2", "jaxlib==0.6.2"),
+    "lowest": ("torch==2.13.0", "jax==0.8.1", "jaxlib==0.8.1"),
 }
 # A representative subset of the suites (about a third of bare nox's test time): every package's
 # own tests, FSDP2 parity (FSDP2's private hooks), and fault tolerance with its process group (DDP's
