@@ -176,6 +176,21 @@ class LocalJob:
         """Return the pid of the latest process started as ``name``."""
         return self._procs[name].pid
 
+    def expect_same_ending(self, pattern: str, names: Sequence[str], timeout: float = 120) -> str:
+        """Wait for one line starting with ``pattern`` from each process of ``names`` (the last line a
+        replica prints), then for each of them to exit; return the line they all printed.
+
+        :raises RuntimeError: If a process exited with a status other than 0, or the lines differ.
+        """
+        finals = [self.expect(matching(pattern), timeout) for _ in names]
+        for name in names:
+            status = self.wait(name, timeout=60)
+            if status != 0:
+                raise RuntimeError(f"{name} exited with status {status}")
+        if len({line.text for line in finals}) != 1:
+            raise RuntimeError(f"the replicas finished differently: {[line.text for line in finals]}")
+        return finals[0].text
+
     def names(self) -> list[str]:
         """Return the names of every process started so far."""
         return list(self._procs)
@@ -203,6 +218,12 @@ class LocalJob:
             proc.wait()
         for reader in self._readers:
             reader.join(timeout=5)
+
+
+def number_after(word: str, text: str) -> int:
+    """The integer that follows ``word`` at the start of ``text`` (``"step 12 loss ..."``), else -1."""
+    parts = text.split()
+    return int(parts[1]) if len(parts) > 1 and parts[0] == word and parts[1].isdigit() else -1
 
 
 def matching(pattern: str, name: str | None = None) -> Callable[[Line], bool]:

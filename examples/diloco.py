@@ -37,7 +37,7 @@ from torch.nn import functional
 from gang.ft import DiLoCo, ReplicaGang
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _ft_launch import LocalJob, matching
+from _ft_launch import LocalJob, matching, number_after
 
 REPLICAS = 3
 SYNC_EVERY = 8
@@ -147,19 +147,12 @@ def run_local_job(*, steps: int = 64, kill_after: int = 4, restart_after: int = 
         synced(_sync_of(everyone.text) + restart_after)
         job.say("=== starting replica 2 again")
         start(2)
-        finals = [job.expect(matching("final sync"), timeout=120) for _ in range(REPLICAS)]
-        for replica in range(REPLICAS):
-            status = job.wait(f"replica {replica}", timeout=60)
-            if status != 0:
-                raise RuntimeError(f"replica {replica} exited with status {status}")
-    if len({line.text for line in finals}) != 1:
-        raise RuntimeError(f"the replicas finished differently: {[line.text for line in finals]}")
-    print(f"=== every replica finished with the same global parameters: {finals[0].text}")
+        final = job.expect_same_ending("final sync", [f"replica {replica}" for replica in range(REPLICAS)])
+    print(f"=== every replica finished with the same global parameters: {final}")
 
 
 def _sync_of(text: str) -> int:
-    parts = text.split()
-    return int(parts[1]) if len(parts) > 1 and parts[0] == "sync" and parts[1].isdigit() else -1
+    return number_after("sync", text)
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from gang import ReduceOperation
 from gang.ft import ReplicaGang
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _ft_launch import LocalJob, matching
+from _ft_launch import LocalJob, matching, number_after
 
 REPLICAS = 3
 GLOBAL_BATCH = 24
@@ -124,19 +124,12 @@ def run_local_job(*, steps: int = 24, kill_at: int = 6, restart_at: int = 12, pa
         reached(restart_at)
         job.say("=== starting replica 2 again")
         start(2)
-        finals = [job.expect(matching("final step"), timeout=120) for _ in range(REPLICAS)]
-        for replica in range(REPLICAS):
-            status = job.wait(f"replica {replica}", timeout=60)
-            if status != 0:
-                raise RuntimeError(f"replica {replica} exited with status {status}")
-    if len({line.text for line in finals}) != 1:
-        raise RuntimeError(f"the replicas finished differently: {[line.text for line in finals]}")
-    print(f"=== every replica finished with the same parameters: {finals[0].text}")
+        final = job.expect_same_ending("final step", [f"replica {replica}" for replica in range(REPLICAS)])
+    print(f"=== every replica finished with the same parameters: {final}")
 
 
 def _step_of(text: str) -> int:
-    parts = text.split()
-    return int(parts[1]) if len(parts) > 1 and parts[0] == "step" and parts[1].isdigit() else -1
+    return number_after("step", text)
 
 
 def main() -> None:
