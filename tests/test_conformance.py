@@ -170,7 +170,7 @@ def test_traffic(world: World, name: str, kind: str) -> None:
     # TRAFFIC_DTYPES in one run. An entry without `traffic` must refuse the first four by name.
     results = world.run(cw.run_traffic, name, kind)
     if kind in cw.TRAFFIC_KINDS and not cw.GANGS[name].traffic:
-        methods = {"ring": ["send_recv"], "pairs": ["send", "recv"], "exchange_rows": ["all_to_all_uneven"]}
+        methods = {"ring": ["send_recv"], "pairs": ["send", "recv"], "exchange_rows": ["exchange_rows"]}
         for rank, r in enumerate(results):
             method = methods.get(kind, ["all_to_all_uneven"])[rank % 2 if kind == "pairs" else 0]
             assert str(r["tested"]).startswith(f"NotSupportedError: `{method}`"), r["tested"]

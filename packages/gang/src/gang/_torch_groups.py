@@ -25,6 +25,7 @@ private ``torch._C`` module.
 
 from __future__ import annotations
 
+import os
 import socket
 import warnings
 from contextlib import suppress
@@ -395,6 +396,10 @@ def serve_store(
     listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
     bound = int(listener.getsockname()[1])
     fd = listener.detach()  # the store owns the socket from here on
-    return TCPStore(
-        host, bound, world_size, is_master=True, wait_for_workers=False, timeout=timeout, master_listen_fd=fd
-    )
+    try:
+        return TCPStore(
+            host, bound, world_size, is_master=True, wait_for_workers=False, timeout=timeout, master_listen_fd=fd
+        )
+    except BaseException:
+        os.close(fd)
+        raise

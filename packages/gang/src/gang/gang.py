@@ -108,7 +108,10 @@ class Gang(ABC):
         other receives (dtype and shape, in order), raising on both sides with both calls named;
         ``all_to_all_uneven`` checks that rank ``i``'s ``input_splits[j]`` is rank ``j``'s
         ``output_splits[i]``. A peer that makes no matching call at all is not seen: the check
-        then fails at the gang's timeout.
+        then fails at the gang's timeout. In debug mode each point-to-point call must be met by
+        one call of the peer listing the same transfers between the two: a ``send_recv`` that sends
+        to and receives from a peer which calls ``recv`` then ``send`` (valid without debug mode)
+        is refused on both sides.
 
         On when the gang was created with ``debug=True``, or with ``debug=None`` while the
         environment variable ``GANG_DEBUG`` turns it on (``1``, ``true``, ``yes`` or ``on``).
@@ -476,6 +479,7 @@ class Gang(ABC):
         t = self._check_tensor("tensor", tensor)
         dest_rank = self._check_peer("dest_rank", dest_rank)
         sends = [(t.contiguous(), dest_rank)]
+        self._refuse_traffic("send")
         if self._debug:
             self._verify_pairs(sends, [])
         work = self._send_recv(sends, [], async_op, "send")
@@ -509,6 +513,7 @@ class Gang(ABC):
             _check_async(async_op)
         t = self._check_tensor("tensor", tensor, contiguous=True)
         recvs = [(t, self._check_peer("source_rank", source_rank))]
+        self._refuse_traffic("recv")
         if self._debug:
             self._verify_pairs([], recvs)
         work = self._send_recv([], recvs, async_op, "recv")
@@ -575,6 +580,7 @@ class Gang(ABC):
             (t.contiguous(), peer) for t, peer in self._check_pairs("sends", sends, "dest_rank", contiguous=False)
         ]
         checked_recvs = self._check_pairs("recvs", recvs, "source_rank", contiguous=True)
+        self._refuse_traffic("send_recv")
         if self._debug:
             self._verify_pairs(checked_sends, checked_recvs)
         if not checked_sends and not checked_recvs:
@@ -663,6 +669,7 @@ class Gang(ABC):
             )
         out_splits = check_splits("output_splits", output_splits, self._size, out.shape[0], "output")
         in_splits = check_splits("input_splits", input_splits, self._size, inp.shape[0], "input")
+        self._refuse_traffic("all_to_all_uneven")
         if self._debug:
             self._verify_splits(out, out_splits, in_splits)
         work = self._all_to_all_uneven(out, inp.contiguous(), out_splits, in_splits, async_op)
@@ -775,6 +782,22 @@ class Gang(ABC):
     ) -> Work | None:
         """Exchange rows of contiguous ``input`` into ``output`` by the checked split sizes."""
         raise NotSupportedError(f"`all_to_all_uneven` is not supported by `{type(self).__name__}` yet.")
+
+    def _refuse_traffic(self, operation: str) -> None:
+        """Raise :class:`~gang.NotSupportedError` naming ``operation`` where this kind of gang has no
+        point-to-point transfers (``send``, ``recv``, ``send_recv``) or no uneven rows
+        (``all_to_all_uneven``, :func:`gang.exchange_rows`).
+
+        Called once the arguments are checked, before debug mode's checks and any communication, so
+        a refusal is the same on every rank and sends nothing. By default a kind refuses what it
+        does not implement (:meth:`_send_recv` or :meth:`_all_to_all_uneven`).
+        """
+        cls = type(self)
+        uneven = operation in ("all_to_all_uneven", "exchange_rows")
+        if (cls._all_to_all_uneven if uneven else cls._send_recv) is (
+            Gang._all_to_all_uneven if uneven else Gang._send_recv
+        ):
+            raise NotSupportedError(f"`{operation}` is not supported by `{cls.__name__}` yet.")
 
     @abstractmethod
     def _close(self) -> None: ...

@@ -9,7 +9,14 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from gang.extend import all_gather_bytes, check_op, check_splits, check_values_exchangeable, pickle_or_error
+from gang.extend import (
+    all_gather_bytes,
+    check_op,
+    check_open,
+    check_splits,
+    check_values_exchangeable,
+    pickle_or_error,
+)
 from gang.gang import Gang, ReduceOperation
 
 T = TypeVar("T")
@@ -45,13 +52,20 @@ def exchange_rows(gang: Gang, input: Tensor, input_splits: Sequence[int]) -> tup
     :raises TypeError: If ``input`` is not a tensor or ``input_splits`` not a sequence of ``int``.
     :raises ValueError: If ``input`` has no dimension, or ``input_splits`` has the wrong length, a
         negative entry or does not sum to ``input``'s rows.
+    :raises NotSupportedError: If the gang has no uneven rows (a :class:`~gang.ft.ReplicaGang`),
+        before anything is sent.
     :raises GangError: If a collective fails or times out.
     """
+    # Everything `all_to_all_uneven` will check, before the counts are exchanged: a bad call on one
+    # rank then fails there alone, with nothing sent.
+    check_open(gang, "exchange_rows")
     if not isinstance(input, Tensor):
         raise TypeError(f"`input` must be a `torch.Tensor`, but is of type `{type(input).__name__}` instead.")
+    gang._check_tensor("input", input)  # the gang's device, a dtype every gang moves
     if input.dim() == 0:
         raise ValueError("`input` must have at least one dimension (the rows), but is a scalar instead.")
     splits = check_splits("input_splits", input_splits, gang.size, input.shape[0], "input")
+    gang._refuse_traffic("exchange_rows")
     counts = torch.tensor(splits, dtype=torch.int64, device=gang.device)
     received = torch.empty_like(counts)
     gang.all_to_all(received, counts)  # row i of `received`: what rank i sends this one

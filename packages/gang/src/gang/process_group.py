@@ -551,7 +551,7 @@ class ProcessGroupGang(Gang):
         with guard(operation, self):
             if self._device.type == "cuda":  # NCCL: one group call, so that no pair waits on another
                 p2p = [
-                    dist.P2POp(dist.isend if is_send else dist.irecv, t, group=self._pg, group_peer=peer)
+                    dist.P2POp(dist.isend if is_send else dist.irecv, real_view(t), group=self._pg, group_peer=peer)
                     for is_send, t, peer in ops
                 ]
                 works = [w for w in dist.batch_isend_irecv(p2p) if w is not None]

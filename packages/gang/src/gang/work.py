@@ -71,8 +71,10 @@ class Work(ABC):
         """Block until the operation is complete and its output tensors hold the result.
 
         On a CUDA gang, as with torch's own handles, ``wait()`` makes the current CUDA stream wait
-        for the operation: what is queued on that stream afterwards sees the result, and the
-        host does not block (:meth:`is_completed` tells when the device is done).
+        for the operation: what is queued on that stream afterwards sees the result, and the host
+        does not block. The handle then counts as completed (:meth:`is_completed` is ``True``);
+        poll :meth:`is_completed` *before* waiting to learn whether the device finished. (Not yet
+        run on a GPU.)
 
         :param timeout: At most this many seconds for this wait (``None``: up to the gang's own
             timeout, after which the operation fails). When the time is up the operation is not

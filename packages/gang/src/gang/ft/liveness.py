@@ -220,8 +220,9 @@ def listen_address(toward: str, publish: str | None = None) -> tuple[str, str]:
     if publish == ROUTE:
         try:
             outward = _local_address("192.0.2.1")  # any routed address: only the route is looked up
-        except OSError:  # no default route: this host is reached on its loopback only
-            outward = _local_address(toward)
+        except OSError:  # no default route: as `None`
+            local = _local_address(toward)
+            return local, local
         return ("::" if ":" in outward else "0.0.0.0"), outward
     if publish is not None:
         return publish, publish

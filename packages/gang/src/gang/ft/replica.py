@@ -805,6 +805,10 @@ class ReplicaGang(Gang):
     ) -> Work | None:
         raise NotSupportedError(_NOT_ACROSS_REPLICAS.format("all_to_all_uneven"))
 
+    @override
+    def _refuse_traffic(self, operation: str) -> None:
+        raise NotSupportedError(_NOT_ACROSS_REPLICAS.format(operation))
+
     def _start(
         self,
         operation: str,
