@@ -173,7 +173,10 @@ class TorchWork(Work):
 
     def _poll(self) -> bool:
         if self._cuda:
-            return all(work.is_completed() for work in self._works)
+            try:
+                return all(work.is_completed() for work in self._works)
+            except BACKEND_ERRORS:  # failed: finished, and `_wait` raises it as a GangError
+                return True
         return self._waiter().is_set()
 
     def _poll_until(self, deadline: float) -> bool:
