@@ -13,13 +13,7 @@ from __future__ import annotations
 import pytest
 import traffic_examples_workers as tw
 
-from gang import Gang
 from gang.testing import World
-from gang_jax import JaxGang
-
-# JaxGang's point-to-point operations are built on another branch (s7-jax); until they are merged,
-# JaxGang inherits Gang's `_send_recv`, which raises NotSupportedError, and the JAX run is skipped.
-JAX_HAS_P2P = JaxGang._send_recv is not Gang._send_recv
 
 
 @pytest.mark.parametrize(
@@ -27,9 +21,7 @@ JAX_HAS_P2P = JaxGang._send_recv is not Gang._send_recv
     [
         ("torch", 4),
         ("torch", 2),
-        pytest.param(
-            "jax", 4, marks=pytest.mark.skipif(not JAX_HAS_P2P, reason="JaxGang has no send_recv yet (branch s7-jax)")
-        ),
+        ("jax", 4),
     ],
 )
 def test_send_recv_pipeline_equals_unsplit_model(world4: World, kind: str, pp_size: int) -> None:
