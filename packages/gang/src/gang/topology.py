@@ -9,8 +9,7 @@ gang's :class:`Layout` (:func:`mesh_dims` checks what they are asked for) and re
 same rules: :func:`mesh_roles` gives each dimension's role (the names other libraries use
 included), :func:`mesh_spans` which dimensions make up each gang of :class:`~gang.Gangs` (how
 ``dp`` relates to ``rdp`` and ``sdp``, with :func:`role_spans`), and :func:`mesh_layout` the
-:class:`Layout` of the whole mesh. :func:`infer_grid` finds the grid in
-gathered member lists.
+:class:`Layout` of the whole mesh.
 
 Vocabulary: a grid's *dimensions* are ``(name, size)`` pairs; when the names are roles of
 :class:`~gang.Gangs` (the table in :mod:`gang.roles`) each dimension's groups are that role's
@@ -19,7 +18,7 @@ gangs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from math import prod
 
@@ -181,118 +180,6 @@ def role_spans(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
         else:
             spans[row.name] = span(*row.axes, row.name)
     return spans
-
-
-def infer_grid(
-    names: Sequence[str], members: Mapping[int, Sequence[Sequence[int]]], rank: int, *, argument: str = "members"
-) -> tuple[Grid, tuple[int, ...]]:
-    """Find the grid that the gangs of several processes form, and return the one that holds ``rank``.
-
-    ``members[r][i]`` lists, in gang rank order, the ranks of process ``r``'s gang along dimension
-    ``names[i]``; ``members`` holds every process that takes part (ranks need not be contiguous:
-    they may be global ranks of part of a world). A process's coordinate along dimension *i* is
-    its rank in that gang. Processes that reach one another through gang members form one grid;
-    several disconnected grids (one per pipeline stage, say) are fine.
-
-    Every process is checked, not only the grids that hold ``rank``, so processes that call this on
-    the same data reach the same verdict.
-
-    :param argument: The caller's name for the gangs, used in error messages (``"`dims` must
-        name gangs that form a grid, but ... instead."``).
-    :returns: The grid holding ``rank`` (dimensions ``names`` with the gangs' sizes) and its ranks
-        in grid order: ``ranks[i]`` is the rank at grid rank ``i``, so the gang of rank ``r`` along
-        ``names[i]`` is ``[ranks[p] for p in grid.group_of(ranks.index(r), names[i])]``.
-    :raises ValueError: If ``rank`` is not in ``members``, a gang does not hold its own process or
-        holds a rank outside ``members``, or the gangs do not form grids: the sizes differ within a
-        grid, two processes share coordinates, a grid is not full, or a line of the grid through a
-        process is not that process's gang.
-    """
-    names = tuple(names)
-    if rank not in members:
-        raise ValueError(f"`rank` must be a process of `members` {sorted(members)}, but is {rank} instead.")
-    try:
-        for r, gangs in members.items():
-            if len(gangs) != len(names):
-                raise _NotAGridError(f"rank {r} has {len(gangs)} gangs for the {len(names)} dimensions {names}")
-            for name, gang in zip(names, gangs, strict=True):
-                if r not in gang:
-                    raise _NotAGridError(f"the gang along {name!r} of rank {r} is {list(gang)}, without rank {r}")
-                outside = [q for q in gang if q not in members]
-                if outside:
-                    raise _NotAGridError(
-                        f"the gang along {name!r} of rank {r} is {list(gang)}, with ranks {outside} "
-                        "that reported no gangs (they are not among the processes)"
-                    )
-        placed = [_place(names, members, component) for component in _components(members)]
-    except _NotAGridError as ex:
-        raise ValueError(f"`{argument}` must name gangs that form a grid, but {ex} instead.") from None
-    return next((grid, ranks) for grid, ranks in placed if rank in ranks)
-
-
-class _NotAGridError(Exception):
-    """Why gangs do not form a grid (a phrase :func:`infer_grid` puts into its ``ValueError``)."""
-
-
-def _components(members: Mapping[int, Sequence[Sequence[int]]]) -> list[list[int]]:
-    """The sets of processes that reach one another through gang members, each sorted."""
-    seen: set[int] = set()
-    components = []
-    for start in sorted(members):
-        if start in seen:
-            continue
-        seen.add(start)
-        found, frontier = [start], [start]
-        while frontier:
-            for gang in members[frontier.pop()]:
-                for q in gang:
-                    if q not in seen:
-                        seen.add(q)
-                        found.append(q)
-                        frontier.append(q)
-        components.append(sorted(found))
-    return components
-
-
-def _place(
-    names: tuple[str, ...], members: Mapping[int, Sequence[Sequence[int]]], component: Iterable[int]
-) -> tuple[Grid, tuple[int, ...]]:
-    """Lay the processes of one component out as a grid and check every gang against it."""
-    component = list(component)
-    first = component[0]
-    grid = Grid(tuple((name, len(gang)) for name, gang in zip(names, members[first], strict=True)))
-    ranks: list[int | None] = [None] * grid.size
-    for r in component:
-        shape = tuple(len(gang) for gang in members[r])
-        if shape != grid.shape:
-            raise _NotAGridError(
-                f"the gangs along {names} have sizes {list(grid.shape)} on rank {first} and {list(shape)} on rank {r}"
-            )
-        coords = {name: list(gang).index(r) for name, gang in zip(names, members[r], strict=True)}
-        position = grid.rank(coords)
-        other = ranks[position]
-        if other is not None:
-            raise _NotAGridError(
-                f"the gangs along {names} place ranks {other} and {r} at the same coordinates "
-                f"{list(coords.values())} (do two of them overlap?)"
-            )
-        ranks[position] = r
-    if len(component) != grid.size:
-        raise _NotAGridError(
-            f"the gangs along {names} of sizes {list(grid.shape)} connect {len(component)} ranks {component}, "
-            f"not the {grid.size} of a full grid"
-        )
-    placed = tuple(r for r in ranks if r is not None)
-    # Every line of the grid must be, on each of its processes, exactly that process's gang.
-    for i, name in enumerate(names):
-        for group in grid.groups(name):
-            line = [placed[p] for p in group]
-            for r in line:
-                if list(members[r][i]) != line:
-                    raise _NotAGridError(
-                        f"the line along {name!r} through rank {r} is {line}, but the gang along {name!r} "
-                        f"of rank {r} is {list(members[r][i])}"
-                    )
-    return grid, placed
 
 
 def parallel_grid(world_size: int, *, tp_size: int = 1, pp_size: int = 1, cp_size: int = 1) -> Grid:
@@ -508,16 +395,6 @@ class Layout:
             result = result[..., None] + offsets
         return result
 
-    def global_submesh(self, rank: int, dims: Sequence[str | Sequence[str]]) -> np.ndarray:
-        """:meth:`submesh` as global ranks (through ``global_ranks``): the mesh a ``DeviceMesh`` of
-        ``dims`` through ``rank`` holds. O(size of the result)."""
-        mesh = self.submesh(rank, dims)
-        if self.global_ranks is None:
-            return mesh
-        ranks = self.global_ranks
-        found: np.ndarray = np.array([ranks[r] for r in mesh.reshape(-1).tolist()], dtype=np.int64).reshape(mesh.shape)
-        return found
-
     def members(self, rank: int, *roles: str) -> list[int]:
         """The root ranks of the gang spanning ``roles`` at once that holds root rank ``rank``, in
         its rank order (the grid's: outer axes vary slowest). O(group size).
@@ -527,13 +404,6 @@ class Layout:
         flattened_axes(roles)
         members: list[int] = self.submesh(rank, [roles]).tolist()
         return members
-
-    def global_members(self, rank: int, *roles: str) -> list[int]:
-        """:meth:`members` as global ranks (through ``global_ranks``)."""
-        members = self.members(rank, *roles)
-        if self.global_ranks is None:
-            return members
-        return [self.global_ranks[r] for r in members]
 
     def groups(self, *roles: str) -> np.ndarray:
         """Every gang spanning ``roles`` at once, one row per gang in rank order, rows ordered by
