@@ -25,7 +25,19 @@ from math import prod
 import numpy as np
 
 from gang.extend import check_int
-from gang.roles import ALIASES, DENSE_ROLES, EXPERT_AXES, EXPERT_ROLES, GRID_AXES, ROLE_TABLE, ROLES, role
+from gang.roles import (
+    ALIASES,
+    AXIS_ROLES,
+    DENSE_ROLES,
+    EXPERT_AXES,
+    EXPERT_GRID,
+    EXPERT_ROLES,
+    EXPERT_SPLITS,
+    GRID_AXES,
+    ROLE_TABLE,
+    ROLES,
+    role,
+)
 
 
 @dataclass(frozen=True)
@@ -160,26 +172,55 @@ def role_spans(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
         raise ValueError(f"`names` must be roles {DENSE_ROLES}, but has {unknown} instead.")
     if len(set(names)) != len(names):
         raise ValueError(f"`names` must not repeat a role, but is {tuple(names)} instead.")
+    for name in names:
+        parts = role(name).axes
+        if len(parts) > 1 and any(other != name and set(role(other).axes) & set(parts) for other in names):
+            raise ValueError(
+                f"`names` must not hold `{name}` together with "
+                f"{' or '.join(f'`{AXIS_ROLES[axis]}`' for axis in parts)} ({name} is their product), "
+                f"but is {tuple(names)} instead."
+            )
+    spans = _spans(names, expert=False)
+    return {name: spans[name] for name in ("root", *DENSE_ROLES)}
 
-    def span(*roles: str) -> tuple[str, ...]:
-        return tuple(name for name in names if name in roles)
 
-    if "dp" in names and ("rdp" in names or "sdp" in names):
-        raise ValueError(
-            f"`names` must not hold `dp` together with `rdp` or `sdp` (dp is their product), "
-            f"but is {tuple(names)} instead."
-        )
-    spans = {"root": tuple(names)}
-    for row in ROLE_TABLE:
-        if row.kind != "dense":
-            continue
-        if "dp" in names and row.name in ("dp", "rdp"):
-            spans[row.name] = span("dp")
-        elif "dp" in names and row.name == "sdp":
-            spans[row.name] = ()
-        else:
-            spans[row.name] = span(*row.axes, row.name)
-    return spans
+def _spans(names: Sequence[str], *, expert: bool) -> dict[str, tuple[str, ...]]:
+    """Which of the dimensions ``names`` (roles that fit together) make up the gang of every role.
+
+    A role spans the dimensions whose axes are among its own, with a dimension of several grid
+    axes (``dp``) counting as its slowest one (the others have size 1 on that grid). On an
+    ``expert`` grid the expert axes split the second axis of :data:`gang.roles.EXPERT_SPLITS`
+    (``sdp = edp x ep``, torchtitan's ``efsdp x ep``) and the ones after it have size 1; ``ep`` is
+    its axis and ``edp`` the rest of :data:`gang.roles.EXPERT_SPLITS`.
+    """
+    axes = _mesh_axes(expert)
+    fastest = EXPERT_AXES[-1]
+
+    def fine(name: str) -> tuple[str, ...]:
+        row = role(name)
+        if row.kind == "root":
+            return tuple(a for axis in GRID_AXES for a in axes[axis])
+        if row.kind == "dense":
+            return tuple(a for axis in row.axes for a in axes[axis])
+        if row.axes == (fastest,):
+            return (fastest,)
+        return tuple(a for axis in EXPERT_SPLITS for a in axes[axis] if a != fastest)
+
+    def placed(name: str) -> str:
+        return fine(name)[0] if role(name).kind == "dense" else role(name).axes[0]
+
+    return {row.name: tuple(name for name in names if placed(name) in fine(row.name)) for row in ROLE_TABLE}
+
+
+def _mesh_axes(expert: bool) -> dict[str, tuple[str, ...]]:
+    """What each grid axis is on a mesh: itself, or on an expert mesh ``EXPERT_AXES`` (the second
+    split) or nothing (the splits after it, of size 1)."""
+    axes: dict[str, tuple[str, ...]] = {axis: (axis,) for axis in GRID_AXES}
+    if expert:
+        axes[EXPERT_SPLITS[1]] = EXPERT_AXES
+        for axis in EXPERT_SPLITS[2:]:
+            axes[axis] = ()
+    return axes
 
 
 def parallel_grid(world_size: int, *, tp_size: int = 1, pp_size: int = 1, cp_size: int = 1) -> Grid:
@@ -276,10 +317,6 @@ def flattened_axes(roles: Sequence[str], *, argument: str = "roles") -> tuple[st
     return tuple(axis for axis in order if axis in axes)
 
 
-_EXPERT_GRID = ("pp", "edp", "ep", "tp")
-"""The axes of the expert factorisation of the grid, slowest first (``edp x ep`` replaces ``rdp x sdp x cp``)."""
-
-
 @dataclass(frozen=True, eq=False)
 class Layout:
     """Where every rank of a root gang sits: the grid of :data:`gang.roles.GRID_AXES` in closed form.
@@ -309,7 +346,7 @@ class Layout:
         for axis, size in zip(GRID_AXES, self.shape, strict=True):
             check_int(f"shape[{axis!r}]", size, minimum=1)
         check_int("ep", self.ep, minimum=1)
-        expert_ranks = self.size_of("rdp", "sdp", "cp")
+        expert_ranks = prod(self.sizes[axis] for axis in EXPERT_SPLITS)
         if expert_ranks % self.ep != 0:
             raise ValueError(
                 f"`ep_size` must be a factor of `dp_size * cp_size` ({expert_ranks}), but is {self.ep} instead."
@@ -319,12 +356,27 @@ class Layout:
                 f"`global_ranks` must have {self.size} ranks (the grid size), but has {len(self.global_ranks)} instead."
             )
 
+    @classmethod
+    def of(cls, sizes: Mapping[str, int], ep: int = 1, global_ranks: Sequence[int] | None = None) -> Layout:
+        """The layout whose axes of :data:`gang.roles.GRID_AXES` have ``sizes`` (axes not named have size 1).
+
+        :raises ValueError: If ``sizes`` names an axis that is not a grid axis, or as the constructor.
+        """
+        unknown = [axis for axis in sizes if axis not in GRID_AXES]
+        if unknown:
+            raise ValueError(f"`sizes` must name axes of {GRID_AXES}, but names {unknown} instead.")
+        return cls(tuple(sizes.get(axis, 1) for axis in GRID_AXES), ep, global_ranks)
+
+    def resized(self, **sizes: int) -> Layout:
+        """This layout with the grid axes named in ``sizes`` resized (the expert size and global ranks kept)."""
+        return Layout.of({**dict(zip(GRID_AXES, self.shape, strict=True)), **sizes}, self.ep, self.global_ranks)
+
     @property
     def sizes(self) -> dict[str, int]:
         """The size of every axis, dense and expert: ``pp, rdp, sdp, cp, tp, edp, ep``."""
         sizes = dict(zip(GRID_AXES, self.shape, strict=True))
         sizes["ep"] = self.ep
-        sizes["edp"] = sizes["rdp"] * sizes["sdp"] * sizes["cp"] // self.ep
+        sizes["edp"] = prod(sizes[axis] for axis in EXPERT_SPLITS) // self.ep
         return sizes
 
     @property
@@ -339,7 +391,7 @@ class Layout:
 
     def _grid(self, axes: Sequence[str]) -> tuple[tuple[str, ...], dict[str, int], dict[str, int]]:
         """The factorisation that holds ``axes``: its axes, their sizes and their strides."""
-        names = _EXPERT_GRID if set(axes) & set(EXPERT_AXES) else GRID_AXES
+        names = EXPERT_GRID if set(axes) & set(EXPERT_AXES) else GRID_AXES
         sizes = self.sizes
         strides: dict[str, int] = {}
         step = 1
@@ -357,7 +409,7 @@ class Layout:
         if not 0 <= rank < self.size:
             raise ValueError(f"`rank` must be in the range [0, {self.size}), but is {rank} instead.")
         coords: dict[str, int] = {}
-        for axes in (GRID_AXES, _EXPERT_GRID):
+        for axes in (GRID_AXES, EXPERT_GRID):
             _, sizes, strides = self._grid(axes)
             for axis in axes:
                 coords[axis] = rank // strides[axis] % sizes[axis]
@@ -431,7 +483,7 @@ class Layout:
         sizes = self.sizes
         if set(axes) & set(EXPERT_AXES):
             suffix = 1
-            inner = ("rdp", "sdp", "cp")
+            inner = EXPERT_SPLITS
             for i in range(len(inner), -1, -1):
                 if i < len(inner):
                     suffix *= sizes[inner[i]]
@@ -459,8 +511,8 @@ def parallel_layout(
     grid = parallel_grid(world_size, tp_size=tp_size, pp_size=pp_size, cp_size=cp_size)
     sizes = dict(grid.dims)
     ep_size = check_int("ep_size", ep_size, minimum=1)
-    shape = (sizes["pp"], sizes["dp"], 1, sizes["cp"], sizes["tp"])
-    return Layout(shape, ep_size, global_ranks)
+    sizes["rdp"] = sizes.pop("dp")  # rdp = dp, sdp of size 1
+    return Layout.of(sizes, ep_size, global_ranks)
 
 
 # -- meshes: what both mesh bridges (torch's DeviceMesh, JAX's Mesh) share ---------------------------
@@ -522,11 +574,12 @@ def mesh_dims(dims: Sequence[MeshDim]) -> tuple[tuple[str, ...], list[tuple[str,
                 )
             axes[grid_axis] = names[axis]
     expert = [axes[axis] for axis in EXPERT_AXES if axis in axes]
-    dense = [axes[axis] for axis in ("rdp", "sdp", "cp") if axis in axes]
+    dense = [axes[axis] for axis in EXPERT_SPLITS if axis in axes]
     if expert and dense:
+        others = " and ".join(f"`{AXIS_ROLES[axis]}`" for axis in GRID_AXES if axis not in EXPERT_SPLITS)
         raise ValueError(
             f"`dims` must name gangs that form a grid, but {expert[0]!r} and {dense[0]!r} of {names} both split the "
-            "data and context parallel ranks instead (name the expert roles with `pp` and `tp` only)."
+            f"data and context parallel ranks instead (name the expert roles with {others} only)."
         )
     return names, per_dim
 
@@ -601,41 +654,25 @@ def mesh_spans(roles: Sequence[str], dim_names: Sequence[str]) -> dict[str, tupl
     expert = [name for name in roles if name in EXPERT_ROLES]
     try:
         if expert:
-            clash = [name for name in roles if name in ("dp", "sdp", "cp")]
+            split = _mesh_axes(expert=True)
+            clash = [
+                name
+                for name in roles
+                if role(name).kind == "dense" and any(split[axis] != (axis,) for axis in role(name).axes)
+            ]
             if clash:
                 raise ValueError(
                     f"the expert roles re-factor the data and context parallel ranks, so {expert[0]!r} cannot come "
                     f"with {clash[0]!r}"
                 )
-
-            def span(*wanted: str) -> tuple[str, ...]:
-                return tuple(name for name in roles if name in wanted)
-
-            return {
-                "root": tuple(roles),
-                "dp": span("rdp", "edp", "ep"),
-                "rdp": span("rdp"),
-                "sdp": span("edp", "ep"),
-                "cp": (),
-                "tp": span("tp"),
-                "pp": span("pp"),
-                "ep": span("ep"),
-                "edp": span("rdp", "edp"),
-            }
-        spans = role_spans(roles)
+        else:
+            role_spans(roles)
     except ValueError as ex:
         raise ValueError(
             f"`mesh` must have dimensions whose roles fit together, but its dimensions {tuple(dim_names)} "
             f"play {tuple(roles)} instead: {ex}"
         ) from None
-    spans["ep"] = ()
-    spans["edp"] = tuple(name for name in roles if name in spans["dp"] or name in spans["cp"])
-    return spans
-
-
-_MESH_ORDER = ("pp", "dp", "rdp", "sdp", "edp", "ep", "cp", "tp")
-"""The order of the grid (:data:`gang.roles.GRID_AXES`, with ``edp x ep`` in place of ``sdp``) that
-:func:`mesh_layout` lays a mesh's dimensions out in."""
+    return _spans(roles, expert=bool(expert))
 
 
 def mesh_layout(roles: Sequence[str], shape: Sequence[int], dim_names: Sequence[str]) -> tuple[Layout, tuple[int, ...]]:
@@ -656,9 +693,17 @@ def mesh_layout(roles: Sequence[str], shape: Sequence[int], dim_names: Sequence[
     spans = mesh_spans(roles, dim_names)
     sizes = dict(zip(roles, shape, strict=True))
 
-    def size(role: str) -> int:
-        return prod(sizes[name] for name in spans[role])
+    def size(name: str) -> int:
+        return prod(sizes[dim] for dim in spans[name])
 
-    order = tuple(sorted(range(len(roles)), key=lambda axis: _MESH_ORDER.index(roles[axis])))
-    layout = Layout(tuple(size(axis) for axis in GRID_AXES), size("ep"))
+    # The grid's order, with `edp x ep` in place of their split on an expert mesh.
+    axes = _mesh_axes(any(name in EXPERT_ROLES for name in roles))
+    grid_order = [a for axis in GRID_AXES for a in axes[axis]]
+
+    def position(name: str) -> int:
+        row = role(name)
+        return grid_order.index(row.axes[0] if row.kind == "expert" else axes[row.axes[0]][0])
+
+    order = tuple(sorted(range(len(roles)), key=lambda dim: position(roles[dim])))
+    layout = Layout(tuple(size(AXIS_ROLES[axis]) for axis in GRID_AXES), size(AXIS_ROLES["ep"]))
     return layout, order
