@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
 from gang.topology import Grid, parallel_grid, role_spans, sharded_grid
@@ -27,6 +28,33 @@ def test_groups_partition_the_ranks() -> None:
         assert all(len(g) == len(groups[0]) for g in groups)
     assert grid.groups("a", "b", "c") == [list(range(12))]
     assert grid.groups("c", "a") == [[0, 6, 1, 7], [2, 8, 3, 9], [4, 10, 5, 11]]
+
+
+def test_submesh_and_group_of_are_the_groups_through_a_rank() -> None:
+    grid = Grid((("a", 2), ("b", 3), ("c", 2)))
+    for rank in range(grid.size):
+        mesh = grid.submesh(rank, [("c",), ("a", "b")])
+        assert mesh.shape == (2, 6)
+        for names in [("a",), ("b", "c"), ("c", "a")]:
+            assert grid.group_of(rank, *names) in grid.groups(*names)
+            assert rank in grid.group_of(rank, *names)
+        here = grid.coords(rank)
+        assert mesh[:, here["a"] * 3 + here["b"]].tolist() == grid.group_of(rank, "c")
+        assert mesh[here["c"]].tolist() == grid.group_of(rank, "a", "b")
+
+
+def test_place_lays_gathered_coordinates_out_on_the_grid() -> None:
+    grid = Grid((("a", 2), ("b", 3)))
+    processes = [5, 0, 3, 1, 4, 2]  # process i sits at grid rank processes[i]
+    coords = np.array([[grid.coords(p)["a"], grid.coords(p)["b"]] for p in processes])
+    placed = grid.place(coords, np.arange(6) + 100)
+    assert [int(placed.reshape(-1)[p]) for p in processes] == [100 + i for i in range(6)]
+    with pytest.raises(ValueError, match=r"5 processes are not the 6 of a grid of sizes \[2, 3\]"):
+        grid.place(coords[:5], np.arange(5))
+    with pytest.raises(ValueError, match="not the 6"):
+        grid.place(np.vstack([coords[:5], [[0, 3]]]), np.arange(6))  # b = 3 is outside the grid
+    with pytest.raises(ValueError, match=r"two processes have the same coordinates \[0, 0\] along \['a', 'b'\]"):
+        grid.place(np.vstack([coords[:5], [[0, 0]]]), np.arange(6))
 
 
 def test_sharded_grid() -> None:

@@ -9,6 +9,7 @@ from math import prod
 from types import TracebackType
 from typing import cast, final
 
+import numpy as np
 import torch
 
 from gang.extend import check_open, check_values_exchangeable
@@ -16,7 +17,7 @@ from gang.fake import FakeGang
 from gang.gang import Gang
 from gang.roles import AXIS_ROLES, GRID_AXES, ROLE_TABLE, ROLES, SIZE_ONE, SIZE_RULES
 from gang.split import split_groups, split_layout
-from gang.topology import Layout, flattened_axes
+from gang.topology import Grid, Layout, flattened_axes
 
 
 def _omitted() -> Gang:
@@ -188,25 +189,20 @@ def _flatten_gangs(gangs: Gangs, axes: tuple[str, ...]) -> Gang:
     root = gangs.root
     check_values_exchangeable(root, "flatten (of gangs without a layout)")
     along: dict[str, Gang] = {axis: getattr(gangs, AXIS_ROLES[axis]) for axis in GRID_AXES}
-    # A process's coordinates are its ranks along the axes; the flattened gang of a process is
-    # every process with its coordinates along the other axes.
+    # A process's coordinates are its ranks along the axes; the processes laid out on the grid
+    # of those axes give every flattened gang as a group of the grid.
     row = [along[axis].rank for axis in GRID_AXES]
     table = torch.empty((root.size, len(row)), dtype=torch.int64, device=root.device)
     root.all_gather(table, torch.tensor(row, dtype=torch.int64, device=root.device))
-    rows = table.cpu().tolist()
-    inner = [i for i, axis in enumerate(GRID_AXES) if axis in axes]
-    outer = [i for i, axis in enumerate(GRID_AXES) if axis not in axes]
-    by_key: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
-    for rank, values in enumerate(rows):
-        by_key.setdefault(tuple(values[i] for i in outer), []).append((tuple(values[i] for i in inner), rank))
-    size = prod(along[axis].size for axis in axes)
-    groups = sorted([rank for _, rank in sorted(entries)] for entries in by_key.values())
-    positions = [{position for position, _ in entries} for entries in by_key.values()]
-    if any(len(group) != size for group in groups) or any(len(p) != size for p in positions):
+    grid = Grid(tuple((axis, along[axis].size) for axis in GRID_AXES))
+    try:
+        placed = grid.place(table.cpu().numpy(), np.arange(root.size))
+    except ValueError as ex:
+        size = prod(along[axis].size for axis in axes)
         raise ValueError(
-            f"`roles` must span gangs of {size} ranks, but the gangs of {axes} do not form a grid "
-            f"(groups of sizes {sorted({len(g) for g in groups})}) instead."
-        )
+            f"`roles` must span gangs of {size} ranks, but the gangs of {axes} do not form a grid ({ex}) instead."
+        ) from None
+    groups = sorted(placed.reshape(-1)[grid.group_table(*axes)].tolist())
     return split_groups(root, groups)
 
 

@@ -1,6 +1,10 @@
 """Pure rank arithmetic: named grids of ranks and the gangs they define.
 
-Nothing in this module communicates or touches ``torch.distributed``. The factories in
+Nothing in this module communicates or touches ``torch.distributed``. It holds the one grid
+engine: :class:`Grid` (a row-major grid of named dimensions: coordinates, the groups of some
+dimensions, the sub-grid through a rank, and :meth:`Grid.place`, which lays gathered coordinates
+out on it); a :class:`Layout` is the grid of :data:`gang.roles.GRID_AXES` and its expert
+factorisation, each a :class:`Grid`. The factories in
 :mod:`gang.factories` (through which every kind of gang is split, the JAX gang included) split
 gangs along a :class:`Layout` (:func:`parallel_layout`), whose arithmetic is closed-form: a rank's
 group along any roles costs the size of that group, never the size of the world. Both mesh bridges
@@ -9,7 +13,11 @@ gang's :class:`Layout` (:func:`mesh_dims` checks what they are asked for) and re
 same rules: :func:`mesh_roles` gives each dimension's role (the names other libraries use
 included), :func:`mesh_spans` which dimensions make up each gang of :class:`~gang.Gangs` (how
 ``dp`` relates to ``rdp`` and ``sdp``, with :func:`role_spans`), and :func:`mesh_layout` the
-:class:`Layout` of the whole mesh.
+:class:`Layout` of the whole mesh. What has no layout finds its grid with :meth:`Grid.place`:
+:meth:`Gangs.flatten <gang.Gangs.flatten>` and ``gang_mesh.to_device_mesh`` of gangs without a
+layout, from every process's gathered coordinates; ``gang_mesh.from_device_mesh`` reads a mesh as
+a :class:`Grid` of its dimensions. The dry run (:func:`gang.testing.dry_run`) goes through the
+factories, so through :class:`Layout`.
 
 Vocabulary: a grid's *dimensions* are ``(name, size)`` pairs; when the names are roles of
 :class:`~gang.Gangs` (the table in :mod:`gang.roles`) each dimension's groups are that role's
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from math import prod
 
 import numpy as np
@@ -123,15 +132,18 @@ class Grid:
 
         :raises ValueError: If a name is unknown or repeated.
         """
+        result: list[list[int]] = self.group_table(*names).tolist()
+        return result
+
+    def group_table(self, *names: str) -> np.ndarray:
+        """:meth:`groups` as a ``[size / group size, group size]`` array (enumerates every rank, vectorised)."""
         self._check_names(names)
         grid = np.arange(self.size, dtype=np.int64).reshape(self.shape)
         fixed = [i for i, name in enumerate(self.names) if name not in names]
         free = [self.names.index(name) for name in names]
-        group_size = prod(self.shape[i] for i in free)
-        table = grid.transpose(fixed + free).reshape(-1, group_size)
         # Fixed coordinates ascend row-major, and so do the groups' smallest ranks (offset 0).
-        result: list[list[int]] = table.tolist()
-        return result
+        table: np.ndarray = grid.transpose(fixed + free).reshape(-1, prod(self.shape[i] for i in free))
+        return table
 
     def group_of(self, rank: int, *names: str) -> list[int]:
         """Return the group of :meth:`groups` that holds ``rank``, in O(group size).
@@ -139,15 +151,56 @@ class Grid:
         :raises ValueError: If ``rank`` is outside ``[0, size)`` or a name is unknown or repeated.
         """
         self._check_names(names)
+        members: list[int] = self.submesh(rank, [names]).tolist()
+        return members
+
+    def submesh(self, rank: int, dims: Sequence[Sequence[str]]) -> np.ndarray:
+        """The ranks of the sub-grid through ``rank`` spanned by ``dims``, as an array of shape
+        ``[size of dims[0], size of dims[1], ...]``.
+
+        Entry *i* of ``dims`` names the dimensions that axis *i* of the result spans at once
+        (row-major in the order given); each 1-D slice through ``rank`` along axis *i* is the group
+        of :meth:`groups` of ``dims[i]`` that holds ``rank``. Costs O(size of the result).
+
+        :raises ValueError: If ``rank`` is outside ``[0, size)`` or a name is unknown or repeated.
+        """
+        self._check_names([name for names in dims for name in names])
         coords = self.coords(rank)
         strides = dict(zip(self.names, self._strides(), strict=True))
         sizes = dict(self.dims)
-        base = rank - sum(coords[name] * strides[name] for name in names)
-        offsets: np.ndarray = np.zeros((), dtype=np.int64)
-        for name in names:
-            offsets = (offsets[..., None] + np.arange(sizes[name], dtype=np.int64) * strides[name]).reshape(-1)
-        members: list[int] = (base + offsets.reshape(-1)).tolist()
-        return members
+        result = np.full((), rank - sum(coords[name] * strides[name] for names in dims for name in names))
+        for names in dims:
+            offsets = np.zeros(1, dtype=np.int64)
+            for name in names:
+                offsets = (offsets[:, None] + np.arange(sizes[name], dtype=np.int64) * strides[name]).reshape(-1)
+            result = result[..., None] + offsets
+        return result
+
+    def place(self, coords: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Lay ``values`` out on the grid: the array of :attr:`shape` whose entry at ``coords[i]`` is ``values[i]``.
+
+        What finds a grid in gathered coordinates (gangs without a layout) uses it.
+
+        :param coords: An integer array ``[n, len(dims)]``, one row of coordinates per value.
+        :param values: The ``n`` values.
+        :raises ValueError: If the coordinates do not fill the grid exactly once: a count other than
+            :attr:`size`, a coordinate out of range, or two values at the same coordinates. The
+            message is a phrase for the caller's sentence.
+        """
+        coords = np.asarray(coords, dtype=np.int64).reshape(-1, len(self.dims))
+        shape = np.asarray(self.shape, dtype=np.int64)
+        if len(coords) != self.size or bool(((coords < 0) | (coords >= shape)).any()):
+            raise ValueError(f"{len(coords)} processes are not the {self.size} of a grid of sizes {list(self.shape)}")
+        positions = np.ravel_multi_index(tuple(coords.T), self.shape)
+        unique, counts = np.unique(positions, return_counts=True)
+        if len(unique) != self.size:
+            twice = np.unravel_index(int(unique[counts > 1][0]), self.shape)
+            raise ValueError(
+                f"two processes have the same coordinates {[int(c) for c in twice]} along {list(self.names)}"
+            )
+        placed = np.empty(self.size, dtype=np.asarray(values).dtype)
+        placed[positions] = values
+        return placed.reshape(self.shape)
 
 
 def role_spans(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -324,9 +377,9 @@ class Layout:
     The rank of root-gang rank *r* along each axis follows from the row-major grid of ``shape``
     (pipeline slowest, tensor parallel fastest). The expert roles re-factor the ``rdp x sdp x cp``
     ranks of one (pp, tp) position into ``edp x ep`` (``ep`` fastest), which is again a row-major
-    grid, ``(pp, edp, ep, tp)``. Every query but :meth:`groups` (which lists every gang, for a
-    backend that wants them all) costs time in the size of its answer, never in the size of the
-    world.
+    grid, ``(pp, edp, ep, tp)``. Both are :class:`Grid` objects, which answer every query. Every
+    query but :meth:`groups` (which lists every gang, for a backend that wants them all) costs time
+    in the size of its answer, never in the size of the world.
 
     :param shape: The size of each axis of :data:`gang.roles.GRID_AXES` (``pp, rdp, sdp, cp, tp``).
     :param ep: The expert parallel size; it divides ``rdp * sdp * cp``.
@@ -389,16 +442,17 @@ class Layout:
         sizes = self.sizes
         return prod(sizes[axis] for axis in flattened_axes(roles))
 
-    def _grid(self, axes: Sequence[str]) -> tuple[tuple[str, ...], dict[str, int], dict[str, int]]:
-        """The factorisation that holds ``axes``: its axes, their sizes and their strides."""
-        names = EXPERT_GRID if set(axes) & set(EXPERT_AXES) else GRID_AXES
+    @cached_property
+    def _grids(self) -> tuple[Grid, Grid]:
+        """The dense grid (of :data:`gang.roles.GRID_AXES`) and the expert one (of :data:`gang.roles.EXPERT_GRID`)."""
         sizes = self.sizes
-        strides: dict[str, int] = {}
-        step = 1
-        for axis in reversed(names):
-            strides[axis] = step
-            step *= sizes[axis]
-        return names, {axis: sizes[axis] for axis in names}, strides
+        dense, expert = (Grid(tuple((axis, sizes[axis]) for axis in axes)) for axes in (GRID_AXES, EXPERT_GRID))
+        return dense, expert
+
+    def _grid(self, axes: Sequence[str]) -> Grid:
+        """The factorisation that holds ``axes``: the expert grid if it names an expert axis, else the dense one."""
+        dense, expert = self._grids
+        return expert if set(axes) & set(EXPERT_AXES) else dense
 
     def coords(self, rank: int) -> dict[str, int]:
         """The index of root rank ``rank`` along every axis, dense and expert.
@@ -406,14 +460,8 @@ class Layout:
         :raises ValueError: If ``rank`` is outside ``[0, size)``.
         """
         rank = check_int("rank", rank)
-        if not 0 <= rank < self.size:
-            raise ValueError(f"`rank` must be in the range [0, {self.size}), but is {rank} instead.")
-        coords: dict[str, int] = {}
-        for axes in (GRID_AXES, EXPERT_GRID):
-            _, sizes, strides = self._grid(axes)
-            for axis in axes:
-                coords[axis] = rank // strides[axis] % sizes[axis]
-        return coords
+        dense, expert = self._grids
+        return {**dense.coords(rank), **expert.coords(rank)}
 
     def submesh(self, rank: int, dims: Sequence[str | Sequence[str]]) -> np.ndarray:
         """The root ranks of the sub-grid through ``rank`` spanned by ``dims``, as an array of shape
@@ -422,30 +470,22 @@ class Layout:
         Each entry of ``dims`` names a role or a tuple of roles spanned at once (a flattened
         dimension, see :func:`flattened_axes`); entry *i* indexes axis *i* of the result, and each
         1-D slice through ``rank`` along axis *i* is the gang of ``dims[i]`` that holds ``rank``,
-        in its rank order. Costs O(size of the result).
+        in its rank order (:meth:`Grid.submesh` of the grid's axes). Costs O(size of the result).
 
         :raises ValueError: If a role is unknown, or two dimensions share a grid axis, or expert
             roles are mixed with ``rdp``, ``sdp``, ``cp`` or ``dp``.
         """
-        coords = self.coords(rank)
+        self.coords(rank)
         per_dim = [flattened_axes((dim,) if isinstance(dim, str) else tuple(dim), argument="dims") for dim in dims]
         every = [axis for axes in per_dim for axis in axes]
         if len(set(every)) != len(every):
             raise ValueError(f"`dims` must name dimensions that share no grid axis, but is {list(dims)} instead.")
-        names, sizes, strides = self._grid(every)
-        outside = [axis for axis in every if axis not in names]
-        if outside:
+        grid = self._grid(every)
+        if any(axis not in grid.names for axis in every):
             raise ValueError(
                 f"`dims` must not mix the expert roles with `rdp`, `sdp`, `cp` or `dp`, but is {list(dims)} instead."
             )
-        base = rank - sum(coords[axis] * strides[axis] for axis in every)
-        result = np.full((), base, dtype=np.int64)
-        for axes in per_dim:
-            offsets = np.zeros(1, dtype=np.int64)
-            for axis in axes:
-                offsets = (offsets[:, None] + np.arange(sizes[axis], dtype=np.int64) * strides[axis]).reshape(-1)
-            result = result[..., None] + offsets
-        return result
+        return grid.submesh(rank, per_dim)
 
     def members(self, rank: int, *roles: str) -> list[int]:
         """The root ranks of the gang spanning ``roles`` at once that holds root rank ``rank``, in
@@ -459,18 +499,14 @@ class Layout:
 
     def groups(self, *roles: str) -> np.ndarray:
         """Every gang spanning ``roles`` at once, one row per gang in rank order, rows ordered by
-        their smallest rank: a ``[size / group size, group size]`` array of root ranks.
+        their smallest rank: a ``[size / group size, group size]`` array of root ranks
+        (:meth:`Grid.group_table` of the grid's axes).
 
         Enumerates the world (vectorised); only what needs every group (torch's ``split_group``)
         calls it.
         """
         axes = flattened_axes(roles)
-        names, sizes, _ = self._grid(axes)
-        grid = np.arange(self.size, dtype=np.int64).reshape([sizes[axis] for axis in names])
-        fixed = [i for i, axis in enumerate(names) if axis not in axes]
-        free = [names.index(axis) for axis in axes]
-        table: np.ndarray = grid.transpose(fixed + free).reshape(-1, prod(sizes[axis] for axis in axes))
-        return table
+        return self._grid(axes).group_table(*axes)
 
     def key(self, *roles: str) -> tuple[str, ...]:
         """A name for the partition of the ranks into the gangs spanning ``roles``: equal keys, equal gangs.
