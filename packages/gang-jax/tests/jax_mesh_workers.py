@@ -150,6 +150,24 @@ def errors(root: Gang) -> dict[str, str]:
     return out
 
 
+def index_not_rank(root: Gang, address: str) -> str:
+    """``to_jax_mesh`` of the factories' torch gangs in processes whose JAX process indices are their
+    torch ranks reversed (started with ``JaxGang.create_default``'s explicit ``process_id``): the
+    error it raises (``"no error"`` when none). JAX is shut down again."""
+    reversed_index = root.size - 1 - root.rank
+    jax_gang = JaxGang.create_default(coordinator_address=address, num_processes=root.size, process_id=reversed_index)
+    try:
+        assert jax.process_index() == reversed_index != dist.get_rank()
+        gangs = create_parallel_gangs(root, tp_size=root.size)
+        try:
+            to_jax_mesh(gangs, ("tp",))
+        except ValueError as ex:
+            return str(ex)
+        return "no error"
+    finally:
+        jax_gang.close()
+
+
 def close(root: Gang) -> None:
     """Close the kept gangs and the JAX runtime."""
     global _JAX

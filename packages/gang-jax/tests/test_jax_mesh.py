@@ -14,7 +14,7 @@ import jax_mesh_workers as jw
 import numpy as np
 import pytest
 
-from gang.testing import World
+from gang.testing import World, free_port
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,19 @@ def test_errors_before_any_communication(world: World) -> None:
     assert "fit together" in r["dp with rdp"]
     assert r["not in the mesh"].startswith("ValueError: `mesh` must hold a device of this process")
     assert r["sum"] == "8.0"
+
+
+def test_to_jax_mesh_refuses_a_jax_process_index_other_than_the_torch_rank() -> None:
+    # Two real processes whose JAX process indices are their torch ranks reversed: the device of
+    # torch rank r is not process r's, so the mesh of torch gangs would be wrong; it is refused.
+    address = f"127.0.0.1:{free_port()}"
+    with World(2, env={"OMP_NUM_THREADS": "1"}) as w:
+        messages = w.run(jw.index_not_rank, address)
+    for rank, message in enumerate(messages):
+        assert message == (
+            f"This process's JAX process index must equal its torch rank, but is {1 - rank} on torch rank {rank} "
+            "instead (start JAX with `JaxGang.create_default()`, which uses the torch rank)."
+        )
 
 
 @pytest.mark.parametrize(("pp", "mesh"), [(1, [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]), (2, [[[0, 1], [2, 3]]])])

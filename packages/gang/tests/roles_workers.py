@@ -128,3 +128,21 @@ def check_reports(reports: list[list[dict[str, Any]]], configs: list[dict[str, A
                         assert info["kind"] == "FakeGang", (config, rank, key)  # no needless group
                 if not isinstance(role, str):
                     assert got[name]["cached"], (config, rank, name)
+
+
+def flatten_not_a_grid(root: Gang) -> str:
+    """``flatten("dp", "tp")`` of gangs without a layout whose ``tp`` gangs (``[0, 2] [1, 3] [4, 6]
+    [5, 7]``) pair ranks that the ``dp`` gangs (``[0, 2, 4, 6] [1, 3, 5, 7]``) already tell apart, so
+    ranks 0 and 1 sit at the same coordinates: the error, the same on every rank."""
+    made = gang.create_parallel_gangs(root, tp_size=2)
+    crossed = root.split([[0, 2], [1, 3], [4, 6], [5, 7]])
+    assert crossed is not None
+    bare = dataclasses.replace(made, tp=crossed, layout=None)
+    try:
+        bare.flatten("dp", "tp")
+        return "no error"
+    except ValueError as ex:
+        return str(ex)
+    finally:
+        crossed.close()
+        made.close()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from roles_workers import FLATTENED, check_reports, expected_members, layout_report
+from roles_workers import FLATTENED, check_reports, expected_members, flatten_not_a_grid, layout_report
 
 import gang
 from gang import FakeGang, Gangs, NotSupportedError, create_fake_gangs, create_fsdp_gangs, create_parallel_gangs
@@ -109,8 +109,6 @@ def test_submesh_is_the_gangs_through_a_rank() -> None:
     assert mesh.shape == (4, 4)
     assert mesh[:, 1].tolist() == layout.members(13, "dp")  # 13 is position 1 along ("cp", "tp")
     assert mesh[3].tolist() == layout.members(13, "cp", "tp")  # and position 3 along dp
-    assert layout.global_members(13, "cp") == [113, 115]
-    assert (layout.global_submesh(13, ["dp", ("cp", "tp")]) == mesh + 100).all()
 
 
 @pytest.mark.parametrize(
@@ -183,6 +181,15 @@ def test_every_layout_on_eight_gloo_ranks(world8: World) -> None:
     ep = {tuple(reports[r][3]["ep"]["members"]) for r in range(8)}
     edp = {tuple(reports[r][3]["edp"]["members"]) for r in range(8)}
     assert ep == {(0, 2), (4, 6), (1, 3), (5, 7)} and edp == {(0, 4), (2, 6), (1, 5), (3, 7)}
+
+
+def test_flatten_without_a_layout_refuses_gangs_that_are_not_a_grid(world8: World) -> None:
+    messages = world8.run(flatten_not_a_grid)
+    assert messages == [messages[0]] * 8
+    assert messages[0] == (
+        "`roles` must span gangs of 8 ranks, but the gangs of ('rdp', 'sdp', 'tp') do not form a grid "
+        "(two processes have the same coordinates [0, 0, 0, 0, 0] along ['pp', 'rdp', 'sdp', 'cp', 'tp']) instead."
+    )
 
 
 # -- dry runs at cluster scale --------------------------------------------------------------------

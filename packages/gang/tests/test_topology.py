@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 
-from gang.topology import Grid, infer_grid, parallel_grid, role_spans, sharded_grid
+from gang.topology import Grid, parallel_grid, role_spans, sharded_grid
 
 
 def test_row_major_rank_formula() -> None:
@@ -27,6 +28,33 @@ def test_groups_partition_the_ranks() -> None:
         assert all(len(g) == len(groups[0]) for g in groups)
     assert grid.groups("a", "b", "c") == [list(range(12))]
     assert grid.groups("c", "a") == [[0, 6, 1, 7], [2, 8, 3, 9], [4, 10, 5, 11]]
+
+
+def test_submesh_and_group_of_are_the_groups_through_a_rank() -> None:
+    grid = Grid((("a", 2), ("b", 3), ("c", 2)))
+    for rank in range(grid.size):
+        mesh = grid.submesh(rank, [("c",), ("a", "b")])
+        assert mesh.shape == (2, 6)
+        for names in [("a",), ("b", "c"), ("c", "a")]:
+            assert grid.group_of(rank, *names) in grid.groups(*names)
+            assert rank in grid.group_of(rank, *names)
+        here = grid.coords(rank)
+        assert mesh[:, here["a"] * 3 + here["b"]].tolist() == grid.group_of(rank, "c")
+        assert mesh[here["c"]].tolist() == grid.group_of(rank, "a", "b")
+
+
+def test_place_lays_gathered_coordinates_out_on_the_grid() -> None:
+    grid = Grid((("a", 2), ("b", 3)))
+    processes = [5, 0, 3, 1, 4, 2]  # process i sits at grid rank processes[i]
+    coords = np.array([[grid.coords(p)["a"], grid.coords(p)["b"]] for p in processes])
+    placed = grid.place(coords, np.arange(6) + 100)
+    assert [int(placed.reshape(-1)[p]) for p in processes] == [100 + i for i in range(6)]
+    with pytest.raises(ValueError, match=r"5 processes are not the 6 of a grid of sizes \[2, 3\]"):
+        grid.place(coords[:5], np.arange(5))
+    with pytest.raises(ValueError, match="not the 6"):
+        grid.place(np.vstack([coords[:5], [[0, 3]]]), np.arange(6))  # b = 3 is outside the grid
+    with pytest.raises(ValueError, match=r"two processes have the same coordinates \[0, 0\] along \['a', 'b'\]"):
+        grid.place(np.vstack([coords[:5], [[0, 0]]]), np.arange(6))
 
 
 def test_sharded_grid() -> None:
@@ -111,80 +139,3 @@ def test_role_spans_on_a_grid_give_the_factory_layout() -> None:
         "tp": [12, 13],
         "pp": [5, 13],
     }
-
-
-# -- infer_grid: the grid that gathered gangs form ------------------------------------------------
-
-
-def _gangs_of(grid: Grid, ranks: list[int]) -> dict[int, list[list[int]]]:
-    """What each process of a grid placed on ``ranks`` reports: its gang along every dimension."""
-    return {ranks[p]: [[ranks[q] for q in grid.group_of(p, name)] for name in grid.names] for p in range(grid.size)}
-
-
-def test_infer_grid_finds_the_layout() -> None:
-    grid = Grid((("rdp", 2), ("sdp", 2), ("tp", 2)))
-    members = _gangs_of(grid, list(range(8)))
-    for rank in range(8):
-        assert infer_grid(grid.names, members, rank) == (grid, tuple(range(8)))
-
-
-def test_infer_grid_on_ranks_of_part_of_a_world() -> None:
-    # One pipeline stage of (pp, sdp, tp) = (2, 2, 2): ranks 4..7 only, or a sliced-out axis
-    # (dp, cp, tp) with cp = 1: ranks 2, 3, 6, 7.
-    grid = Grid((("sdp", 2), ("tp", 2)))
-    for ranks in ([4, 5, 6, 7], [2, 3, 6, 7]):
-        members = _gangs_of(grid, ranks)
-        assert infer_grid(grid.names, members, ranks[3]) == (grid, tuple(ranks))
-
-
-def test_infer_grid_transposed_and_disconnected() -> None:
-    # ("dp", "tp") with pp = 2 over 8 ranks: two grids, one per stage, each holding its own ranks.
-    world = Grid((("pp", 2), ("dp", 2), ("tp", 2)))
-    members = {r: [world.group_of(r, "tp"), world.group_of(r, "dp")] for r in range(8)}
-    grid, ranks = infer_grid(("tp", "dp"), members, 6)
-    assert grid == Grid((("tp", 2), ("dp", 2)))
-    assert ranks == (4, 6, 5, 7)  # row-major over (tp, dp): the transposed array
-    assert infer_grid(("tp", "dp"), members, 1)[1] == (0, 2, 1, 3)
-
-
-@pytest.mark.parametrize(
-    ("names", "members", "text"),
-    [
-        # rdp lies inside dp: 4 ranks cannot fill a 4 x 2 grid.
-        (
-            ("dp", "rdp"),
-            {
-                0: [[0, 1, 2, 3], [0, 2]],
-                1: [[0, 1, 2, 3], [1, 3]],
-                2: [[0, 1, 2, 3], [0, 2]],
-                3: [[0, 1, 2, 3], [1, 3]],
-            },
-            "connect 4 ranks",
-        ),
-        # Two gangs that are the same: ranks 0 and 1 at coordinates (1, 1) and (0, 0) only.
-        (("a", "b"), {0: [[0, 1], [0, 1]], 1: [[0, 1], [0, 1]]}, "connect 2 ranks"),
-        (("a",), {0: [[0, 1]], 1: [[0, 1, 2]], 2: [[0, 1, 2]]}, "sizes [2] on rank 0 and [3] on rank 1"),
-        (("a",), {0: [[0, 1]], 1: [[1, 0]]}, "place ranks 0 and 1 at the same coordinates [0]"),
-        # Distinct coordinates, but rank 3's gang along b is not the line through it.
-        (
-            ("a", "b"),
-            {0: [[0, 1], [0, 2]], 1: [[0, 1], [1, 3]], 2: [[2, 3], [0, 2]], 3: [[2, 3], [2, 3]]},
-            "the line along 'b' through rank 3 is [1, 3], but the gang along 'b' of rank 3 is [2, 3]",
-        ),
-        (("a",), {0: [[1, 2]], 1: [[1, 2]], 2: [[1, 2]]}, "without rank 0"),
-        (("a",), {0: [[0, 5]]}, "with ranks [5] that reported no gangs"),
-        (("a", "b"), {0: [[0]]}, "1 gangs for the 2 dimensions"),
-    ],
-)
-def test_infer_grid_errors(names: tuple[str, ...], members: dict[int, list[list[int]]], text: str) -> None:
-    with pytest.raises(ValueError, match="`members` must name gangs that form a grid, but ") as info:
-        infer_grid(names, members, 0)
-    assert text in str(info.value)
-    assert str(info.value).count("instead") == 1, str(info.value)  # One "..., but ... instead." sentence.
-
-
-def test_infer_grid_names_the_callers_argument_and_checks_rank() -> None:
-    with pytest.raises(ValueError, match="`dims` must name gangs that form a grid"):
-        infer_grid(("a",), {0: [[0, 1]], 1: [[1, 0]]}, 0, argument="dims")
-    with pytest.raises(ValueError, match="`rank` must be a process of `members`"):
-        infer_grid(("a",), {0: [[0]]}, 3)

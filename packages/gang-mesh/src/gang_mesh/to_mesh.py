@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from gang import Gang, Gangs, ReduceOperation
 from gang.extend import check_values_exchangeable
 from gang.rendezvous import alone_group
-from gang.topology import MeshDim, mesh_dims
+from gang.topology import Grid, MeshDim, mesh_dims
 
 Dim = MeshDim
 """An entry of ``dims``: a role, or a tuple of dense roles spanned at once (a flattened dimension)."""
@@ -113,27 +113,22 @@ def _gathered_mesh(
     table = torch.empty((root.size, row.numel()), dtype=torch.int64, device=device)
     root.all_gather(table, row.to(device))
     rows = table.cpu()
-    mine = rows[rows[:, 1] == int(smallest.item())]
-    shape = tuple(1 if gang is None else gang.size for gang in dim_gangs)
-    ranks = torch.full(shape, -1, dtype=torch.int64)
+    mine = rows[rows[:, 1] == int(smallest.item())].numpy()
+    grid = Grid(tuple((name, 1 if gang is None else gang.size) for name, gang in zip(names, dim_gangs, strict=True)))
     problem = ""
-    coords = mine[:, 2:]
-    if len(mine) != ranks.numel() or bool((coords >= torch.tensor(shape)).any()):
-        problem = f"the grid of rank {me} holds {len(mine)} processes, not the {ranks.numel()} of sizes {list(shape)}"
+    ranks = np.empty(grid.shape, dtype=np.int64)
+    try:
+        ranks = grid.place(mine[:, 2:], mine[:, 0])
+    except ValueError as ex:
+        problem = f"in the grid of rank {me}, {ex}"
     else:
-        ranks[tuple(coords.t())] = mine[:, 0]
-        if bool((ranks < 0).any()):
-            problem = f"two processes of the grid of rank {me} have the same coordinates along {names}"
-        else:
-            here = tuple(int(c) for c in coords[(mine[:, 0] == me).nonzero()[0, 0]])
-            for axis, (name, group) in enumerate(zip(names, groups, strict=True)):
-                index: list[int | slice] = list(here)
-                index[axis] = slice(None)
-                line = ranks[tuple(index)].tolist()
-                members = dist.get_process_group_ranks(group)
-                if line != members:
-                    problem = f"the line along {name!r} through rank {me} is {line}, but its gang is {members}"
-                    break
+        here = grid.rank(dict(zip(names, (int(c) for c in mine[mine[:, 0] == me][0, 2:]), strict=True)))
+        for name, group in zip(names, groups, strict=True):
+            line = ranks.reshape(-1)[grid.group_of(here, name)].tolist()
+            members = dist.get_process_group_ranks(group)
+            if line != members:
+                problem = f"the line along {name!r} through rank {me} is {line}, but its gang is {members}"
+                break
     # Every process raises the same error: the first one (by global rank) that found a problem.
     first = torch.tensor([me if problem else _NO_PROBLEM], dtype=torch.int64, device=device)
     root.all_reduce(first, ReduceOperation.MIN)
@@ -144,7 +139,7 @@ def _gathered_mesh(
             f"`dims` must name gangs that form a grid, but the gangs along {names} of rank {culprit} do not "
             f"instead{detail}."
         )
-    return ranks
+    return torch.from_numpy(ranks)
 
 
 _NO_PROBLEM = 2**62

@@ -97,14 +97,10 @@ def create_fsdp_gangs(gangs: Gangs, intra_node_size: int | None = None) -> Gangs
     if not isinstance(gangs, Gangs):
         raise TypeError(f"`gangs` must be a `Gangs`, but is of type `{type(gangs).__name__}` instead.")
     grid = sharded_grid(gangs.dp.size, intra_node_size)
-    rdp_size, sdp_size = grid.shape
     # The dp gang on its own: a layout of one (rdp, sdp) plane.
-    plane = Layout((1, rdp_size, sdp_size, 1, 1))
-    split = _split_by_role(gangs.dp, plane, roles=("rdp", "sdp"))
-    layout = None
-    if gangs.layout is not None:
-        pp, _, _, cp, tp = gangs.layout.shape
-        layout = Layout((pp, rdp_size, sdp_size, cp, tp), gangs.layout.ep, gangs.layout.global_ranks)
+    plane = Layout.of(dict(grid.dims))
+    split = _split_by_role(gangs.dp, plane, roles=grid.names)
+    layout = None if gangs.layout is None else gangs.layout.resized(**dict(grid.dims))
     return dataclasses.replace(gangs, rdp=split["rdp"], sdp=split["sdp"], layout=layout)
 
 
@@ -138,9 +134,9 @@ def _split_by_role(gang: Gang, layout: Layout, roles: Sequence[str] = ROLES) -> 
 
 
 def create_fake_gangs(device: torch.device) -> Gangs:
-    """Return gangs that are all :class:`FakeGang` of size 1 on ``device`` (single-process code), all nine roles."""
+    """Return gangs that are all :class:`FakeGang` of size 1 on ``device`` (single-process code), every role."""
     gang = FakeGang(device)
-    return Gangs(**dict.fromkeys(ROLES, gang), layout=Layout((1, 1, 1, 1, 1)))
+    return Gangs(**dict.fromkeys(ROLES, gang), layout=Layout.of({}))
 
 
 def create_default_gang(device: torch.device | None = None, *, timeout: timedelta | None = None) -> Gang:

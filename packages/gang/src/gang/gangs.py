@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from math import prod
 from types import TracebackType
 from typing import cast, final
 
+import numpy as np
 import torch
 
 from gang.extend import check_open, check_values_exchangeable
 from gang.fake import FakeGang
 from gang.gang import Gang
-from gang.roles import GRID_AXES, ROLES
+from gang.roles import AXIS_ROLES, GRID_AXES, ROLE_TABLE, ROLES, SIZE_ONE, SIZE_RULES
 from gang.split import split_groups, split_layout
-from gang.topology import Layout, flattened_axes
+from gang.topology import Grid, Layout, flattened_axes
 
 
 def _omitted() -> Gang:
-    """The default of an optional role: filled in by :meth:`Gangs.__post_init__`."""
+    """The default of an optional role (one whose :attr:`~gang.roles.Role.omitted` is set): filled in by
+    :meth:`Gangs.__post_init__`."""
     return cast(Gang, None)
 
 
@@ -42,7 +45,8 @@ class Gangs:
         :class:`~gang.topology.Layout`.
     :raises ValueError: If the gangs do not share one device, or
         ``dp.size * cp.size * tp.size * pp.size != root.size``, ``rdp.size * sdp.size != dp.size``
-        or ``ep.size * edp.size != dp.size * cp.size``, or ``layout`` disagrees with the sizes.
+        or ``ep.size * edp.size != dp.size * cp.size`` (the rules of
+        :data:`gang.roles.SIZE_RULES`), or ``layout`` disagrees with the sizes.
 
     ``with gangs:`` makes them the calling thread's current gangs (see
     :func:`maybe_get_current_gangs`); the statement nests and returns the gangs.
@@ -63,11 +67,10 @@ class Gangs:
     def __post_init__(self) -> None:
         if not isinstance(self.root, Gang):
             raise TypeError(f"`root` must be a `Gang`, but is of type `{type(self.root).__name__}` instead.")
-        for name in ("cp", "ep"):
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, FakeGang(self.root.device))
-        if getattr(self, "edp") is None:  # noqa: B009 (mypy: the field is a Gang once set)
-            object.__setattr__(self, "edp", self.dp)
+        for row in ROLE_TABLE:
+            if getattr(self, row.name) is None and row.omitted is not None:
+                omitted = FakeGang(self.root.device) if row.omitted == SIZE_ONE else getattr(self, row.omitted)
+                object.__setattr__(self, row.name, omitted)
         for name in ROLES:
             value = getattr(self, name)
             if not isinstance(value, Gang):
@@ -78,22 +81,15 @@ class Gangs:
                 raise ValueError(
                     f"`{name}` must be on the root gang's device {self.root.device}, but is on {gang.device} instead."
                 )
-        if self.dp.size * self.cp.size * self.tp.size * self.pp.size != self.root.size:
-            raise ValueError(
-                f"`dp.size * cp.size * tp.size * pp.size` must equal `root.size` ({self.root.size}), but is "
-                f"{self.dp.size} * {self.cp.size} * {self.tp.size} * {self.pp.size} = "
-                f"{self.dp.size * self.cp.size * self.tp.size * self.pp.size} instead."
-            )
-        if self.rdp.size * self.sdp.size != self.dp.size:
-            raise ValueError(
-                f"`rdp.size * sdp.size` must equal `dp.size` ({self.dp.size}), but is "
-                f"{self.rdp.size} * {self.sdp.size} = {self.rdp.size * self.sdp.size} instead."
-            )
-        if self.ep.size * self.edp.size != self.dp.size * self.cp.size:
-            raise ValueError(
-                f"`ep.size * edp.size` must equal `dp.size * cp.size` ({self.dp.size * self.cp.size}), but is "
-                f"{self.ep.size} * {self.edp.size} = {self.ep.size * self.edp.size} instead."
-            )
+        for left, right in SIZE_RULES:
+            factors = [getattr(self, name).size for name in left]
+            want = prod(getattr(self, name).size for name in right)
+            if prod(factors) != want:
+                raise ValueError(
+                    f"`{' * '.join(f'{name}.size' for name in left)}` must equal "
+                    f"`{' * '.join(f'{name}.size' for name in right)}` ({want}), but is "
+                    f"{' * '.join(map(str, factors))} = {prod(factors)} instead."
+                )
         if self.layout is not None:
             if not isinstance(self.layout, Layout):
                 raise TypeError(f"`layout` must be a `Layout` or `None`, but is {self.layout!r} instead.")
@@ -192,24 +188,30 @@ def _flatten_gangs(gangs: Gangs, axes: tuple[str, ...]) -> Gang:
         return split_layout(gangs.root, layout, axes)
     root = gangs.root
     check_values_exchangeable(root, "flatten (of gangs without a layout)")
-    along = {"pp": gangs.pp, "rdp": gangs.rdp, "sdp": gangs.sdp, "cp": gangs.cp, "tp": gangs.tp}
-    # A process's coordinates are its ranks along the axes; the flattened gang of a process is
-    # every process with its coordinates along the other axes.
+    along: dict[str, Gang] = {axis: getattr(gangs, AXIS_ROLES[axis]) for axis in GRID_AXES}
+    # A process's coordinates are its ranks along the axes; the processes laid out on the grid
+    # of those axes give every flattened gang as a group of the grid.
     row = [along[axis].rank for axis in GRID_AXES]
     table = torch.empty((root.size, len(row)), dtype=torch.int64, device=root.device)
     root.all_gather(table, torch.tensor(row, dtype=torch.int64, device=root.device))
-    rows = table.cpu().tolist()
-    inner = [i for i, axis in enumerate(GRID_AXES) if axis in axes]
-    outer = [i for i, axis in enumerate(GRID_AXES) if axis not in axes]
-    by_key: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
-    for rank, values in enumerate(rows):
-        by_key.setdefault(tuple(values[i] for i in outer), []).append((tuple(values[i] for i in inner), rank))
-    size = prod(along[axis].size for axis in axes)
-    groups = sorted([rank for _, rank in sorted(entries)] for entries in by_key.values())
-    positions = [{position for position, _ in entries} for entries in by_key.values()]
-    if any(len(group) != size for group in groups) or any(len(p) != size for p in positions):
+    grid = Grid(tuple((axis, along[axis].size) for axis in GRID_AXES))
+    try:
+        placed = grid.place(table.cpu().numpy(), np.arange(root.size))
+    except ValueError as ex:
+        size = prod(along[axis].size for axis in axes)
         raise ValueError(
-            f"`roles` must span gangs of {size} ranks, but the gangs of {axes} do not form a grid "
-            f"(groups of sizes {sorted({len(g) for g in groups})}) instead."
-        )
+            f"`roles` must span gangs of {size} ranks, but the gangs of {axes} do not form a grid ({ex}) instead."
+        ) from None
+    groups = sorted(placed.reshape(-1)[grid.group_table(*axes)].tolist())
     return split_groups(root, groups)
+
+
+def _check_fields() -> None:
+    """The fields of :class:`Gangs` are the roles of the table, in order, optional where the table says so."""
+    fields = [f for f in dataclasses.fields(Gangs) if f.init and f.name != "layout"]
+    assert tuple(f.name for f in fields) == ROLES, ([f.name for f in fields], ROLES)
+    for f, row in zip(fields, ROLE_TABLE, strict=True):
+        assert (f.default_factory is _omitted) == (row.omitted is not None), row
+
+
+_check_fields()

@@ -1,6 +1,10 @@
 """Pure rank arithmetic: named grids of ranks and the gangs they define.
 
-Nothing in this module communicates or touches ``torch.distributed``. The factories in
+Nothing in this module communicates or touches ``torch.distributed``. It holds the one grid
+engine: :class:`Grid` (a row-major grid of named dimensions: coordinates, the groups of some
+dimensions, the sub-grid through a rank, and :meth:`Grid.place`, which lays gathered coordinates
+out on it); a :class:`Layout` is the grid of :data:`gang.roles.GRID_AXES` and its expert
+factorisation, each a :class:`Grid`. The factories in
 :mod:`gang.factories` (through which every kind of gang is split, the JAX gang included) split
 gangs along a :class:`Layout` (:func:`parallel_layout`), whose arithmetic is closed-form: a rank's
 group along any roles costs the size of that group, never the size of the world. Both mesh bridges
@@ -9,8 +13,11 @@ gang's :class:`Layout` (:func:`mesh_dims` checks what they are asked for) and re
 same rules: :func:`mesh_roles` gives each dimension's role (the names other libraries use
 included), :func:`mesh_spans` which dimensions make up each gang of :class:`~gang.Gangs` (how
 ``dp`` relates to ``rdp`` and ``sdp``, with :func:`role_spans`), and :func:`mesh_layout` the
-:class:`Layout` of the whole mesh. :func:`infer_grid` finds the grid in
-gathered member lists.
+:class:`Layout` of the whole mesh. What has no layout finds its grid with :meth:`Grid.place`:
+:meth:`Gangs.flatten <gang.Gangs.flatten>` and ``gang_mesh.to_device_mesh`` of gangs without a
+layout, from every process's gathered coordinates; ``gang_mesh.from_device_mesh`` reads a mesh as
+a :class:`Grid` of its dimensions. The dry run (:func:`gang.testing.dry_run`) goes through the
+factories, so through :class:`Layout`.
 
 Vocabulary: a grid's *dimensions* are ``(name, size)`` pairs; when the names are roles of
 :class:`~gang.Gangs` (the table in :mod:`gang.roles`) each dimension's groups are that role's
@@ -19,14 +26,27 @@ gangs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from math import prod
 
 import numpy as np
 
 from gang.extend import check_int
-from gang.roles import ALIASES, DENSE_ROLES, EXPERT_AXES, EXPERT_ROLES, GRID_AXES, ROLE_TABLE, ROLES, role
+from gang.roles import (
+    ALIASES,
+    AXIS_ROLES,
+    DENSE_ROLES,
+    EXPERT_AXES,
+    EXPERT_GRID,
+    EXPERT_ROLES,
+    EXPERT_SPLITS,
+    GRID_AXES,
+    ROLE_TABLE,
+    ROLES,
+    role,
+)
 
 
 @dataclass(frozen=True)
@@ -112,15 +132,18 @@ class Grid:
 
         :raises ValueError: If a name is unknown or repeated.
         """
+        result: list[list[int]] = self.group_table(*names).tolist()
+        return result
+
+    def group_table(self, *names: str) -> np.ndarray:
+        """:meth:`groups` as a ``[size / group size, group size]`` array (enumerates every rank, vectorised)."""
         self._check_names(names)
         grid = np.arange(self.size, dtype=np.int64).reshape(self.shape)
         fixed = [i for i, name in enumerate(self.names) if name not in names]
         free = [self.names.index(name) for name in names]
-        group_size = prod(self.shape[i] for i in free)
-        table = grid.transpose(fixed + free).reshape(-1, group_size)
         # Fixed coordinates ascend row-major, and so do the groups' smallest ranks (offset 0).
-        result: list[list[int]] = table.tolist()
-        return result
+        table: np.ndarray = grid.transpose(fixed + free).reshape(-1, prod(self.shape[i] for i in free))
+        return table
 
     def group_of(self, rank: int, *names: str) -> list[int]:
         """Return the group of :meth:`groups` that holds ``rank``, in O(group size).
@@ -128,15 +151,56 @@ class Grid:
         :raises ValueError: If ``rank`` is outside ``[0, size)`` or a name is unknown or repeated.
         """
         self._check_names(names)
+        members: list[int] = self.submesh(rank, [names]).tolist()
+        return members
+
+    def submesh(self, rank: int, dims: Sequence[Sequence[str]]) -> np.ndarray:
+        """The ranks of the sub-grid through ``rank`` spanned by ``dims``, as an array of shape
+        ``[size of dims[0], size of dims[1], ...]``.
+
+        Entry *i* of ``dims`` names the dimensions that axis *i* of the result spans at once
+        (row-major in the order given); each 1-D slice through ``rank`` along axis *i* is the group
+        of :meth:`groups` of ``dims[i]`` that holds ``rank``. Costs O(size of the result).
+
+        :raises ValueError: If ``rank`` is outside ``[0, size)`` or a name is unknown or repeated.
+        """
+        self._check_names([name for names in dims for name in names])
         coords = self.coords(rank)
         strides = dict(zip(self.names, self._strides(), strict=True))
         sizes = dict(self.dims)
-        base = rank - sum(coords[name] * strides[name] for name in names)
-        offsets: np.ndarray = np.zeros((), dtype=np.int64)
-        for name in names:
-            offsets = (offsets[..., None] + np.arange(sizes[name], dtype=np.int64) * strides[name]).reshape(-1)
-        members: list[int] = (base + offsets.reshape(-1)).tolist()
-        return members
+        result = np.full((), rank - sum(coords[name] * strides[name] for names in dims for name in names))
+        for names in dims:
+            offsets = np.zeros(1, dtype=np.int64)
+            for name in names:
+                offsets = (offsets[:, None] + np.arange(sizes[name], dtype=np.int64) * strides[name]).reshape(-1)
+            result = result[..., None] + offsets
+        return result
+
+    def place(self, coords: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Lay ``values`` out on the grid: the array of :attr:`shape` whose entry at ``coords[i]`` is ``values[i]``.
+
+        What finds a grid in gathered coordinates (gangs without a layout) uses it.
+
+        :param coords: An integer array ``[n, len(dims)]``, one row of coordinates per value.
+        :param values: The ``n`` values.
+        :raises ValueError: If the coordinates do not fill the grid exactly once: a count other than
+            :attr:`size`, a coordinate out of range, or two values at the same coordinates. The
+            message is a phrase for the caller's sentence.
+        """
+        coords = np.asarray(coords, dtype=np.int64).reshape(-1, len(self.dims))
+        shape = np.asarray(self.shape, dtype=np.int64)
+        if len(coords) != self.size or bool(((coords < 0) | (coords >= shape)).any()):
+            raise ValueError(f"{len(coords)} processes are not the {self.size} of a grid of sizes {list(self.shape)}")
+        positions = np.ravel_multi_index(tuple(coords.T), self.shape)
+        unique, counts = np.unique(positions, return_counts=True)
+        if len(unique) != self.size:
+            twice = np.unravel_index(int(unique[counts > 1][0]), self.shape)
+            raise ValueError(
+                f"two processes have the same coordinates {[int(c) for c in twice]} along {list(self.names)}"
+            )
+        placed = np.empty(self.size, dtype=np.asarray(values).dtype)
+        placed[positions] = values
+        return placed.reshape(self.shape)
 
 
 def role_spans(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -161,138 +225,55 @@ def role_spans(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
         raise ValueError(f"`names` must be roles {DENSE_ROLES}, but has {unknown} instead.")
     if len(set(names)) != len(names):
         raise ValueError(f"`names` must not repeat a role, but is {tuple(names)} instead.")
-
-    def span(*roles: str) -> tuple[str, ...]:
-        return tuple(name for name in names if name in roles)
-
-    if "dp" in names and ("rdp" in names or "sdp" in names):
-        raise ValueError(
-            f"`names` must not hold `dp` together with `rdp` or `sdp` (dp is their product), "
-            f"but is {tuple(names)} instead."
-        )
-    spans = {"root": tuple(names)}
-    for row in ROLE_TABLE:
-        if row.kind != "dense":
-            continue
-        if "dp" in names and row.name in ("dp", "rdp"):
-            spans[row.name] = span("dp")
-        elif "dp" in names and row.name == "sdp":
-            spans[row.name] = ()
-        else:
-            spans[row.name] = span(*row.axes, row.name)
-    return spans
+    for name in names:
+        parts = role(name).axes
+        if len(parts) > 1 and any(other != name and set(role(other).axes) & set(parts) for other in names):
+            raise ValueError(
+                f"`names` must not hold `{name}` together with "
+                f"{' or '.join(f'`{AXIS_ROLES[axis]}`' for axis in parts)} ({name} is their product), "
+                f"but is {tuple(names)} instead."
+            )
+    spans = _spans(names, expert=False)
+    return {name: spans[name] for name in ("root", *DENSE_ROLES)}
 
 
-def infer_grid(
-    names: Sequence[str], members: Mapping[int, Sequence[Sequence[int]]], rank: int, *, argument: str = "members"
-) -> tuple[Grid, tuple[int, ...]]:
-    """Find the grid that the gangs of several processes form, and return the one that holds ``rank``.
+def _spans(names: Sequence[str], *, expert: bool) -> dict[str, tuple[str, ...]]:
+    """Which of the dimensions ``names`` (roles that fit together) make up the gang of every role.
 
-    ``members[r][i]`` lists, in gang rank order, the ranks of process ``r``'s gang along dimension
-    ``names[i]``; ``members`` holds every process that takes part (ranks need not be contiguous:
-    they may be global ranks of part of a world). A process's coordinate along dimension *i* is
-    its rank in that gang. Processes that reach one another through gang members form one grid;
-    several disconnected grids (one per pipeline stage, say) are fine.
-
-    Every process is checked, not only the grids that hold ``rank``, so processes that call this on
-    the same data reach the same verdict.
-
-    :param argument: The caller's name for the gangs, used in error messages (``"`dims` must
-        name gangs that form a grid, but ... instead."``).
-    :returns: The grid holding ``rank`` (dimensions ``names`` with the gangs' sizes) and its ranks
-        in grid order: ``ranks[i]`` is the rank at grid rank ``i``, so the gang of rank ``r`` along
-        ``names[i]`` is ``[ranks[p] for p in grid.group_of(ranks.index(r), names[i])]``.
-    :raises ValueError: If ``rank`` is not in ``members``, a gang does not hold its own process or
-        holds a rank outside ``members``, or the gangs do not form grids: the sizes differ within a
-        grid, two processes share coordinates, a grid is not full, or a line of the grid through a
-        process is not that process's gang.
+    A role spans the dimensions whose axes are among its own, with a dimension of several grid
+    axes (``dp``) counting as its slowest one (the others have size 1 on that grid). On an
+    ``expert`` grid the expert axes split the second axis of :data:`gang.roles.EXPERT_SPLITS`
+    (``sdp = edp x ep``, torchtitan's ``efsdp x ep``) and the ones after it have size 1; ``ep`` is
+    its axis and ``edp`` the rest of :data:`gang.roles.EXPERT_SPLITS`.
     """
-    names = tuple(names)
-    if rank not in members:
-        raise ValueError(f"`rank` must be a process of `members` {sorted(members)}, but is {rank} instead.")
-    try:
-        for r, gangs in members.items():
-            if len(gangs) != len(names):
-                raise _NotAGridError(f"rank {r} has {len(gangs)} gangs for the {len(names)} dimensions {names}")
-            for name, gang in zip(names, gangs, strict=True):
-                if r not in gang:
-                    raise _NotAGridError(f"the gang along {name!r} of rank {r} is {list(gang)}, without rank {r}")
-                outside = [q for q in gang if q not in members]
-                if outside:
-                    raise _NotAGridError(
-                        f"the gang along {name!r} of rank {r} is {list(gang)}, with ranks {outside} "
-                        "that reported no gangs (they are not among the processes)"
-                    )
-        placed = [_place(names, members, component) for component in _components(members)]
-    except _NotAGridError as ex:
-        raise ValueError(f"`{argument}` must name gangs that form a grid, but {ex} instead.") from None
-    return next((grid, ranks) for grid, ranks in placed if rank in ranks)
+    axes = _mesh_axes(expert)
+    fastest = EXPERT_AXES[-1]
+
+    def fine(name: str) -> tuple[str, ...]:
+        row = role(name)
+        if row.kind == "root":
+            return tuple(a for axis in GRID_AXES for a in axes[axis])
+        if row.kind == "dense":
+            return tuple(a for axis in row.axes for a in axes[axis])
+        if row.axes == (fastest,):
+            return (fastest,)
+        return tuple(a for axis in EXPERT_SPLITS for a in axes[axis] if a != fastest)
+
+    def placed(name: str) -> str:
+        return fine(name)[0] if role(name).kind == "dense" else role(name).axes[0]
+
+    return {row.name: tuple(name for name in names if placed(name) in fine(row.name)) for row in ROLE_TABLE}
 
 
-class _NotAGridError(Exception):
-    """Why gangs do not form a grid (a phrase :func:`infer_grid` puts into its ``ValueError``)."""
-
-
-def _components(members: Mapping[int, Sequence[Sequence[int]]]) -> list[list[int]]:
-    """The sets of processes that reach one another through gang members, each sorted."""
-    seen: set[int] = set()
-    components = []
-    for start in sorted(members):
-        if start in seen:
-            continue
-        seen.add(start)
-        found, frontier = [start], [start]
-        while frontier:
-            for gang in members[frontier.pop()]:
-                for q in gang:
-                    if q not in seen:
-                        seen.add(q)
-                        found.append(q)
-                        frontier.append(q)
-        components.append(sorted(found))
-    return components
-
-
-def _place(
-    names: tuple[str, ...], members: Mapping[int, Sequence[Sequence[int]]], component: Iterable[int]
-) -> tuple[Grid, tuple[int, ...]]:
-    """Lay the processes of one component out as a grid and check every gang against it."""
-    component = list(component)
-    first = component[0]
-    grid = Grid(tuple((name, len(gang)) for name, gang in zip(names, members[first], strict=True)))
-    ranks: list[int | None] = [None] * grid.size
-    for r in component:
-        shape = tuple(len(gang) for gang in members[r])
-        if shape != grid.shape:
-            raise _NotAGridError(
-                f"the gangs along {names} have sizes {list(grid.shape)} on rank {first} and {list(shape)} on rank {r}"
-            )
-        coords = {name: list(gang).index(r) for name, gang in zip(names, members[r], strict=True)}
-        position = grid.rank(coords)
-        other = ranks[position]
-        if other is not None:
-            raise _NotAGridError(
-                f"the gangs along {names} place ranks {other} and {r} at the same coordinates "
-                f"{list(coords.values())} (do two of them overlap?)"
-            )
-        ranks[position] = r
-    if len(component) != grid.size:
-        raise _NotAGridError(
-            f"the gangs along {names} of sizes {list(grid.shape)} connect {len(component)} ranks {component}, "
-            f"not the {grid.size} of a full grid"
-        )
-    placed = tuple(r for r in ranks if r is not None)
-    # Every line of the grid must be, on each of its processes, exactly that process's gang.
-    for i, name in enumerate(names):
-        for group in grid.groups(name):
-            line = [placed[p] for p in group]
-            for r in line:
-                if list(members[r][i]) != line:
-                    raise _NotAGridError(
-                        f"the line along {name!r} through rank {r} is {line}, but the gang along {name!r} "
-                        f"of rank {r} is {list(members[r][i])}"
-                    )
-    return grid, placed
+def _mesh_axes(expert: bool) -> dict[str, tuple[str, ...]]:
+    """What each grid axis is on a mesh: itself, or on an expert mesh ``EXPERT_AXES`` (the second
+    split) or nothing (the splits after it, of size 1)."""
+    axes: dict[str, tuple[str, ...]] = {axis: (axis,) for axis in GRID_AXES}
+    if expert:
+        axes[EXPERT_SPLITS[1]] = EXPERT_AXES
+        for axis in EXPERT_SPLITS[2:]:
+            axes[axis] = ()
+    return axes
 
 
 def parallel_grid(world_size: int, *, tp_size: int = 1, pp_size: int = 1, cp_size: int = 1) -> Grid:
@@ -389,10 +370,6 @@ def flattened_axes(roles: Sequence[str], *, argument: str = "roles") -> tuple[st
     return tuple(axis for axis in order if axis in axes)
 
 
-_EXPERT_GRID = ("pp", "edp", "ep", "tp")
-"""The axes of the expert factorisation of the grid, slowest first (``edp x ep`` replaces ``rdp x sdp x cp``)."""
-
-
 @dataclass(frozen=True, eq=False)
 class Layout:
     """Where every rank of a root gang sits: the grid of :data:`gang.roles.GRID_AXES` in closed form.
@@ -400,9 +377,9 @@ class Layout:
     The rank of root-gang rank *r* along each axis follows from the row-major grid of ``shape``
     (pipeline slowest, tensor parallel fastest). The expert roles re-factor the ``rdp x sdp x cp``
     ranks of one (pp, tp) position into ``edp x ep`` (``ep`` fastest), which is again a row-major
-    grid, ``(pp, edp, ep, tp)``. Every query but :meth:`groups` (which lists every gang, for a
-    backend that wants them all) costs time in the size of its answer, never in the size of the
-    world.
+    grid, ``(pp, edp, ep, tp)``. Both are :class:`Grid` objects, which answer every query. Every
+    query but :meth:`groups` (which lists every gang, for a backend that wants them all) costs time
+    in the size of its answer, never in the size of the world.
 
     :param shape: The size of each axis of :data:`gang.roles.GRID_AXES` (``pp, rdp, sdp, cp, tp``).
     :param ep: The expert parallel size; it divides ``rdp * sdp * cp``.
@@ -422,7 +399,7 @@ class Layout:
         for axis, size in zip(GRID_AXES, self.shape, strict=True):
             check_int(f"shape[{axis!r}]", size, minimum=1)
         check_int("ep", self.ep, minimum=1)
-        expert_ranks = self.size_of("rdp", "sdp", "cp")
+        expert_ranks = prod(self.sizes[axis] for axis in EXPERT_SPLITS)
         if expert_ranks % self.ep != 0:
             raise ValueError(
                 f"`ep_size` must be a factor of `dp_size * cp_size` ({expert_ranks}), but is {self.ep} instead."
@@ -432,12 +409,27 @@ class Layout:
                 f"`global_ranks` must have {self.size} ranks (the grid size), but has {len(self.global_ranks)} instead."
             )
 
+    @classmethod
+    def of(cls, sizes: Mapping[str, int], ep: int = 1, global_ranks: Sequence[int] | None = None) -> Layout:
+        """The layout whose axes of :data:`gang.roles.GRID_AXES` have ``sizes`` (axes not named have size 1).
+
+        :raises ValueError: If ``sizes`` names an axis that is not a grid axis, or as the constructor.
+        """
+        unknown = [axis for axis in sizes if axis not in GRID_AXES]
+        if unknown:
+            raise ValueError(f"`sizes` must name axes of {GRID_AXES}, but names {unknown} instead.")
+        return cls(tuple(sizes.get(axis, 1) for axis in GRID_AXES), ep, global_ranks)
+
+    def resized(self, **sizes: int) -> Layout:
+        """This layout with the grid axes named in ``sizes`` resized (the expert size and global ranks kept)."""
+        return Layout.of({**dict(zip(GRID_AXES, self.shape, strict=True)), **sizes}, self.ep, self.global_ranks)
+
     @property
     def sizes(self) -> dict[str, int]:
         """The size of every axis, dense and expert: ``pp, rdp, sdp, cp, tp, edp, ep``."""
         sizes = dict(zip(GRID_AXES, self.shape, strict=True))
         sizes["ep"] = self.ep
-        sizes["edp"] = sizes["rdp"] * sizes["sdp"] * sizes["cp"] // self.ep
+        sizes["edp"] = prod(sizes[axis] for axis in EXPERT_SPLITS) // self.ep
         return sizes
 
     @property
@@ -450,16 +442,17 @@ class Layout:
         sizes = self.sizes
         return prod(sizes[axis] for axis in flattened_axes(roles))
 
-    def _grid(self, axes: Sequence[str]) -> tuple[tuple[str, ...], dict[str, int], dict[str, int]]:
-        """The factorisation that holds ``axes``: its axes, their sizes and their strides."""
-        names = _EXPERT_GRID if set(axes) & set(EXPERT_AXES) else GRID_AXES
+    @cached_property
+    def _grids(self) -> tuple[Grid, Grid]:
+        """The dense grid (of :data:`gang.roles.GRID_AXES`) and the expert one (of :data:`gang.roles.EXPERT_GRID`)."""
         sizes = self.sizes
-        strides: dict[str, int] = {}
-        step = 1
-        for axis in reversed(names):
-            strides[axis] = step
-            step *= sizes[axis]
-        return names, {axis: sizes[axis] for axis in names}, strides
+        dense, expert = (Grid(tuple((axis, sizes[axis]) for axis in axes)) for axes in (GRID_AXES, EXPERT_GRID))
+        return dense, expert
+
+    def _grid(self, axes: Sequence[str]) -> Grid:
+        """The factorisation that holds ``axes``: the expert grid if it names an expert axis, else the dense one."""
+        dense, expert = self._grids
+        return expert if set(axes) & set(EXPERT_AXES) else dense
 
     def coords(self, rank: int) -> dict[str, int]:
         """The index of root rank ``rank`` along every axis, dense and expert.
@@ -467,14 +460,8 @@ class Layout:
         :raises ValueError: If ``rank`` is outside ``[0, size)``.
         """
         rank = check_int("rank", rank)
-        if not 0 <= rank < self.size:
-            raise ValueError(f"`rank` must be in the range [0, {self.size}), but is {rank} instead.")
-        coords: dict[str, int] = {}
-        for axes in (GRID_AXES, _EXPERT_GRID):
-            _, sizes, strides = self._grid(axes)
-            for axis in axes:
-                coords[axis] = rank // strides[axis] % sizes[axis]
-        return coords
+        dense, expert = self._grids
+        return {**dense.coords(rank), **expert.coords(rank)}
 
     def submesh(self, rank: int, dims: Sequence[str | Sequence[str]]) -> np.ndarray:
         """The root ranks of the sub-grid through ``rank`` spanned by ``dims``, as an array of shape
@@ -483,40 +470,22 @@ class Layout:
         Each entry of ``dims`` names a role or a tuple of roles spanned at once (a flattened
         dimension, see :func:`flattened_axes`); entry *i* indexes axis *i* of the result, and each
         1-D slice through ``rank`` along axis *i* is the gang of ``dims[i]`` that holds ``rank``,
-        in its rank order. Costs O(size of the result).
+        in its rank order (:meth:`Grid.submesh` of the grid's axes). Costs O(size of the result).
 
         :raises ValueError: If a role is unknown, or two dimensions share a grid axis, or expert
             roles are mixed with ``rdp``, ``sdp``, ``cp`` or ``dp``.
         """
-        coords = self.coords(rank)
+        self.coords(rank)
         per_dim = [flattened_axes((dim,) if isinstance(dim, str) else tuple(dim), argument="dims") for dim in dims]
         every = [axis for axes in per_dim for axis in axes]
         if len(set(every)) != len(every):
             raise ValueError(f"`dims` must name dimensions that share no grid axis, but is {list(dims)} instead.")
-        names, sizes, strides = self._grid(every)
-        outside = [axis for axis in every if axis not in names]
-        if outside:
+        grid = self._grid(every)
+        if any(axis not in grid.names for axis in every):
             raise ValueError(
                 f"`dims` must not mix the expert roles with `rdp`, `sdp`, `cp` or `dp`, but is {list(dims)} instead."
             )
-        base = rank - sum(coords[axis] * strides[axis] for axis in every)
-        result = np.full((), base, dtype=np.int64)
-        for axes in per_dim:
-            offsets = np.zeros(1, dtype=np.int64)
-            for axis in axes:
-                offsets = (offsets[:, None] + np.arange(sizes[axis], dtype=np.int64) * strides[axis]).reshape(-1)
-            result = result[..., None] + offsets
-        return result
-
-    def global_submesh(self, rank: int, dims: Sequence[str | Sequence[str]]) -> np.ndarray:
-        """:meth:`submesh` as global ranks (through ``global_ranks``): the mesh a ``DeviceMesh`` of
-        ``dims`` through ``rank`` holds. O(size of the result)."""
-        mesh = self.submesh(rank, dims)
-        if self.global_ranks is None:
-            return mesh
-        ranks = self.global_ranks
-        found: np.ndarray = np.array([ranks[r] for r in mesh.reshape(-1).tolist()], dtype=np.int64).reshape(mesh.shape)
-        return found
+        return grid.submesh(rank, per_dim)
 
     def members(self, rank: int, *roles: str) -> list[int]:
         """The root ranks of the gang spanning ``roles`` at once that holds root rank ``rank``, in
@@ -528,27 +497,16 @@ class Layout:
         members: list[int] = self.submesh(rank, [roles]).tolist()
         return members
 
-    def global_members(self, rank: int, *roles: str) -> list[int]:
-        """:meth:`members` as global ranks (through ``global_ranks``)."""
-        members = self.members(rank, *roles)
-        if self.global_ranks is None:
-            return members
-        return [self.global_ranks[r] for r in members]
-
     def groups(self, *roles: str) -> np.ndarray:
         """Every gang spanning ``roles`` at once, one row per gang in rank order, rows ordered by
-        their smallest rank: a ``[size / group size, group size]`` array of root ranks.
+        their smallest rank: a ``[size / group size, group size]`` array of root ranks
+        (:meth:`Grid.group_table` of the grid's axes).
 
         Enumerates the world (vectorised); only what needs every group (torch's ``split_group``)
         calls it.
         """
         axes = flattened_axes(roles)
-        names, sizes, _ = self._grid(axes)
-        grid = np.arange(self.size, dtype=np.int64).reshape([sizes[axis] for axis in names])
-        fixed = [i for i, axis in enumerate(names) if axis not in axes]
-        free = [names.index(axis) for axis in axes]
-        table: np.ndarray = grid.transpose(fixed + free).reshape(-1, prod(sizes[axis] for axis in axes))
-        return table
+        return self._grid(axes).group_table(*axes)
 
     def key(self, *roles: str) -> tuple[str, ...]:
         """A name for the partition of the ranks into the gangs spanning ``roles``: equal keys, equal gangs.
@@ -561,7 +519,7 @@ class Layout:
         sizes = self.sizes
         if set(axes) & set(EXPERT_AXES):
             suffix = 1
-            inner = ("rdp", "sdp", "cp")
+            inner = EXPERT_SPLITS
             for i in range(len(inner), -1, -1):
                 if i < len(inner):
                     suffix *= sizes[inner[i]]
@@ -589,8 +547,8 @@ def parallel_layout(
     grid = parallel_grid(world_size, tp_size=tp_size, pp_size=pp_size, cp_size=cp_size)
     sizes = dict(grid.dims)
     ep_size = check_int("ep_size", ep_size, minimum=1)
-    shape = (sizes["pp"], sizes["dp"], 1, sizes["cp"], sizes["tp"])
-    return Layout(shape, ep_size, global_ranks)
+    sizes["rdp"] = sizes.pop("dp")  # rdp = dp, sdp of size 1
+    return Layout.of(sizes, ep_size, global_ranks)
 
 
 # -- meshes: what both mesh bridges (torch's DeviceMesh, JAX's Mesh) share ---------------------------
@@ -652,11 +610,12 @@ def mesh_dims(dims: Sequence[MeshDim]) -> tuple[tuple[str, ...], list[tuple[str,
                 )
             axes[grid_axis] = names[axis]
     expert = [axes[axis] for axis in EXPERT_AXES if axis in axes]
-    dense = [axes[axis] for axis in ("rdp", "sdp", "cp") if axis in axes]
+    dense = [axes[axis] for axis in EXPERT_SPLITS if axis in axes]
     if expert and dense:
+        others = " and ".join(f"`{AXIS_ROLES[axis]}`" for axis in GRID_AXES if axis not in EXPERT_SPLITS)
         raise ValueError(
             f"`dims` must name gangs that form a grid, but {expert[0]!r} and {dense[0]!r} of {names} both split the "
-            "data and context parallel ranks instead (name the expert roles with `pp` and `tp` only)."
+            f"data and context parallel ranks instead (name the expert roles with {others} only)."
         )
     return names, per_dim
 
@@ -731,41 +690,25 @@ def mesh_spans(roles: Sequence[str], dim_names: Sequence[str]) -> dict[str, tupl
     expert = [name for name in roles if name in EXPERT_ROLES]
     try:
         if expert:
-            clash = [name for name in roles if name in ("dp", "sdp", "cp")]
+            split = _mesh_axes(expert=True)
+            clash = [
+                name
+                for name in roles
+                if role(name).kind == "dense" and any(split[axis] != (axis,) for axis in role(name).axes)
+            ]
             if clash:
                 raise ValueError(
                     f"the expert roles re-factor the data and context parallel ranks, so {expert[0]!r} cannot come "
                     f"with {clash[0]!r}"
                 )
-
-            def span(*wanted: str) -> tuple[str, ...]:
-                return tuple(name for name in roles if name in wanted)
-
-            return {
-                "root": tuple(roles),
-                "dp": span("rdp", "edp", "ep"),
-                "rdp": span("rdp"),
-                "sdp": span("edp", "ep"),
-                "cp": (),
-                "tp": span("tp"),
-                "pp": span("pp"),
-                "ep": span("ep"),
-                "edp": span("rdp", "edp"),
-            }
-        spans = role_spans(roles)
+        else:
+            role_spans(roles)
     except ValueError as ex:
         raise ValueError(
             f"`mesh` must have dimensions whose roles fit together, but its dimensions {tuple(dim_names)} "
             f"play {tuple(roles)} instead: {ex}"
         ) from None
-    spans["ep"] = ()
-    spans["edp"] = tuple(name for name in roles if name in spans["dp"] or name in spans["cp"])
-    return spans
-
-
-_MESH_ORDER = ("pp", "dp", "rdp", "sdp", "edp", "ep", "cp", "tp")
-"""The order of the grid (:data:`gang.roles.GRID_AXES`, with ``edp x ep`` in place of ``sdp``) that
-:func:`mesh_layout` lays a mesh's dimensions out in."""
+    return _spans(roles, expert=bool(expert))
 
 
 def mesh_layout(roles: Sequence[str], shape: Sequence[int], dim_names: Sequence[str]) -> tuple[Layout, tuple[int, ...]]:
@@ -786,9 +729,17 @@ def mesh_layout(roles: Sequence[str], shape: Sequence[int], dim_names: Sequence[
     spans = mesh_spans(roles, dim_names)
     sizes = dict(zip(roles, shape, strict=True))
 
-    def size(role: str) -> int:
-        return prod(sizes[name] for name in spans[role])
+    def size(name: str) -> int:
+        return prod(sizes[dim] for dim in spans[name])
 
-    order = tuple(sorted(range(len(roles)), key=lambda axis: _MESH_ORDER.index(roles[axis])))
-    layout = Layout(tuple(size(axis) for axis in GRID_AXES), size("ep"))
+    # The grid's order, with `edp x ep` in place of their split on an expert mesh.
+    axes = _mesh_axes(any(name in EXPERT_ROLES for name in roles))
+    grid_order = [a for axis in GRID_AXES for a in axes[axis]]
+
+    def position(name: str) -> int:
+        row = role(name)
+        return grid_order.index(row.axes[0] if row.kind == "expert" else axes[row.axes[0]][0])
+
+    order = tuple(sorted(range(len(roles)), key=lambda dim: position(roles[dim])))
+    layout = Layout(tuple(size(AXIS_ROLES[axis]) for axis in GRID_AXES), size(AXIS_ROLES["ep"]))
     return layout, order
