@@ -45,8 +45,7 @@ def _join(g: Gang, store: str, **kwargs: Any) -> ReplicaGang:
         state_dict=_state,
         load_state_dict=_load,
         min_replicas=g.size,
-        timeout=timedelta(seconds=20),
-        **kwargs,
+        **{"timeout": timedelta(seconds=20), **kwargs},
     )
 
 
@@ -219,3 +218,17 @@ def run_start_and_retries(g: Gang, store: str) -> list[dict[str, Any]]:
     finally:
         _STATE.pop("refuse", None)
         ft.close()
+
+
+def run_close_after_a_failed_collective(g: Gang, store: str) -> dict[str, Any]:
+    """A fresh gang whose timeout is an hour: the last rank's all_reduce fails (the seam) while the
+    others wait in theirs, then every rank closes its gang. ``close()`` waits for the dropped
+    groups to be destroyed: a member still waiting in the all_reduce is released only when the
+    peers it waits on (which failed on their own) really close their connections."""
+    ft = _join(g, store, timeout=timedelta(hours=1))
+    try:
+        with _fault(g.size - 1, "all_reduce"):
+            outcome = _outcome(ft, _exchange)
+    finally:
+        ft.close()
+    return outcome

@@ -116,3 +116,19 @@ def test_init_sync_and_max_retries_after_a_refused_heal(cluster: tuple[World, st
             assert third["raised"].count("the shapes do not match this model") == 2, third
         else:
             assert _released(second["error"]), (rank, second)
+
+
+def test_close_after_a_failed_collective_does_not_wait_for_the_timeout(cluster: tuple[World, str]) -> None:
+    # The gang timeout is an hour: had a failed collective's error kept its work (and with it the
+    # group's connections) alive, a member waiting on that peer in the all_reduce would stay there,
+    # and its `close()` would wait for its dropped group the whole hour (the run would time out).
+    # With 2 replicas every member waits on the failing one itself, so only 4 can show it.
+    world, _ = cluster
+    if world.world_size < 4:
+        pytest.skip("with 2 replicas every peer waits on the failing member itself")
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    results = world.run(fw.run_close_after_a_failed_collective, f"127.0.0.1:{server.port}")
+    last = len(results) - 1
+    for rank, outcome in enumerate(results):
+        assert outcome["committed"] is False and outcome["raised"] == "", (rank, outcome)
+        assert "injected failure" in outcome["error"] if rank == last else _released(outcome["error"]), outcome
