@@ -7,6 +7,7 @@ module global across calls. A scenario runs its steps and returns what each step
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -232,3 +233,40 @@ def run_close_after_a_failed_collective(g: Gang, store: str) -> dict[str, Any]:
     finally:
         ft.close()
     return outcome
+
+
+def run_ddp_buckets(g: Gang, store: str) -> dict[str, Any]:
+    """One DDP step over this rank's replica gang with ``bucket_cap_mb`` so small that every
+    parameter gets its own gradient bucket; each rank trains on its own batch. Returns the
+    gradients DDP left (averaged over the quorum by ``replicate_ddp``'s hook), the gradients of a
+    plain copy of the model on the same batch, and how many all-gathers the step ran (one per
+    bucket, counted through the test-only seam)."""
+    ft = replica_gang(g, store)
+    torch.manual_seed(7)
+    layers = [torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3)]
+    plain = torch.nn.Sequential(*layers)
+    model = torch.nn.parallel.DistributedDataParallel(
+        copy.deepcopy(plain), process_group=ft.as_process_group(), init_sync=False, bucket_cap_mb=1e-5
+    )
+    ft.replicate_ddp(model)
+    data = torch.Generator().manual_seed(100 + g.rank)
+    x, y = torch.randn(8, 6, generator=data), torch.randn(8, 3, generator=data)
+    ((plain(x) - y) ** 2).mean().backward()
+    gathers = []
+
+    def count(gang: ReplicaGang, op: str) -> None:
+        gathers.append(op)
+
+    replica_module._fault_hook = count
+    try:
+        with ft.step():
+            ((model(x) - y) ** 2).mean().backward()
+            committed = ft.should_commit()
+    finally:
+        replica_module._fault_hook = None
+    return {
+        "committed": committed,
+        "gathers": gathers,
+        "ddp": [p.grad for p in model.parameters()],
+        "plain": [p.grad for p in plain.parameters()],
+    }

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import ft_suite_workers as fw
 import pytest
+import torch
+from pg_workers import ordered_mean
 
 from gang._torch_groups import TCPStore
 from gang.testing import World
@@ -132,3 +134,18 @@ def test_close_after_a_failed_collective_does_not_wait_for_the_timeout(cluster: 
     for rank, outcome in enumerate(results):
         assert outcome["committed"] is False and outcome["raised"] == "", (rank, outcome)
         assert "injected failure" in outcome["error"] if rank == last else _released(outcome["error"]), outcome
+
+
+def test_ddp_averages_every_bucket(cluster: tuple[World, str]) -> None:
+    # Every parameter of the model is its own DDP bucket (`bucket_cap_mb` of about 10 bytes): each
+    # gradient DDP leaves is the mean over the replicas of their own gradients, summed in rank order.
+    world, store = cluster
+    results = world.run(fw.run_ddp_buckets, store)
+    buckets = len(results[0]["ddp"])
+    assert buckets == 6
+    for rank, r in enumerate(results):
+        assert r["committed"] is True, (rank, r)
+        for i, grad in enumerate(r["ddp"]):
+            rows = [other["plain"][i] for other in results]
+            assert torch.equal(grad, ordered_mean(rows)), (rank, i)
+        assert r["gathers"] == ["all_gather"] * buckets, (rank, r["gathers"])  # one average per bucket
