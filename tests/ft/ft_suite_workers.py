@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -270,3 +271,42 @@ def run_ddp_buckets(g: Gang, store: str) -> dict[str, Any]:
         "ddp": [p.grad for p in model.parameters()],
         "plain": [p.grad for p in plain.parameters()],
     }
+
+
+def run_stalled_log(g: Gang, store: str) -> list[dict[str, Any]]:
+    """Two replicas of two processes each (world ranks 0-1 are replica ``a``, 2-3 replica ``b``).
+    Every process joins; ``b`` then waits (live, heartbeating) while ``a`` runs one step, whose
+    quorum waits ``quorum_timeout`` for ``b`` and goes on without it. Returns the ``stalled``
+    records this process logged on the ``gang.ft`` logger (their ``record.gang_ft`` fields)."""
+    records: list[dict[str, Any]] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            fields = getattr(record, "gang_ft", {})
+            if fields.get("event") == "stalled":
+                records.append(fields)
+
+    handler = Keep()
+    logging.getLogger("gang.ft").addHandler(handler)
+    mine = "a" if g.rank < 2 else "b"
+    ft = ReplicaGang.join(
+        replica_id=mine,
+        replica_rank=g.rank % 2,
+        replica_size=2,
+        store=store,
+        state_dict=_state,
+        load_state_dict=_load,
+        timeout=timedelta(seconds=20),
+        quorum_timeout=timedelta(seconds=1),
+        heartbeat_timeout=timedelta(seconds=20),  # b stays live on a loaded machine
+    )
+    try:
+        g.barrier()  # every process registered: a's round waits for b
+        if mine == "a":
+            with ft.step():
+                assert ft.quorum == ("a",) and ft.should_commit()
+        g.barrier()  # b stays live until a's step is over
+    finally:
+        ft.close()
+        logging.getLogger("gang.ft").removeHandler(handler)
+    return records

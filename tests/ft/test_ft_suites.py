@@ -149,3 +149,16 @@ def test_ddp_averages_every_bucket(cluster: tuple[World, str]) -> None:
             rows = [other["plain"][i] for other in results]
             assert torch.equal(grad, ordered_mean(rows)), (rank, i)
         assert r["gathers"] == ["all_gather"] * buckets, (rank, r["gathers"])  # one average per bucket
+
+
+def test_a_stalled_replica_is_logged_once_per_member_replica(cluster: tuple[World, str]) -> None:
+    # Replicas a and b of two processes each; b is live but does not join: a's quorum waits
+    # `quorum_timeout` for it. Both processes of a learn that quorum; only a's replica rank 0
+    # logs the `stalled` record on the `gang.ft` logger, and b (not a member) logs nothing.
+    world, _ = cluster
+    if world.world_size < 4:
+        pytest.skip("needs two replicas of two processes")
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    a0, a1, b0, b1 = world.run(fw.run_stalled_log, f"127.0.0.1:{server.port}")
+    assert [(r["replica"], r["timed_out"]) for r in a0] == [("a", ["b"])], a0
+    assert a1 == [] and b0 == [] and b1 == [], (a1, b0, b1)

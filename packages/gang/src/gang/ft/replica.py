@@ -522,7 +522,7 @@ class ReplicaGang(Gang):
             ) from ex
         except BACKEND_ERRORS as ex:
             raise self._store_error("step", ex) from ex
-        log_quorum(self._replica_id, self._quorum, quorum)
+        log_quorum(self._replica_id, self._quorum, quorum, self._replica_rank)
         self._heartbeat.watch(watched(quorum, self._replica_id, self._replica_rank))
         self._quorum = quorum
         self._round = quorum.round
