@@ -1,5 +1,6 @@
-"""A real ReplicaGang of 2 and 4 replicas: a step aborted everywhere at once, healing, init sync
-and ``max_retries``.
+"""A real ReplicaGang of 2 and 4 replicas: a step aborted everywhere at once, healing, init sync,
+``max_retries``, ``close()`` after a failed collective, DDP's buckets each averaged, and the
+``stalled`` record logged once per member replica.
 
 Every rank of a gloo :class:`~gang.testing.World` is one replica; the store runs in the test
 process. The conformance matrix and the bad-call catalogue run on a ReplicaGang as one entry of
