@@ -7,7 +7,9 @@ module global across calls. A scenario runs its steps and returns what each step
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -45,8 +47,7 @@ def _join(g: Gang, store: str, **kwargs: Any) -> ReplicaGang:
         state_dict=_state,
         load_state_dict=_load,
         min_replicas=g.size,
-        timeout=timedelta(seconds=20),
-        **kwargs,
+        **{"timeout": timedelta(seconds=20), **kwargs},
     )
 
 
@@ -219,3 +220,93 @@ def run_start_and_retries(g: Gang, store: str) -> list[dict[str, Any]]:
     finally:
         _STATE.pop("refuse", None)
         ft.close()
+
+
+def run_close_after_a_failed_collective(g: Gang, store: str) -> dict[str, Any]:
+    """A fresh gang whose timeout is an hour: the last rank's all_reduce fails (the seam) while the
+    others wait in theirs, then every rank closes its gang. ``close()`` waits for the dropped
+    groups to be destroyed: a member still waiting in the all_reduce is released only when the
+    peers it waits on (which failed on their own) really close their connections."""
+    ft = _join(g, store, timeout=timedelta(hours=1))
+    try:
+        with _fault(g.size - 1, "all_reduce"):
+            outcome = _outcome(ft, _exchange)
+    finally:
+        ft.close()
+    return outcome
+
+
+def run_ddp_buckets(g: Gang, store: str) -> dict[str, Any]:
+    """One DDP step over this rank's replica gang with ``bucket_cap_mb`` so small that every
+    parameter gets its own gradient bucket; each rank trains on its own batch. Returns the
+    gradients DDP left (averaged over the quorum by ``replicate_ddp``'s hook), the gradients of a
+    plain copy of the model on the same batch, and how many all-gathers the step ran (one per
+    bucket, counted through the test-only seam)."""
+    ft = replica_gang(g, store)
+    torch.manual_seed(7)
+    layers = [torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3)]
+    plain = torch.nn.Sequential(*layers)
+    model = torch.nn.parallel.DistributedDataParallel(
+        copy.deepcopy(plain), process_group=ft.as_process_group(), init_sync=False, bucket_cap_mb=1e-5
+    )
+    ft.replicate_ddp(model)
+    data = torch.Generator().manual_seed(100 + g.rank)
+    x, y = torch.randn(8, 6, generator=data), torch.randn(8, 3, generator=data)
+    ((plain(x) - y) ** 2).mean().backward()
+    gathers = []
+
+    def count(gang: ReplicaGang, op: str) -> None:
+        gathers.append(op)
+
+    replica_module._fault_hook = count
+    try:
+        with ft.step():
+            ((model(x) - y) ** 2).mean().backward()
+            committed = ft.should_commit()
+    finally:
+        replica_module._fault_hook = None
+    return {
+        "committed": committed,
+        "gathers": gathers,
+        "ddp": [p.grad for p in model.parameters()],
+        "plain": [p.grad for p in plain.parameters()],
+    }
+
+
+def run_stalled_log(g: Gang, store: str) -> list[dict[str, Any]]:
+    """Two replicas of two processes each (world ranks 0-1 are replica ``a``, 2-3 replica ``b``).
+    Every process joins; ``b`` then waits (live, heartbeating) while ``a`` runs one step, whose
+    quorum waits ``quorum_timeout`` for ``b`` and goes on without it. Returns the ``stalled``
+    records this process logged on the ``gang.ft`` logger (their ``record.gang_ft`` fields)."""
+    records: list[dict[str, Any]] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            fields = getattr(record, "gang_ft", {})
+            if fields.get("event") == "stalled":
+                records.append(fields)
+
+    handler = Keep()
+    logging.getLogger("gang.ft").addHandler(handler)
+    mine = "a" if g.rank < 2 else "b"
+    ft = ReplicaGang.join(
+        replica_id=mine,
+        replica_rank=g.rank % 2,
+        replica_size=2,
+        store=store,
+        state_dict=_state,
+        load_state_dict=_load,
+        timeout=timedelta(seconds=20),
+        quorum_timeout=timedelta(seconds=1),
+        heartbeat_timeout=timedelta(seconds=20),  # b stays live on a loaded machine
+    )
+    try:
+        g.barrier()  # every process registered: a's round waits for b
+        if mine == "a":
+            with ft.step():
+                assert ft.quorum == ("a",) and ft.should_commit()
+        g.barrier()  # b stays live until a's step is over
+    finally:
+        ft.close()
+        logging.getLogger("gang.ft").removeHandler(handler)
+    return records

@@ -1,5 +1,6 @@
-"""A real ReplicaGang of 2 and 4 replicas: a step aborted everywhere at once, healing, init sync
-and ``max_retries``.
+"""A real ReplicaGang of 2 and 4 replicas: a step aborted everywhere at once, healing, init sync,
+``max_retries``, ``close()`` after a failed collective, DDP's buckets each averaged, and the
+``stalled`` record logged once per member replica.
 
 Every rank of a gloo :class:`~gang.testing.World` is one replica; the store runs in the test
 process. The conformance matrix and the bad-call catalogue run on a ReplicaGang as one entry of
@@ -12,6 +13,8 @@ from collections.abc import Iterator
 
 import ft_suite_workers as fw
 import pytest
+import torch
+from pg_workers import ordered_mean
 
 from gang._torch_groups import TCPStore
 from gang.testing import World
@@ -116,3 +119,47 @@ def test_init_sync_and_max_retries_after_a_refused_heal(cluster: tuple[World, st
             assert third["raised"].count("the shapes do not match this model") == 2, third
         else:
             assert _released(second["error"]), (rank, second)
+
+
+def test_close_after_a_failed_collective_does_not_wait_for_the_timeout(cluster: tuple[World, str]) -> None:
+    # The gang timeout is an hour: had a failed collective's error kept its work (and with it the
+    # group's connections) alive, a member waiting on that peer in the all_reduce would stay there,
+    # and its `close()` would wait for its dropped group the whole hour (the run would time out).
+    # With 2 replicas every member waits on the failing one itself, so only 4 can show it.
+    world, _ = cluster
+    if world.world_size < 4:
+        pytest.skip("with 2 replicas every peer waits on the failing member itself")
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    results = world.run(fw.run_close_after_a_failed_collective, f"127.0.0.1:{server.port}")
+    last = len(results) - 1
+    for rank, outcome in enumerate(results):
+        assert outcome["committed"] is False and outcome["raised"] == "", (rank, outcome)
+        assert "injected failure" in outcome["error"] if rank == last else _released(outcome["error"]), outcome
+
+
+def test_ddp_averages_every_bucket(cluster: tuple[World, str]) -> None:
+    # Every parameter of the model is its own DDP bucket (`bucket_cap_mb` of about 10 bytes): each
+    # gradient DDP leaves is the mean over the replicas of their own gradients, summed in rank order.
+    world, store = cluster
+    results = world.run(fw.run_ddp_buckets, store)
+    buckets = len(results[0]["ddp"])
+    assert buckets == 6
+    for rank, r in enumerate(results):
+        assert r["committed"] is True, (rank, r)
+        for i, grad in enumerate(r["ddp"]):
+            rows = [other["plain"][i] for other in results]
+            assert torch.equal(grad, ordered_mean(rows)), (rank, i)
+        assert r["gathers"] == ["all_gather"] * buckets, (rank, r["gathers"])  # one average per bucket
+
+
+def test_a_stalled_replica_is_logged_once_per_member_replica(cluster: tuple[World, str]) -> None:
+    # Replicas a and b of two processes each; b is live but does not join: a's quorum waits
+    # `quorum_timeout` for it. Both processes of a learn that quorum; only a's replica rank 0
+    # logs the `stalled` record on the `gang.ft` logger, and b (not a member) logs nothing.
+    world, _ = cluster
+    if world.world_size < 4:
+        pytest.skip("needs two replicas of two processes")
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    a0, a1, b0, b1 = world.run(fw.run_stalled_log, f"127.0.0.1:{server.port}")
+    assert [(r["replica"], r["timed_out"]) for r in a0] == [("a", ["b"])], a0
+    assert a1 == [] and b0 == [] and b1 == [], (a1, b0, b1)

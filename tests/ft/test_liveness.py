@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from gang.ft import liveness
 from gang.ft.liveness import Liveness
 
 # A process that listens, prints its address, waits for its watcher, then forks a child that
@@ -127,3 +128,21 @@ def test_only_the_end_of_a_connection_that_greeted_as_expected_is_a_death() -> N
         fourth.close()
     finally:
         me.close()
+
+
+def test_a_confirming_connect_refused_at_once_is_a_death(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where a refused connect is answered by the call itself (not on Linux's loopback, where it is
+    # in progress first), the confirming connect alone tells the death: the test-only seam waits
+    # for the kernel's answer, so the only refusal `died()` can see is the confirming connect's own.
+    monkeypatch.setattr(liveness, "_connect_wait", 5.0)
+    me, other = Liveness("127.0.0.1", "me"), Liveness("127.0.0.1", "other")
+    try:
+        me.watch(other.address, "other")
+        assert _until(lambda: _served(other) == 1)
+        assert not _until(lambda: _served(other) < 0 or me.died(), limit=0.3)  # greeted, connected
+        other.close()
+        assert _until(me.died)
+        assert not me.died()  # reported once, then nothing is watched
+    finally:
+        me.close()
+        other.close()

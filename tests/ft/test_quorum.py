@@ -35,6 +35,27 @@ SECONDS = 20.0
 _T = TypeVar("_T")
 
 
+class InterleavingClient(StoreClient):
+    """A store client that runs ``then()`` once, right after it read ``key`` (a test-only seam).
+
+    Every request still goes to the real store: the seam only forces an interleaving of two
+    processes' requests that is otherwise a matter of luck (another process's writes land between
+    two reads of this one).
+    """
+
+    def __init__(self, port: int, key: str, then: Callable[[], None]) -> None:
+        super().__init__("127.0.0.1", port, retry=1.0, timeout=timedelta(seconds=SECONDS))
+        self._key, self._then = key, then
+        self.fired = False
+
+    def peek(self, key: str) -> bytes | None:
+        value = super().peek(key)
+        if key == self._key and not self.fired:
+            self.fired = True
+            self._then()
+        return value
+
+
 class CountingClient(StoreClient):
     """A store client that records every request it sends: ``read <keys>`` or ``write <key>``."""
 
@@ -335,3 +356,60 @@ def test_a_member_silent_during_a_step_aborts_it_and_ends_the_vote(server: TCPSt
     reason = watcher.check_step(quorum)
     assert reason is not None and "replica 'c' rank 0 of the quorum was silent for" in reason, reason
     assert clients["a"].check_step(quorum) == "a member of the quorum aborted the step"
+
+
+def test_a_dropped_mark_written_between_the_leaders_reads_is_not_missed(server: TCPStore) -> None:
+    # Replicas a and b commit round 1 on one group. b then drops that group after its vote (a
+    # collective failed after `should_commit`): it marks round 1 `dropped`, then joins round 2. a
+    # leads round 2; b's mark and join land right after a read round 1's `dropped` key (the seam).
+    # A leader that read the mark before the joins would see b's join without its mark and reuse
+    # the dropped group; reading the joins first, it sees either neither or both.
+    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
+    a.register(0)
+    b.register(0)
+    first = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    assert first.members == ("a", "b") and first.group == first.round
+    votes = _in_threads({"a": lambda: a.vote(first, True, SECONDS), "b": lambda: b.vote(first, True, SECONDS)})
+    assert votes == {"a": True, "b": True}
+    second: dict[str, Any] = {}
+
+    def b_drops_and_joins() -> None:
+        b.mark_dropped(first)
+        joining = threading.Thread(target=lambda: second.update(b=b.form(first.round, 1, (first, True))))
+        joining.start()
+        second["b_thread"] = joining
+        _wait_until(lambda: server.add(f"{ROOT}r/{first.round + 1}/count", 0) == 2)  # b joined
+
+    seam = InterleavingClient(server.port, f"{ROOT}r/{first.round}/dropped", b_drops_and_joins)
+    leader = QuorumClient(seam, "a", 0, 1, a.token, a.policy)
+    b.client.add(f"{ROOT}r/{first.round + 1}/count", 0)  # nobody has joined round 2 yet
+    quorum = leader.form(first.round, 1, (first, True))
+    second["b_thread"].join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
+    assert seam.fired and second["b"] == quorum
+    assert quorum.members == ("a", "b") and quorum.round == first.round + 1
+    assert quorum.group == quorum.round, "the group b dropped after its vote was reused"
+
+
+def test_a_heartbeat_that_looks_silent_once_is_confirmed_before_the_step_aborts(server: TCPStore) -> None:
+    # A store that stalls holds every heartbeat write back, so the heartbeat b watches (a's) looks
+    # older than `heartbeat_timeout` on one read, then the next beat lands. One such read must not
+    # abort the step: only a second read, a heartbeat period later, that finds the same heartbeat does.
+    a, b = _client(server, "a"), _client(server, "b")
+    a.register(0)
+    b.register(0)
+    quorum = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    assert quorum.members == ("a", "b")
+    watcher = QuorumClient(b.client, "b", 0, 1, b.token, Policy(1, SECONDS, 0.05))
+    decision = f"{ROOT}r/{quorum.round}/decision"
+    a.beat(0)
+    threading.Event().wait(0.1)  # a's heartbeat is now older than the watcher's `heartbeat_timeout`
+    assert watcher.check_step(quorum) is None  # seen silent once: not yet
+    assert not server.check([decision])
+    a.beat(0)  # the stall ends: a's next heartbeat lands
+    assert watcher.check_step(quorum) is None
+    assert not server.check([decision])
+    # Really silent: the same heartbeat read again a period later aborts the step for everyone.
+    _wait_until(lambda: watcher.check_step(quorum) is not None)
+    assert server.get(decision) == b"abort"
+    reason = watcher.check_step(quorum)
+    assert reason is not None and "replica 'a' rank 0 of the quorum was silent for" in reason, reason

@@ -34,7 +34,12 @@ class Reaper:
         self._thread: threading.Thread | None = None
 
     def drop(self, pg: StandaloneGroup) -> None:
-        """Abort ``pg`` and destroy it on the reaper's thread."""
+        """Abort ``pg`` and destroy it on the reaper's thread.
+
+        Aborting ends a stuck NCCL collective; torch's gloo group does nothing on ``abort()``
+        (nor ``shutdown()``), so destroying one whose collective is still waiting waits until a
+        peer it waits on closes its connections (or the collective's timeout).
+        """
         with suppress(RuntimeError):
             pg.abort()
         with self._lock:
@@ -91,6 +96,26 @@ def settle(work: Any, device: torch.device, timeout: float, interval: float, wat
         raise RuntimeError(f"the collective did not finish on {device} within the timeout of {timeout:g} s")
 
 
+def forget_frames(error: BaseException) -> None:
+    """Drop the tracebacks of ``error`` and of every exception it was raised from or while handling.
+
+    A traceback's frames keep their locals alive: a failed collective's ``Work`` among them holds
+    the group's gloo context, whose connections then stay open after the group is dropped. A peer
+    waiting on one of them in the abandoned collective would wait for the whole ``timeout``, and
+    so would that peer's own dropped group and its ``close()``. Errors chain implicitly: an error
+    raised inside an ``except`` block keeps the handled one as ``__context__`` (see :func:`wait_briefly`).
+    """
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [error]
+    while stack:
+        ex = stack.pop()
+        if ex is None or id(ex) in seen:
+            continue
+        seen.add(id(ex))
+        ex.__traceback__ = None
+        stack += [ex.__cause__, ex.__context__]
+
+
 def wait_briefly(work: Any, seconds: float) -> bool:
     """Wait up to ``seconds`` for ``work``; return whether it finished (raising its error if it failed).
 
@@ -143,4 +168,13 @@ def root_options(rank: int) -> dist.BroadcastOptions:
     return options
 
 
-__all__ = ["Reaper", "reaper", "reduce_options", "root_options", "settle", "wait_briefly", "wait_until"]
+__all__ = [
+    "Reaper",
+    "forget_frames",
+    "reaper",
+    "reduce_options",
+    "root_options",
+    "settle",
+    "wait_briefly",
+    "wait_until",
+]

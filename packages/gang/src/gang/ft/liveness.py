@@ -36,6 +36,17 @@ _PENDING = (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK)
 _KEEPALIVE_IDLE = 60  # seconds an idle watch connection waits before TCP keepalive probes start
 _LOCK = threading.Lock()  # held while sockets are made or closed, and across a fork (see the end)
 
+_connect_wait: float | None = None
+"""A test-only seam (``tests/ft/test_liveness.py`` sets it): seconds :meth:`Liveness._connect`
+waits for the kernel's answer to a connect, instead of returning while it is in progress.
+
+A non-blocking connect to a port nobody listens on is answered ``ECONNREFUSED`` by the call itself
+where the kernel handled the peer's reset before the call returned (a kernel that hands loopback
+packets on within the sending call can, as BSD-derived ones do), and ``EINPROGRESS``, the refusal
+coming at the next ``connect_ex``, where it handles it later (Linux on loopback, as measured here,
+and any kernel over a real network). The seam makes the first answer happen on Linux, through a
+real refused connection."""
+
 
 class Liveness:
     """This process's listening socket, and the connection to the one process it watches.
@@ -171,7 +182,10 @@ class Liveness:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
                 if hasattr(socket, "TCP_KEEPIDLE"):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, _KEEPALIVE_IDLE)
+                if _connect_wait is not None:
+                    sock.settimeout(_connect_wait)
                 code = sock.connect_ex(peer)
+                sock.setblocking(False)
             except OSError:
                 _close(sock)
                 raise

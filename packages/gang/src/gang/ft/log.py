@@ -24,10 +24,11 @@ def log_event(event: str, message: str, *, level: int = logging.INFO, **fields: 
         logger.log(level, message, extra={"gang_ft": {"event": event, **fields}})
 
 
-def log_quorum(replica_id: str, old: Quorum | None, new: Quorum) -> None:
+def log_quorum(replica_id: str, old: Quorum | None, new: Quorum, replica_rank: int = 0) -> None:
     """Log a quorum whose members differ from the last one's, every replica it dropped, and the
-    replicas it waited ``quorum_timeout`` for."""
-    if new.timed_out:
+    replicas it waited ``quorum_timeout`` for (``stalled``: once per member replica, by its
+    process of replica rank 0, since every process of every member learns the same quorum)."""
+    if new.timed_out and replica_rank == 0:
         log_event(
             "stalled",
             f"quorum {new.round} waited `quorum_timeout` for live replica(s) {list(new.timed_out)} that did not "

@@ -27,7 +27,7 @@ from gang._torch_groups import (
 )
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_int, check_open, check_timeout, operation_error
-from gang.ft.group import reaper, reduce_options, root_options, settle, wait_briefly
+from gang.ft.group import forget_frames, reaper, reduce_options, root_options, settle, wait_briefly
 from gang.ft.heal import receive_state, send_state
 from gang.ft.heartbeat import Heartbeat
 from gang.ft.identity import (
@@ -522,7 +522,7 @@ class ReplicaGang(Gang):
             ) from ex
         except BACKEND_ERRORS as ex:
             raise self._store_error("step", ex) from ex
-        log_quorum(self._replica_id, self._quorum, quorum)
+        log_quorum(self._replica_id, self._quorum, quorum, self._replica_rank)
         self._heartbeat.watch(watched(quorum, self._replica_id, self._replica_rank))
         self._quorum = quorum
         self._round = quorum.round
@@ -723,11 +723,12 @@ class ReplicaGang(Gang):
         Aborting drops the process group (destroying it closes its connections, so peers blocked
         in a collective with this process fail at once instead of at the timeout) and votes
         against committing (peers already voting decide at once). An error raised by this
-        module or the backend (``ours``) loses its traceback, whose frames would keep the group
-        (or a ``Work`` of it) alive; the caller's own exceptions keep theirs.
+        module or the backend (``ours``) loses its traceback and those of the errors it chains
+        (:func:`gang.ft.group.forget_frames`), whose frames would keep the group (or a ``Work`` of
+        it, and so its connections) alive; the caller's own exceptions keep theirs.
         """
         if ours:
-            ex = ex.with_traceback(None)
+            forget_frames(ex)
         where = "" if self._quorum is None else f" of {self._quorum.describe()}"
         error = operation_error(
             operation, self, f"replica {self._replica_id!r} in step {self._step_number + 1}{where}: {ex}"
