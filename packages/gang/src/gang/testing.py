@@ -20,7 +20,6 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
-import socket
 import threading
 import time
 import traceback
@@ -36,7 +35,7 @@ import torch.distributed as dist
 
 from gang import rendezvous
 from gang._torch_groups import init_fake_process_group, serve_store
-from gang.address import LOOPBACK, is_loopback, local_env, non_loopback_sockets
+from gang.address import LOOPBACK, free_port, is_loopback, local_env, non_loopback_sockets
 from gang.errors import InvalidOperationError
 from gang.extend import check_device, check_int, check_rank
 from gang.process_group import ProcessGroupGang
@@ -417,17 +416,6 @@ def _stop_fork_server() -> None:
     stop = getattr(getattr(forkserver, "_forkserver", None), "_stop", None)
     if callable(stop):
         stop()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on ``host`` now (loopback by default).
-
-    Another process may take it before it is used, so use it at once (a test's store, a
-    coordinator, a daemon's port).
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def spawn(
