@@ -435,3 +435,29 @@ def numpy_ranks_and_cpu0(g: Gang) -> dict[str, Any]:
 def outside_loopback(gang: Gang) -> list[str]:
     """The TCP sockets of this process that reach beyond loopback (none in a local world)."""
     return non_loopback_sockets(os.getpid())
+
+
+def private_torch_api(g: Gang) -> dict[str, Any]:
+    """Each private torch use of ``gang._torch_groups`` that no other test reaches: taken, not its fallback."""
+    from torch._C._distributed_c10d import Backend
+
+    from gang import _torch_groups, rendezvous
+
+    name = f"private_api/{rendezvous.next_call('private_api')}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        named = _torch_groups.new_named_group(list(range(g.size)), name, None)  # the internal constructor
+        alone = _torch_groups.alone_group()  # the internal constructor on the `fake` backend
+    assert named is not None
+    cpu = torch.device("cpu")
+    result = {
+        "warnings": [str(w.message) for w in caught],
+        "named": named.group_name == name,
+        "timeout": _torch_groups.group_timeout(named, cpu) == _torch_groups.default_timeout("gloo"),
+        "alone": _torch_groups.is_fake_backend(alone) and alone.group_name.startswith("gang_alone/"),
+        # What `can_split` and CUDA's standalone groups read (NCCL itself is not in this build).
+        "splitting": isinstance(named._get_backend(cpu).supports_splitting, bool),
+        "nccl_timeout": hasattr(Backend.Options, "_timeout"),
+    }
+    dist.destroy_process_group(named)
+    return result
