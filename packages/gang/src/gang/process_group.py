@@ -229,6 +229,14 @@ def reduce_op(op: ReduceOperation) -> dist.ReduceOp:
     return dist.ReduceOp(_REDUCE_OPS[op])
 
 
+def gang_reduce_op(op: object) -> ReduceOperation | None:
+    """The gang reduction that torch's ``op`` (a ``ReduceOp`` or its ``RedOpType``) is, or ``None``."""
+    for gang_op, torch_op in _REDUCE_OPS.items():
+        if op == torch_op:
+            return gang_op
+    return None
+
+
 @final
 class ProcessGroupGang(Gang):
     """A gang that wraps a ``torch.distributed`` process group.
