@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import gang
 from gang import Gang, ReduceOperation
-from gang.testing import non_loopback_sockets
+from gang.testing import member_ranks, non_loopback_sockets
 
 DTYPES = {
     "float32": torch.float32,
@@ -80,11 +80,7 @@ def global_rank(_: Gang) -> int:
 
 def members(g: Gang | None) -> list[int] | None:
     """The global ranks of ``g``'s members, proven by a collective (not by trusting metadata)."""
-    if g is None:
-        return None
-    out = torch.empty((g.size, 1), dtype=torch.int64)
-    g.all_gather(out, torch.tensor([dist.get_rank()]))
-    return [int(x) for x in out.view(-1).tolist()]
+    return None if g is None else member_ranks(g)
 
 
 def sub_gang_members(g: Gang, ranks: list[int], nested: list[int] | None) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from gang import rendezvous
 from gang._torch_groups import init_fake_process_group, serve_store
 from gang.address import LOOPBACK, free_port, is_loopback, local_env, non_loopback_sockets
 from gang.errors import InvalidOperationError
-from gang.extend import check_device, check_int, check_rank
+from gang.extend import GangView, check_device, check_int, check_rank
 from gang.process_group import ProcessGroupGang
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "is_loopback",
     "launch",
     "local_env",
+    "member_ranks",
     "non_loopback_sockets",
     "shared_world",
     "spawn",
@@ -416,6 +417,26 @@ def _stop_fork_server() -> None:
     stop = getattr(getattr(forkserver, "_forkserver", None), "_stop", None)
     if callable(stop):
         stop()
+
+
+def member_ranks(gang: GangView, rank: int | None = None) -> list[int]:
+    """Who is really in ``gang``, learned by an all-gather through it rather than read from its metadata.
+
+    Every member calls this (it is a collective of ``gang``) and contributes ``rank``, by default its
+    rank in torch's default process group; the result lists them in gang rank order.
+
+    .. code-block:: python
+
+        gangs = create_parallel_gangs(root, tp_size=2)
+        print(member_ranks(gangs.tp))  # e.g. [4, 5] on global ranks 4 and 5
+
+    :param gang: The gang.
+    :param rank: What this process contributes (any integer, e.g. its node number).
+    """
+    mine = dist.get_rank() if rank is None else rank
+    out = torch.empty((gang.size, 1), dtype=torch.int64, device=gang.device)
+    gang.all_gather(out, torch.tensor([mine], dtype=torch.int64, device=gang.device))
+    return [int(x) for x in out.view(-1).tolist()]
 
 
 def spawn(
