@@ -33,8 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gang import rendezvous
-from gang._torch_groups import init_fake_process_group, serve_store
+from gang._torch_groups import serve_store
 from gang.address import LOOPBACK, free_port, is_loopback, local_env, non_loopback_sockets
 from gang.errors import InvalidOperationError
 from gang.extend import GangView, check_device, check_int, check_rank
@@ -505,12 +504,5 @@ def dry_run(world_size: int, *, rank: int = 0, device: torch.device | str = "cpu
     device = check_device("device", device)
     if dist.is_initialized():
         raise InvalidOperationError("`dry_run` needs torch's default process group to be absent, but it exists.")
-    pg = init_fake_process_group(rank, world_size)
-    name = rendezvous.root_name(rendezvous.next_generation())
-    try:
-        root = ProcessGroupGang(pg, device, timeout=None, owns_group=True, is_default=True, name=name)
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    with root:
+    with ProcessGroupGang.create_dry_run(world_size, rank, device) as root:
         yield root

@@ -31,8 +31,8 @@ from gang.ft.group import reaper, reduce_options, root_options, settle, wait_bri
 from gang.ft.heal import receive_state, send_state
 from gang.ft.heartbeat import Heartbeat
 from gang.ft.identity import (
-    check_device,
     check_liveness_address,
+    check_replica_device,
     check_replica_id,
     check_replica_rank,
     check_store,
@@ -284,7 +284,7 @@ class ReplicaGang(Gang):
         """
         rid = check_replica_id(replica_id)
         address = check_store(store)
-        device = check_device(device)
+        device = check_replica_device(device)
         for name, fn in (("state_dict", state_dict), ("load_state_dict", load_state_dict)):
             if not callable(fn):
                 raise TypeError(f"`{name}` must be callable, but is {fn!r} instead.")
