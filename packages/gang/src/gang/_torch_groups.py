@@ -14,7 +14,7 @@ same order (:func:`new_named_group`, :func:`alone_group`).
 entry of its Python process group in torch's group registry (:func:`register_python_group`), DDP's
 gradient buckets (:func:`fix_ddp_buckets`), FSDP2's gradient views
 (:func:`fsdp_grads_view_reduce_output`) and the end of a backward pass (:func:`backward_pass_id`,
-:func:`at_end_of_backward`) for :func:`gang.ft.process_group.replicate_fsdp`, the ``fake`` backend
+:func:`at_end_of_backward`) for :func:`gang.ft.replica_process_group.replicate_fsdp`, the ``fake`` backend
 of dry runs (:func:`init_fake_process_group`), a store served on one interface only
 (:func:`serve_store`), and torch's store classes (``TCPStore``, ``PrefixStore``, ``Store``), the
 collective options and DDP's ``GradBucket``, re-exported from the ``torch._C`` module where torch's
@@ -433,7 +433,7 @@ def fsdp_grads_view_reduce_output(module: Any, reduce_output: torch.Tensor) -> b
 
 def backward_pass_id() -> int:
     """The id of the backward pass running on this thread (``-1`` outside one, and where torch no
-    longer tells: :func:`gang.ft.process_group.replicate_fsdp` then averages at once, once per module)."""
+    longer tells: :func:`gang.ft.replica_process_group.replicate_fsdp` then averages at once, once per module)."""
     current: Any = getattr(torch._C, "_current_graph_task_id", None)
     if current is None:  # a renamed private API
         return -1

@@ -37,7 +37,7 @@ from gang._torch_groups import serve_store
 from gang.address import LOOPBACK, free_port, is_loopback, local_env, non_loopback_sockets
 from gang.errors import InvalidOperationError
 from gang.extend import GangView, check_device, check_int, check_rank
-from gang.process_group import ProcessGroupGang
+from gang.process_group_gang import ProcessGroupGang
 
 __all__ = [
     "LOOPBACK",
@@ -111,7 +111,7 @@ def _worker_main(conn: Connection, env: dict[str, str], init_gang: bool, gang_ti
     gang = None
     try:
         if init_gang:
-            from gang.process_group import ProcessGroupGang
+            from gang.process_group_gang import ProcessGroupGang
 
             gang = ProcessGroupGang.create_default_process_group(
                 torch.device("cpu"), timeout=timedelta(seconds=gang_timeout)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from gang._torch_groups import StandaloneGroup
 from gang.gang import ReduceOperation
-from gang.process_group import reduce_op
+from gang.process_group_gang import reduce_op
 
 
 class Reaper:

@@ -40,7 +40,7 @@ from gang._torch_groups import (
 from gang.errors import GangError, NotSupportedError
 from gang.gang import Gang
 from gang.ops import ReduceOperation
-from gang.process_group import gang_reduce_op
+from gang.process_group_gang import gang_reduce_op
 
 
 @runtime_checkable
