@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from gang import Gang, all_gather_objects, create_fsdp_gangs, create_parallel_gangs
-from gang.testing import spawn
-
-
-def members(gang: Gang) -> list[int]:
-    """The global ranks in ``gang``, learned by a real all_gather over it."""
-    return all_gather_objects(gang, dist.get_rank())
+from gang import Gang, create_fsdp_gangs, create_parallel_gangs
+from gang.testing import member_ranks, spawn
 
 
 def layout(root: Gang) -> dict[str, list[int]]:
     gangs = create_parallel_gangs(root, tp_size=2, pp_size=2)
     gangs = create_fsdp_gangs(gangs, intra_node_size=1)
-    return {role: members(g) for role, g in gangs.items() if role != "root"}
+    return {role: member_ranks(g) for role, g in gangs.items() if role != "root"}
 
 
 def main() -> None:

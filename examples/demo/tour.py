@@ -20,6 +20,7 @@ from gang import (
     create_fsdp_gangs,
     create_parallel_gangs,
 )
+from gang.testing import member_ranks
 
 
 def fmt(t: torch.Tensor) -> str:
@@ -59,7 +60,7 @@ def describe(gangs: Gangs, roles: list[str]) -> dict[str, dict[str, str]]:
     for role in roles:
         gang = getattr(gangs, role)
         rows[role] = {"gang": f"{type(gang).__name__}(rank={gang.rank}, size={gang.size})"}
-        rows[role]["members"] = str(all_gather_objects(gang, dist.get_rank()))
+        rows[role]["members"] = str(member_ranks(gang))
         rows[role].update(run_every_collective(gang))
     return rows
 

@@ -73,7 +73,7 @@ def loss_of(model: nn.Module, replica_id: str, process: int, step: int) -> Tenso
 
 
 def ordered_mean(rows: list[Tensor]) -> Tensor:
-    """The mean of ``rows`` summed in order, as ``gang.ft.process_group.average`` computes it."""
+    """The mean of ``rows`` summed in order, as ``gang.ft.replica_process_group.average`` computes it."""
     total = rows[0].clone()
     for row in rows[1:]:
         total.add_(row)

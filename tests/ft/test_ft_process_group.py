@@ -153,7 +153,7 @@ def test_fsdp_hooks_average_once_per_backward_and_at_once_when_gradients_accumul
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    import gang.ft.process_group as process_group
+    import gang.ft.replica_process_group as replica_process_group
     from gang import create_fsdp_gangs, create_parallel_gangs
     from gang_mesh import fsdp_mesh
 
@@ -167,7 +167,7 @@ def test_fsdp_hooks_average_once_per_backward_and_at_once_when_gradients_accumul
         models.append(model)
     hooked, plain = models
     sizes: list[int] = []
-    untimed = process_group.average
+    untimed = replica_process_group.average
 
     def counted(gang: Gang, tensor: torch.Tensor) -> None:
         sizes.append(tensor.numel())
@@ -181,9 +181,9 @@ def test_fsdp_hooks_average_once_per_backward_and_at_once_when_gradients_accumul
         gang.all_gather(rows, local)
         return rows[0].clone().add_(rows[1]).div_(2)
 
-    process_group.average = counted
+    replica_process_group.average = counted
     try:
-        process_group.replicate_fsdp(gang, hooked)
+        replica_process_group.replicate_fsdp(gang, hooked)
         x = torch.randn(3, 4, generator=torch.Generator().manual_seed(gang.rank))
         for model in models:
             model(x).square().sum().backward()
@@ -199,4 +199,4 @@ def test_fsdp_hooks_average_once_per_backward_and_at_once_when_gradients_accumul
         second = local_grads(hooked)
         assert torch.equal(averaged(second), second), "the processes' accumulated gradients differ"
     finally:
-        process_group.average = untimed
+        replica_process_group.average = untimed

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from gang._torch_groups import TCPStore
+from gang.ft.group import wait_until
 from gang.ft.policy import Policy, Quorum
 from gang.ft.quorum import (
     KEEP_ROUNDS,
@@ -263,7 +264,9 @@ def test_a_silent_incarnation_is_replaced_and_learns_it(server: TCPStore) -> Non
     old = _client(server, "r", heartbeat=0.05)
     old.register(0)
     new = _client(server, "r", heartbeat=0.05)
-    _wait_until(lambda: _registers(new))  # once old's heartbeat is older than 50 ms, new takes over
+    assert wait_until(
+        lambda: _registers(new), timeout=100.0
+    )  # once old's heartbeat is older than 50 ms, new takes over
     with pytest.raises(IdentityError, match="taken over by a new incarnation"):
         old.beat(1)
 
@@ -274,14 +277,6 @@ def _registers(client: QuorumClient) -> bool:
     except IdentityError:
         return False
     return True
-
-
-def _wait_until(condition: Callable[[], bool]) -> None:
-    for _ in range(10_000):
-        if condition():
-            return
-        threading.Event().wait(0.01)
-    raise AssertionError("condition never held")
 
 
 def test_a_process_that_never_joins_does_not_block_the_others(server: TCPStore) -> None:

@@ -27,6 +27,7 @@ import torch
 import gang
 from gang import Gang, ReduceOperation, create_fsdp_gangs, create_parallel_gangs
 from gang.env import get_launcher, get_master_address
+from gang.testing import member_ranks
 
 MEET_TIMEOUT_S = 120.0
 LAUNCHER_VARIABLES = ("SLURM_", "OMPI_", "PMIX_", "MASTER_", "TORCHELASTIC_", "GROUP_RANK")
@@ -45,10 +46,7 @@ def meet(folder: Path, count: int, stage: str, me: str) -> None:
 
 def members(g: Gang, node: int) -> list[list[int]]:
     """All-gather (global rank, node) through ``g``: who is really in it, in gang rank order."""
-    mine = torch.tensor([gang.get_rank(), node], dtype=torch.int64)
-    out = torch.zeros(g.size, 2, dtype=torch.int64)
-    g.all_gather(out, mine)
-    return [[int(r), int(n)] for r, n in out.tolist()]
+    return [[r, n] for r, n in zip(member_ranks(g, gang.get_rank()), member_ranks(g, node), strict=True)]
 
 
 def total(g: Gang) -> float:

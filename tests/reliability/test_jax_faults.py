@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from gang_jax._rendezvous import free_port
+from gang.testing import free_port
 
 WORKER = Path(__file__).parent / "jax_dead_peer.py"
 TIMEOUT_S = 3  # the gang's timeout, hence JAX's heartbeat timeout

@@ -141,7 +141,7 @@ def test_close_shuts_down_and_create_works_again() -> None:
 
 
 def test_create_from_arguments_and_jax_variables() -> None:
-    from gang_jax._rendezvous import free_port
+    from gang.testing import free_port
 
     first, second = f"127.0.0.1:{free_port('127.0.0.1')}", f"127.0.0.1:{free_port('127.0.0.1')}"
     with World(2, init_gang=False) as w:

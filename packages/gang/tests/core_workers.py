@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import gang
 from gang import Gang, ReduceOperation
-from gang.testing import non_loopback_sockets
+from gang.testing import member_ranks, non_loopback_sockets
 
 DTYPES = {
     "float32": torch.float32,
@@ -80,11 +80,7 @@ def global_rank(_: Gang) -> int:
 
 def members(g: Gang | None) -> list[int] | None:
     """The global ranks of ``g``'s members, proven by a collective (not by trusting metadata)."""
-    if g is None:
-        return None
-    out = torch.empty((g.size, 1), dtype=torch.int64)
-    g.all_gather(out, torch.tensor([dist.get_rank()]))
-    return [int(x) for x in out.view(-1).tolist()]
+    return None if g is None else member_ranks(g)
 
 
 def sub_gang_members(g: Gang, ranks: list[int], nested: list[int] | None) -> dict[str, Any]:
@@ -435,3 +431,29 @@ def numpy_ranks_and_cpu0(g: Gang) -> dict[str, Any]:
 def outside_loopback(gang: Gang) -> list[str]:
     """The TCP sockets of this process that reach beyond loopback (none in a local world)."""
     return non_loopback_sockets(os.getpid())
+
+
+def private_torch_api(g: Gang) -> dict[str, Any]:
+    """Each private torch use of ``gang._torch_groups`` that no other test reaches: taken, not its fallback."""
+    from torch._C._distributed_c10d import Backend
+
+    from gang import _torch_groups, rendezvous
+
+    name = f"private_api/{rendezvous.next_call('private_api')}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        named = _torch_groups.new_named_group(list(range(g.size)), name, None)  # the internal constructor
+        alone = _torch_groups.alone_group()  # the internal constructor on the `fake` backend
+    assert named is not None
+    cpu = torch.device("cpu")
+    result = {
+        "warnings": [str(w.message) for w in caught],
+        "named": named.group_name == name,
+        "timeout": _torch_groups.group_timeout(named, cpu) == _torch_groups.default_timeout("gloo"),
+        "alone": _torch_groups.is_fake_backend(alone) and alone.group_name.startswith("gang_alone/"),
+        # What `can_split` and CUDA's standalone groups read (NCCL itself is not in this build).
+        "splitting": isinstance(named._get_backend(cpu).supports_splitting, bool),
+        "nccl_timeout": hasattr(Backend.Options, "_timeout"),
+    }
+    dist.destroy_process_group(named)
+    return result

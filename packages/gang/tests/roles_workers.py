@@ -13,6 +13,7 @@ import torch
 
 import gang
 from gang import Gang, ReduceOperation
+from gang.testing import member_ranks
 
 FLATTENED = (("sdp", "cp"), ("dp", "cp"), ("cp", "tp"))
 """The flattened roles every layout report holds (named in an order other than the grid's)."""
@@ -55,12 +56,11 @@ def expected_members(
 
 def _report(sub: Gang, root: Gang) -> dict[str, Any]:
     """Members (root ranks gathered through ``sub``), rank, size, kind and a sum through ``sub``."""
-    out = torch.empty((sub.size, 1), dtype=torch.int64)
-    sub.all_gather(out, torch.tensor([root.rank], dtype=torch.int64))
+    members = member_ranks(sub, root.rank)
     total = torch.tensor([root.rank + 1], dtype=torch.int64)
     sub.all_reduce(total, ReduceOperation.SUM)
     return {
-        "members": [int(x) for x in out.view(-1).tolist()],
+        "members": members,
         "rank": sub.rank,
         "size": sub.size,
         "kind": type(sub).__name__,

@@ -16,6 +16,7 @@ from core_workers import (
     close_and_reinit,
     fallback_warnings,
     lifecycle_errors,
+    private_torch_api,
     wrap_as_non_member,
     wrap_user_group,
     wrapped_group_timeouts,
@@ -107,6 +108,20 @@ def test_wrapping_a_group_this_process_is_not_in_is_a_value_error(worlds: Callab
     assert results[:2] == ["member", "member"]
     for text in results[2:]:
         assert text.startswith("ValueError: `pg` must be a process group this process is a member of"), text
+
+
+def test_private_torch_api_is_used_not_its_fallback(worlds: Callable[[int], World]) -> None:
+    # The rest of gang._torch_groups' private uses are checked where they matter: the FSDP2 hooks'
+    # once-per-backward average (tests/ft), replicate_ddp's buckets, dry runs on the `fake` backend.
+    expected = {
+        "warnings": [],
+        "named": True,
+        "timeout": True,
+        "alone": True,
+        "splitting": True,
+        "nccl_timeout": True,
+    }
+    assert worlds(2).run(private_torch_api) == [expected] * 2
 
 
 def test_the_unsafe_public_fallback_warns_once() -> None:

@@ -120,7 +120,7 @@ def test_factories_on_fake_gangs_agree_with_topology(rank: int) -> None:
 def test_split_plan_gives_split_group_the_parent_groups_own_ranks() -> None:
     # `dist.split_group` (the NCCL path) takes ranks of the *parent* group. A sub-gang of a
     # sub-gang: global ranks [1, 3, 5, 7], split into its ranks [[0, 1], [2, 3]].
-    from gang.process_group import plan_split
+    from gang.process_group_gang import plan_split
 
     plan = plan_split((1, 3, 5, 7), 2, [[0, 1], [2, 3]])
     assert plan.parent_groups == [[0, 1], [2, 3]]

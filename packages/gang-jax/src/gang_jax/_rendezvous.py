@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
-import torch.distributed as dist
-
+from gang import rendezvous
+from gang.address import free_port
 from gang.env import get_launcher, get_master_address
 from gang.extend import guard
 from gang.launchers import Launcher
-from gang.rendezvous import next_call
 
 
 @dataclass(frozen=True)
@@ -24,20 +22,13 @@ class Rendezvous:
     process_id: int | None
 
 
-def free_port(host: str) -> int:
-    """Return a TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host if host not in ("localhost", "") else "127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _coordinator_key(launcher: Launcher) -> str:
     """A fresh store key under which JAX's coordinator address is published.
 
     It holds the launcher's restart count and a per-process count of JAX rendezvous, so a second
     initialisation, in the same process or after an elastic restart, never reads a stale address.
     """
-    return f"gang_jax/coordinator/{launcher.restart_count}/{next_call('gang_jax/coordinator')}"
+    return f"gang_jax/coordinator/{launcher.restart_count}/{rendezvous.next_call('gang_jax/coordinator')}"
 
 
 def _beside(launcher: Launcher) -> str:
@@ -61,9 +52,7 @@ def _publish_through_torch_store(launcher: Launcher, process_id: int, num_proces
     key = _coordinator_key(launcher)
     what = f"the JAX coordinator address could not be exchanged through torch's store at {host}:{port}"
     with guard("create_default", (process_id, num_processes), what):
-        store = dist.TCPStore(  # type: ignore[attr-defined]
-            host, port, num_processes, is_master=False, timeout=timeout, wait_for_workers=False
-        )
+        store = rendezvous.store(host, port, num_processes, is_master=False, timeout=timeout)
         if process_id == 0:
             address = f"{host}:{free_port(host)}"
             store.set(key, address)

@@ -34,7 +34,7 @@ from gang.fake import FakeGang
 from gang.gang import Gang, ReduceOperation
 from gang.gangs import Gangs, maybe_get_current_gangs
 from gang.helpers import all_gather_objects, all_reduce_dict, all_sum, broadcast_flag, exchange_rows
-from gang.process_group import ProcessGroupGang
+from gang.process_group_gang import ProcessGroupGang
 from gang.topology import Grid
 from gang.work import Work
 

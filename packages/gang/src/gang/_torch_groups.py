@@ -1,26 +1,52 @@
-"""Creating a torch sub-group with a name every member agrees on.
+"""The one place that touches torch's private API: named sub-groups, standalone groups, the ``fake``
+backend, and the DDP, FSDP2 and autograd hooks of :mod:`gang.ft`.
 
-``dist.new_group(..., use_local_synchronization=True)`` (the only public way to create a group
-among a subset of processes without every process of the world taking part) names the group
-``sha1(ranks + number of groups alive in *this* process)``. Two members with different group
-histories (one of them is also in another sub-gang) compute different names and wait forever for
-each other, and a group re-created with the same ranks reuses the store keys of a destroyed one.
+**Named sub-groups.** ``dist.new_group(..., use_local_synchronization=True)`` (the only public way
+to create a group among a subset of processes without every process of the world taking part)
+names the group ``sha1(ranks + number of groups alive in *this* process)``. Two members with
+different group histories (one of them is also in another sub-gang) compute different names and
+wait forever for each other, and a group re-created with the same ranks reuses the store keys of
+a destroyed one. Gangs instead name each sub-group after its parent gang and the parent's split
+counter, which all members of the parent share because they call ``split``/``create_gang`` in the
+same order (:func:`new_named_group`, :func:`alone_group`).
 
-Gangs instead name each sub-group after its parent gang and the parent's split counter, which
-all members of the parent share because they call ``split``/``create_gang`` in the same order.
-Doing so needs torch's internal group constructor; this module is the only place that touches
-torch's private API (that constructor, a backend's ``supports_splitting`` and ``options``), and
-every such use has a fallback: the public ``new_group`` (with a warning, since it can deadlock),
-"cannot split", "timeout unknown".
+**What else is here.** The standalone groups of :mod:`gang.ft` (:func:`new_standalone_group`), the
+entry of its Python process group in torch's group registry (:func:`register_python_group`), DDP's
+gradient buckets (:func:`fix_ddp_buckets`), FSDP2's gradient views
+(:func:`fsdp_grads_view_reduce_output`) and the end of a backward pass (:func:`backward_pass_id`,
+:func:`at_end_of_backward`) for :func:`gang.ft.replica_process_group.replicate_fsdp`, the ``fake`` backend
+of dry runs (:func:`init_fake_process_group`), a store served on one interface only
+(:func:`serve_store`), and torch's store classes (``TCPStore``, ``PrefixStore``, ``Store``), the
+collective options and DDP's ``GradBucket``, re-exported from the ``torch._C`` module where torch's
+stubs declare them (they are the public ``torch.distributed`` classes; import them from here).
 
-It also builds the standalone groups of :mod:`gang.ft` (:func:`new_standalone_group`), enters
-its Python process group in torch's group registry (:func:`register_python_group`), fixes DDP's
-gradient buckets for it (:func:`fix_ddp_buckets`), tells when FSDP2's gradients are views of what
-its all-reduce hook receives and runs a callback at the end of a backward pass (so that
-:func:`gang.ft.process_group.replicate_fsdp` averages once per backward pass), serves a store on
-one interface only (:func:`serve_store`), and re-exports torch's store classes (``TCPStore``,
-``PrefixStore``, ``Store``) and DDP's ``GradBucket``, which torch's stubs only declare in the
-private ``torch._C`` module.
+**If torch changes its private API**, each use falls back as follows:
+
+* torch's internal group constructor (``_new_process_group_helper``) and registry (``_world``, which
+  alone holds the default group's store): the public ``new_group(use_local_synchronization=True)``,
+  with a warning, since it can deadlock (:func:`new_named_group`); a group of one on the default
+  backend, or the public ``new_group`` on the ``fake`` one (:func:`alone_group`);
+* a backend's ``supports_splitting`` and ``options._timeout``: "cannot split", "timeout unknown";
+* the registry entry of a Python group: none (a failed collective on it is then reported by torch
+  as "not initialized");
+* ``torch._C._current_graph_task_id`` and autograd's ``queue_callback``: ``replicate_fsdp``
+  averages each module's gradients at once instead of once per backward pass;
+* FSDP2's parameter group: the same (it cannot tell that gradients are views);
+
+and these have **no fallback**, what fails is named:
+
+* torch's private testing module ``torch.testing._internal.distributed.fake_pg`` (the ``fake``
+  backend and its ``FakeStore``): :func:`gang.testing.dry_run` raises
+  :class:`~gang.NotSupportedError` (a size-1 mesh dimension falls back as above);
+* DDP's reducer (``_push_all_rebuilt_params``, ``_rebuild_buckets``): ``replicate_ddp`` raises
+  ``ValueError``, since replicas would otherwise hold different bucket layouts;
+* NCCL's ``Options._timeout``: creating a :mod:`gang.ft` replica group on CUDA raises
+  ``AttributeError`` (CPU, gloo, takes the timeout as an argument);
+* the ``torch._C._distributed_c10d`` module the re-exported classes are imported from: importing
+  :mod:`gang` fails.
+
+The tests run each private use on the installed torch and check that it is taken, not its fallback
+(``test_private_torch_api_is_used_not_its_fallback``).
 """
 
 from __future__ import annotations
@@ -49,6 +75,8 @@ from torch._C._distributed_c10d import (  # the options a process group's own me
 )
 from torch.distributed import ProcessGroup
 
+from gang.errors import NotSupportedError
+
 __all__ = [
     "AllToAllOptions",
     "AllgatherOptions",
@@ -65,6 +93,7 @@ __all__ = [
     "at_end_of_backward",
     "backward_pass_id",
     "can_split",
+    "default_timeout",
     "fix_ddp_buckets",
     "fsdp_grads_view_reduce_output",
     "group_timeout",
@@ -102,12 +131,15 @@ def new_named_group(global_ranks: list[int], name: str, timeout: timedelta | Non
         return None
     helper: Any = getattr(c10d, "_new_process_group_helper", None)
     world: Any = getattr(c10d, "_world", None)
-    if helper is None or world is None:
+    default_pg = dist.group.WORLD
+    try:
+        backend, store = world.pg_map[default_pg]  # the default group's store, which only torch's registry holds
+    except (AttributeError, KeyError, TypeError, ValueError):  # a renamed or changed private API
+        helper = None
+    if helper is None or default_pg is None:
         return _public_fallback(global_ranks, timeout)
-    default_pg = c10d._get_default_group()
-    backend, store = world.pg_map[default_pg]
     if timeout is None:
-        timeout = c10d._get_default_timeout(dist.Backend(backend))
+        timeout = default_timeout(backend)
     try:
         pg, _ = helper(
             len(global_ranks),
@@ -122,8 +154,20 @@ def new_named_group(global_ranks: list[int], name: str, timeout: timedelta | Non
         )
     except TypeError:  # The internal signature changed: use the public API.
         return _public_fallback(global_ranks, timeout)
-    world.pg_group_ranks[pg] = {rank: index for index, rank in enumerate(global_ranks)}
+    with suppress(AttributeError, TypeError):  # a changed registry: torch then looks the ranks up itself
+        world.pg_group_ranks[pg] = {rank: index for index, rank in enumerate(global_ranks)}
     return _as_group(pg)
+
+
+def default_timeout(backend: str) -> timedelta:
+    """The collective timeout torch gives a group of ``backend`` created without one (public constants:
+    NCCL's own default where torch sets one, else ``torch.distributed``'s 30 minutes)."""
+    from torch.distributed import constants
+
+    nccl = getattr(constants, "default_pg_nccl_timeout", None)
+    if str(backend) == "nccl" and isinstance(nccl, timedelta):
+        return nccl
+    return constants.default_pg_timeout
 
 
 def _public_fallback(global_ranks: list[int], timeout: timedelta | None) -> ProcessGroup | None:
@@ -174,10 +218,16 @@ def init_fake_process_group(rank: int, world_size: int) -> ProcessGroup:
     The ``fake`` backend and its ``FakeStore`` live in torch's private testing module
     (``torch.testing._internal.distributed.fake_pg``); collectives on it complete without moving
     or computing data. This is what :func:`gang.testing.dry_run` runs on.
-    """
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the `fake` backend
 
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    :raises NotSupportedError: If this torch has no ``fake`` backend.
+    """
+    store = _fake_store()
+    if store is None:
+        raise NotSupportedError(
+            "A dry run needs torch's `fake` backend (in its private module "
+            "`torch.testing._internal.distributed.fake_pg`), which this version of torch does not have."
+        )
+    dist.init_process_group("fake", store=store, rank=rank, world_size=world_size)
     pg = dist.group.WORLD
     assert pg is not None
     return pg
@@ -201,23 +251,25 @@ def alone_group() -> ProcessGroup:
     """
     if not dist.is_initialized():
         raise ValueError("A size-1 mesh dimension needs torch's default process group, but it is not initialised.")
-    default = c10d._get_default_group()
+    default = dist.group.WORLD
     world: Any = getattr(c10d, "_world", None)
     cached = _alone.get("group")
-    if cached is not None and _alone.get("default") is default and (world is None or cached in world.pg_map):
+    if cached is not None and _alone.get("default") is default and _registered(world, cached):
         group: ProcessGroup = cached
         return group
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the `fake` backend
-
     me = dist.get_rank()
     _alone["count"] = count = _alone.get("count", 0) + 1
     name = f"gang_alone/{me}/{count}"  # only this process ever uses it
     helper: Any = getattr(c10d, "_new_process_group_helper", None)
     pg: object = None
-    if helper is not None and world is not None:
-        with suppress(TypeError):  # the internal signature changed: use the public API below
-            timeout = c10d._get_default_timeout(dist.Backend("fake"))
-            pg, _ = helper(1, 0, [me], dist.Backend("fake"), FakeStore(), name, timeout=timeout, group_desc=name)
+    fake_store = _fake_store()
+    if fake_store is None:  # no `fake` backend: a group of one on the default backend (a communicator)
+        pg = dist.new_group([me], use_local_synchronization=True)
+    elif helper is not None and world is not None:
+        with suppress(AttributeError, TypeError):  # a changed private API: use the public one below
+            pg, _ = helper(
+                1, 0, [me], dist.Backend("fake"), fake_store, name, timeout=default_timeout("fake"), group_desc=name
+            )
             world.pg_group_ranks[pg] = {me: 0}
     if pg is None:
         pg = dist.new_group([me], backend="fake", use_local_synchronization=True)
@@ -226,6 +278,24 @@ def alone_group() -> ProcessGroup:
         raise AssertionError(f"rank {me} is not in its own group")
     _alone.update(group=group, default=default)
     return group
+
+
+def _registered(world: Any, pg: object) -> bool:
+    """Whether torch's registry still holds ``pg`` (``True`` where the registry changed: ``pg`` is kept)."""
+    try:
+        return pg in world.pg_map
+    except (AttributeError, TypeError):  # a renamed or changed private API
+        return True
+
+
+def _fake_store() -> Any:
+    """A store of torch's ``fake`` backend (importing it registers the backend), or ``None`` where torch's
+    private testing module no longer has it."""
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError:
+        return None
+    return FakeStore()
 
 
 def is_fake_backend(pg: ProcessGroup) -> bool:
@@ -362,8 +432,12 @@ def fsdp_grads_view_reduce_output(module: Any, reduce_output: torch.Tensor) -> b
 
 
 def backward_pass_id() -> int:
-    """The id of the backward pass running on this thread (``-1`` outside one)."""
-    return int(torch._C._current_graph_task_id())
+    """The id of the backward pass running on this thread (``-1`` outside one, and where torch no
+    longer tells: :func:`gang.ft.replica_process_group.replicate_fsdp` then averages at once, once per module)."""
+    current: Any = getattr(torch._C, "_current_graph_task_id", None)
+    if current is None:  # a renamed private API
+        return -1
+    return int(current())
 
 
 def at_end_of_backward(callback: Any) -> bool:
@@ -374,6 +448,8 @@ def at_end_of_backward(callback: Any) -> bool:
     try:
         torch.autograd.Variable._execution_engine.queue_callback(callback)
     except RuntimeError:  # "Final callbacks can only be installed during backward pass."
+        return False
+    except AttributeError:  # a renamed private API: the caller does the work at once instead
         return False
     return True
 

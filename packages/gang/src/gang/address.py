@@ -4,7 +4,8 @@ A run on one machine (:class:`gang.testing.World`, the fault-tolerance examples'
 coordinator reached over loopback) keeps its traffic on loopback addresses. These helpers tell
 whether an address or a name is one (:func:`is_loopback`), give the environment that keeps gloo
 there (:func:`local_env`), and list a process's TCP sockets that reach beyond it
-(:func:`non_loopback_sockets`). :mod:`gang.testing` re-exports them for tests.
+(:func:`non_loopback_sockets`), and pick a free port (:func:`free_port`). :mod:`gang.testing` re-exports them
+for tests.
 """
 
 from __future__ import annotations
@@ -17,6 +18,18 @@ from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
 """The address every local run listens on and talks to."""
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """Return a TCP port that is free on ``host`` now (loopback by default; ``localhost`` and an
+    empty host mean loopback too).
+
+    Another process may take it before it is used, so use it at once (a test's store, a
+    coordinator, a daemon's port).
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host if host not in ("localhost", "") else LOOPBACK, 0))
+        return int(s.getsockname()[1])
 
 
 def is_loopback_address(address: str) -> bool:
@@ -96,4 +109,4 @@ def non_loopback_sockets(pid: int) -> list[str]:
     return found
 
 
-__all__ = ["LOOPBACK", "is_loopback", "is_loopback_address", "local_env", "non_loopback_sockets"]
+__all__ = ["LOOPBACK", "free_port", "is_loopback", "is_loopback_address", "local_env", "non_loopback_sockets"]

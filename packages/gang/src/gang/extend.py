@@ -31,7 +31,7 @@ import pickle
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from types import TracebackType
-from typing import Literal, Protocol, final
+from typing import Literal, Protocol, final, runtime_checkable
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ from gang.ops import ReduceOperation
 
 __all__ = [
     "SUPPORTED_DTYPES",
+    "DryRunnable",
     "GangView",
     "all_gather_bytes",
     "check_device",
@@ -106,6 +107,15 @@ class GangView(Protocol):
         """Gather every member's ``input_tensor`` into the rows of ``output_tensor``."""
 
 
+@runtime_checkable
+class DryRunnable(Protocol):
+    """A kind of gang that can be part of a dry run (:class:`~gang.ProcessGroupGang` on torch's ``fake`` backend)."""
+
+    @property
+    def dry_run(self) -> bool:
+        """Whether this gang is part of a dry run: its collectives complete without computing anything."""
+
+
 def check_open(gang: GangView, operation: str) -> None:
     """Refuse ``operation`` on a closed gang.
 
@@ -124,7 +134,7 @@ def check_values_exchangeable(gang: GangView, operation: str) -> None:
 
     :raises NotSupportedError: If ``gang`` is part of a dry run.
     """
-    if getattr(gang, "dry_run", False):
+    if isinstance(gang, DryRunnable) and gang.dry_run:
         raise NotSupportedError(
             f"`{operation}` needs values from the other ranks, which a dry run (torch's `fake` backend, "
             f"rank {gang.rank} of a gang of size {gang.size}) does not have."

@@ -18,7 +18,7 @@ from gang.extend import check_open
 from gang.fake import FakeGang
 from gang.gang import Gang
 from gang.gangs import Gangs
-from gang.process_group import ProcessGroupGang
+from gang.process_group_gang import ProcessGroupGang
 from gang.roles import ROLES
 from gang.split import split_groups, split_layout
 from gang.topology import Grid, Layout, parallel_layout, sharded_grid

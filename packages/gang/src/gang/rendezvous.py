@@ -27,13 +27,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from torch.distributed import (  # type: ignore[attr-defined]  # public, but not in torch's stubs
-    PrefixStore,
-    Store,
-    TCPStore,
-)
-
-from gang._torch_groups import alone_group, new_named_group
+from gang._torch_groups import PrefixStore, Store, TCPStore, alone_group, new_named_group
 
 __all__ = [
     "alone_group",

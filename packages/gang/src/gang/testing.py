@@ -20,7 +20,6 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
-import socket
 import threading
 import time
 import traceback
@@ -34,12 +33,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gang import rendezvous
-from gang._torch_groups import init_fake_process_group, serve_store
-from gang.address import LOOPBACK, is_loopback, local_env, non_loopback_sockets
+from gang._torch_groups import serve_store
+from gang.address import LOOPBACK, free_port, is_loopback, local_env, non_loopback_sockets
 from gang.errors import InvalidOperationError
-from gang.extend import check_device, check_int, check_rank
-from gang.process_group import ProcessGroupGang
+from gang.extend import GangView, check_device, check_int, check_rank
+from gang.process_group_gang import ProcessGroupGang
 
 __all__ = [
     "LOOPBACK",
@@ -54,6 +52,7 @@ __all__ = [
     "is_loopback",
     "launch",
     "local_env",
+    "member_ranks",
     "non_loopback_sockets",
     "shared_world",
     "spawn",
@@ -112,7 +111,7 @@ def _worker_main(conn: Connection, env: dict[str, str], init_gang: bool, gang_ti
     gang = None
     try:
         if init_gang:
-            from gang.process_group import ProcessGroupGang
+            from gang.process_group_gang import ProcessGroupGang
 
             gang = ProcessGroupGang.create_default_process_group(
                 torch.device("cpu"), timeout=timedelta(seconds=gang_timeout)
@@ -419,15 +418,24 @@ def _stop_fork_server() -> None:
         stop()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on ``host`` now (loopback by default).
+def member_ranks(gang: GangView, rank: int | None = None) -> list[int]:
+    """Who is really in ``gang``, learned by an all-gather through it rather than read from its metadata.
 
-    Another process may take it before it is used, so use it at once (a test's store, a
-    coordinator, a daemon's port).
+    Every member calls this (it is a collective of ``gang``) and contributes ``rank``, by default its
+    rank in torch's default process group; the result lists them in gang rank order.
+
+    .. code-block:: python
+
+        gangs = create_parallel_gangs(root, tp_size=2)
+        print(member_ranks(gangs.tp))  # e.g. [4, 5] on global ranks 4 and 5
+
+    :param gang: The gang.
+    :param rank: What this process contributes (any integer, e.g. its node number).
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    mine = dist.get_rank() if rank is None else rank
+    out = torch.empty((gang.size, 1), dtype=torch.int64, device=gang.device)
+    gang.all_gather(out, torch.tensor([mine], dtype=torch.int64, device=gang.device))
+    return [int(x) for x in out.view(-1).tolist()]
 
 
 def spawn(
@@ -496,12 +504,5 @@ def dry_run(world_size: int, *, rank: int = 0, device: torch.device | str = "cpu
     device = check_device("device", device)
     if dist.is_initialized():
         raise InvalidOperationError("`dry_run` needs torch's default process group to be absent, but it exists.")
-    pg = init_fake_process_group(rank, world_size)
-    name = rendezvous.root_name(rendezvous.next_generation())
-    try:
-        root = ProcessGroupGang(pg, device, timeout=None, owns_group=True, is_default=True, name=name)
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    with root:
+    with ProcessGroupGang.create_dry_run(world_size, rank, device) as root:
         yield root

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from gang._torch_groups import StandaloneGroup
 from gang.gang import ReduceOperation
-from gang.process_group import reduce_op
+from gang.process_group_gang import reduce_op
 
 
 class Reaper:
@@ -154,17 +154,27 @@ def wait_until(
     return True
 
 
-def reduce_options(op: ReduceOperation) -> dist.AllreduceOptions:
-    """Allreduce options for ``op``."""
+def _reduce_options(op: ReduceOperation) -> dist.AllreduceOptions:
     options = dist.AllreduceOptions()
     options.reduceOp = reduce_op(op)
     return options
 
 
+_REDUCE_OPTIONS = {op: _reduce_options(op) for op in ReduceOperation}
+_ROOT_OPTIONS: dict[int, dist.BroadcastOptions] = {}
+
+
+def reduce_options(op: ReduceOperation) -> dist.AllreduceOptions:
+    """Allreduce options for ``op`` (built once; the group only reads them)."""
+    return _REDUCE_OPTIONS[op]
+
+
 def root_options(rank: int) -> dist.BroadcastOptions:
-    """Broadcast options from ``rank``."""
-    options = dist.BroadcastOptions()
-    options.rootRank = rank
+    """Broadcast options from ``rank`` (built once per rank; the group only reads them)."""
+    options = _ROOT_OPTIONS.get(rank)
+    if options is None:
+        options = _ROOT_OPTIONS[rank] = dist.BroadcastOptions()
+        options.rootRank = rank
     return options
 
 

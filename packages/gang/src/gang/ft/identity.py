@@ -13,8 +13,7 @@ import os
 import torch
 
 from gang.env import get_rank, get_world_size
-from gang.extend import check_device as _check_device_type
-from gang.extend import check_int
+from gang.extend import check_device, check_int
 from gang.ft.liveness import ROUTE
 
 
@@ -99,14 +98,17 @@ def check_liveness_address(address: object) -> str | None:
         ) from None
 
 
-def check_device(device: object) -> torch.device:
-    """The gang's device: ``cpu`` (gloo, the default) or ``cuda[:N]`` (NCCL)."""
+def check_replica_device(device: object) -> torch.device:
+    """A replica gang's device: ``cpu`` (gloo, the default: ``None``) or ``cuda[:N]`` (NCCL).
+
+    :func:`gang.extend.check_device`'s checks, then ``None`` allowed and only CPU and CUDA.
+    """
     if device is None:
         return torch.device("cpu")
-    device = _check_device_type("device", device)
+    device = check_device("device", device)
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"`device` must be of type `cpu` or `cuda`, but is of type `{device.type}` instead.")
     return device
 
 
-__all__ = ["check_device", "check_liveness_address", "check_replica_id", "check_replica_rank", "check_store"]
+__all__ = ["check_liveness_address", "check_replica_device", "check_replica_id", "check_replica_rank", "check_store"]

@@ -31,8 +31,8 @@ from gang.ft.group import forget_frames, reaper, reduce_options, root_options, s
 from gang.ft.heal import receive_state, send_state
 from gang.ft.heartbeat import Heartbeat
 from gang.ft.identity import (
-    check_device,
     check_liveness_address,
+    check_replica_device,
     check_replica_id,
     check_replica_rank,
     check_store,
@@ -40,10 +40,10 @@ from gang.ft.identity import (
 from gang.ft.liveness import Liveness
 from gang.ft.log import abort_reason, log_event, log_quorum
 from gang.ft.policy import Policy, Quorum, watched
-from gang.ft.process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
 from gang.ft.quorum import ROOT, IdentityError, QuorumClient, QuorumTimeoutError, StoreClient
+from gang.ft.replica_process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
 from gang.gang import Gang, ReduceOperation
-from gang.process_group import real_view
+from gang.process_group_gang import real_view
 from gang.work import Work
 
 DEFAULT_REPLICA_TIMEOUT = timedelta(seconds=60)
@@ -284,7 +284,7 @@ class ReplicaGang(Gang):
         """
         rid = check_replica_id(replica_id)
         address = check_store(store)
-        device = check_device(device)
+        device = check_replica_device(device)
         for name, fn in (("state_dict", state_dict), ("load_state_dict", load_state_dict)):
             if not callable(fn):
                 raise TypeError(f"`{name}` must be callable, but is {fn!r} instead.")
@@ -868,13 +868,13 @@ class ReplicaGang(Gang):
             register_python_group(self._process_group, BACKEND_NAME)
         return self._process_group
 
-    # -- DDP and FSDP2 across replicas (gang.ft.process_group) -----------------------------------
+    # -- DDP and FSDP2 across replicas (gang.ft.replica_process_group) ---------------------------
 
     def replicate_ddp(self, ddp_model: DistributedDataParallel) -> None:
         """Make ``ddp_model`` average its gradients over the replicas of each step's quorum.
 
         Registers a DDP communication hook that replaces each gradient bucket with its mean over
-        the current quorum (:func:`gang.ft.process_group.average`: an all-gather through this
+        the current quorum (:func:`gang.ft.replica_process_group.average`: an all-gather through this
         gang, summed in rank order). DDP's own reduction divides by the size its group had when
         DDP was built, which a changing quorum invalidates; the hook takes over instead. Build
         ``ddp_model`` once, outside any step, as ``DistributedDataParallel(model,
@@ -899,7 +899,7 @@ class ReplicaGang(Gang):
         for example ``gang_mesh.fsdp_mesh(gangs)``). Installs FSDP2's all-reduce hook
         (``FSDPModule.set_all_reduce_hook``) on every FSDP module in it: after the reduce-scatter
         inside the replica, each gradient shard is replaced with its mean over the current quorum
-        (:func:`gang.ft.process_group.average`). Each process of a replica joins this gang with
+        (:func:`gang.ft.replica_process_group.average`). Each process of a replica joins this gang with
         its replica rank, so shard ``k`` is averaged with shard ``k`` of the other replicas, and a
         healed process receives the state of the process of equal replica rank: ``state_dict``
         returns the local shards (``DTensor.to_local()``).

@@ -40,6 +40,7 @@ from gang._torch_groups import (
 from gang.errors import GangError, NotSupportedError
 from gang.gang import Gang
 from gang.ops import ReduceOperation
+from gang.process_group_gang import gang_reduce_op
 
 
 @runtime_checkable
@@ -51,14 +52,6 @@ class _Recorder(Protocol):
 
 BACKEND_NAME = "gang.ft"
 """What :meth:`ReplicaProcessGroup.getBackendName` and :meth:`ReplicaProcessGroup.name` return."""
-
-_OPS = {
-    dist.ReduceOp.SUM: ReduceOperation.SUM,
-    dist.ReduceOp.AVG: ReduceOperation.MEAN,
-    dist.ReduceOp.PRODUCT: ReduceOperation.PRODUCT,
-    dist.ReduceOp.MIN: ReduceOperation.MIN,
-    dist.ReduceOp.MAX: ReduceOperation.MAX,
-}
 
 
 @final
@@ -228,9 +221,9 @@ def _completed(value: Any) -> Future[Any]:
 
 
 def _gang_op(op: object) -> ReduceOperation:
-    for torch_op, gang_op in _OPS.items():
-        if op == torch_op:
-            return gang_op
+    gang_op = gang_reduce_op(op)
+    if gang_op is not None:
+        return gang_op
     raise NotSupportedError(f"A `ReplicaProcessGroup` cannot reduce with {op!r}.")
 
 

@@ -26,6 +26,7 @@ from gang._torch_groups import (
     ReduceScatterOptions,
     can_split,
     group_timeout,
+    init_fake_process_group,
     is_fake_backend,
     is_non_member,
 )
@@ -229,6 +230,14 @@ def reduce_op(op: ReduceOperation) -> dist.ReduceOp:
     return dist.ReduceOp(_REDUCE_OPS[op])
 
 
+def gang_reduce_op(op: object) -> ReduceOperation | None:
+    """The gang reduction that torch's ``op`` (a ``ReduceOp`` or its ``RedOpType``) is, or ``None``."""
+    for gang_op, torch_op in _REDUCE_OPS.items():
+        if op == torch_op:
+            return gang_op
+    return None
+
+
 @final
 class ProcessGroupGang(Gang):
     """A gang that wraps a ``torch.distributed`` process group.
@@ -387,6 +396,22 @@ class ProcessGroupGang(Gang):
         else:
             timeout = check_timeout(timeout, default=DEFAULT_COLLECTIVE_TIMEOUT)
         return cls(pg, device, timeout=timeout, owns_group=False, is_default=pg is dist.group.WORLD, debug=debug)
+
+    @classmethod
+    def create_dry_run(cls, world_size: int, rank: int, device: torch.device) -> ProcessGroupGang:
+        """Initialise torch's default process group on its ``fake`` backend as rank ``rank`` of ``world_size``
+        and wrap it as the root gang of a dry run (use :func:`gang.testing.dry_run`, which checks the
+        arguments and closes the gang).
+
+        :raises NotSupportedError: If this torch has no ``fake`` backend.
+        """
+        pg = init_fake_process_group(rank, world_size)
+        name = rendezvous.root_name(rendezvous.next_generation())
+        try:
+            return cls(pg, device, timeout=None, owns_group=True, is_default=True, name=name)
+        except BaseException:
+            dist.destroy_process_group()
+            raise
 
     @property
     @override
