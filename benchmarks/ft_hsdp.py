@@ -240,7 +240,7 @@ def _join_gang(
     heartbeat_s: float | None = None,
 ) -> Any:
     """Join replica ``replica`` as its process ``replica_rank`` and hand the model's averaging to the gang."""
-    from gang.ft import ReplicaGang, process_group
+    from gang.ft import ReplicaGang, replica_process_group
 
     gang = ReplicaGang.join(
         replica_id=str(replica),
@@ -253,14 +253,14 @@ def _join_gang(
         heartbeat_timeout=timedelta(seconds=heartbeat_s) if heartbeat_s else None,
     )
     gang.replicate_fsdp(model)
-    untimed = process_group.average  # replicate_fsdp's hooks call it by name: time each call
+    untimed = replica_process_group.average  # replicate_fsdp's hooks call it by name: time each call
 
     def average(gang: Any, tensor: Tensor) -> None:
         clock.mark("compute")
         untimed(gang, tensor)
         clock.mark("average")
 
-    process_group.average = average
+    replica_process_group.average = average
     return gang
 
 

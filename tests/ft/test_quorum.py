@@ -373,7 +373,7 @@ def test_a_dropped_mark_written_between_the_leaders_reads_is_not_missed(server: 
         joining = threading.Thread(target=lambda: second.update(b=b.form(first.round, 1, (first, True))))
         joining.start()
         second["b_thread"] = joining
-        _wait_until(lambda: server.add(f"{ROOT}r/{first.round + 1}/count", 0) == 2)  # b joined
+        assert wait_until(lambda: server.add(f"{ROOT}r/{first.round + 1}/count", 0) == 2, timeout=100.0)  # b joined
 
     seam = InterleavingClient(server.port, f"{ROOT}r/{first.round}/dropped", b_drops_and_joins)
     leader = QuorumClient(seam, "a", 0, 1, a.token, a.policy)
@@ -404,7 +404,7 @@ def test_a_heartbeat_that_looks_silent_once_is_confirmed_before_the_step_aborts(
     assert watcher.check_step(quorum) is None
     assert not server.check([decision])
     # Really silent: the same heartbeat read again a period later aborts the step for everyone.
-    _wait_until(lambda: watcher.check_step(quorum) is not None)
+    assert wait_until(lambda: watcher.check_step(quorum) is not None, timeout=100.0)
     assert server.get(decision) == b"abort"
     reason = watcher.check_step(quorum)
     assert reason is not None and "replica 'a' rank 0 of the quorum was silent for" in reason, reason
