@@ -257,7 +257,8 @@ class Gang(ABC):
         :raises TypeError: If ``tensor`` is not a tensor or ``op`` not a :class:`ReduceOperation`.
         :raises GangError: If the collective fails or times out.
         """
-        check_open(self, "all_reduce")
+        if self._closed:
+            check_open(self, "all_reduce")
         if async_op is not False:
             _check_async(async_op)
         t = self._check_tensor("tensor", tensor, contiguous=True)
@@ -292,7 +293,8 @@ class Gang(ABC):
         :raises TypeError: If an argument is not a tensor.
         :raises GangError: If the collective fails or times out.
         """
-        check_open(self, "all_gather")
+        if self._closed:
+            check_open(self, "all_gather")
         if async_op is not False:
             _check_async(async_op)
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
@@ -374,7 +376,8 @@ class Gang(ABC):
         :raises TypeError: If an argument has the wrong type.
         :raises GangError: If the collective fails or times out.
         """
-        check_open(self, "reduce_scatter")
+        if self._closed:
+            check_open(self, "reduce_scatter")
         if async_op is not False:
             _check_async(async_op)
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
@@ -411,18 +414,21 @@ class Gang(ABC):
         :raises TypeError: If an argument is not a tensor.
         :raises GangError: If the collective fails or times out.
         """
-        check_open(self, "all_to_all")
+        if self._closed:
+            check_open(self, "all_to_all")
         if async_op is not False:
             _check_async(async_op)
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
         inp = self._check_tensor("input_tensor", input_tensor)
-        self._check_same_dtype("output_tensor", out, inp)
-        if inp.dim() == 0 or inp.shape[0] != self.size:
+        if out.dtype != inp.dtype:
+            self._check_same_dtype("output_tensor", out, inp)
+        if inp.dim() == 0 or inp.shape[0] != self._size:
             raise ValueError(
                 f"`input_tensor` must have shape [{self.size}, ...] (the gang size first), "
                 f"but has shape {list(inp.shape)} instead."
             )
-        self._check_shape("output_tensor", out, tuple(inp.shape))
+        if out.shape != inp.shape:
+            self._check_shape("output_tensor", out, tuple(inp.shape))
         if self._debug:
             self._verify_same_call(f"all_to_all(input {_describe(inp)})")
         work = self._all_to_all(out, inp.contiguous(), async_op)
@@ -450,7 +456,8 @@ class Gang(ABC):
         :raises TypeError: If ``source_rank`` is not an ``int`` or ``tensor`` not a tensor.
         :raises GangError: If the collective fails or times out.
         """
-        check_open(self, "broadcast")
+        if self._closed:
+            check_open(self, "broadcast")
         if async_op is not False:
             _check_async(async_op)
         t = self._check_tensor("tensor", tensor, contiguous=True)
