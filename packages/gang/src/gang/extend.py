@@ -176,9 +176,14 @@ def check_splits(name: str, splits: object, size: int, rows: int, tensor_name: s
     """
     if (type(splits) is list or type(splits) is tuple) and len(splits) == size:
         # The common case, without building a name per entry (it runs before every uneven all-to-all).
-        fast = list(splits)
-        if all(type(n) is int and n >= 0 for n in fast) and sum(fast) == rows:
-            return fast
+        total = 0
+        for n in splits:
+            if type(n) is not int or n < 0:
+                break
+            total += n
+        else:
+            if total == rows:
+                return list(splits)
     if isinstance(splits, (str, bytes)) or not isinstance(splits, Sequence):
         raise TypeError(f"`{name}` must be a sequence of `int`, but is {splits!r} instead.")
     if len(splits) != size:
