@@ -167,8 +167,9 @@ def _first_block(out: jax.Array) -> jax.Array:
 class HostCall:
     """One collective on host memory, ready to run: copy in, run the compiled program, copy out.
 
-    Small inputs are copied (``memmove``) into the plan's device buffer; larger ones are handed to
-    JAX as NumPy views, which JAX aliases on CPU (no copy). The result is copied from JAX's
+    Inputs up to :data:`STAGED_BYTES` are copied (``memmove``) into the plan's device buffer, or
+    from :data:`ALIAS_BYTES` handed to JAX as DLPack views (:meth:`run_aliased`); larger ones are
+    handed to JAX as NumPy views. JAX aliases both kinds of view on CPU (no copy). The result is copied from JAX's
     output buffer straight into the destination. Both copies are plain byte copies, so the
     caller may pass any dtype whose bytes the program expects.
 

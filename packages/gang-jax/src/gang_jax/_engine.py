@@ -209,7 +209,7 @@ class LocalEngine(Engine):
 
     Each (operation, dtype, shape, arguments) of a kernel gets a
     :class:`~gang_jax._collectives.HostCall` on first use: the input is copied into a device
-    buffer that the call keeps (small inputs) or aliased by JAX (large ones), and the result is
+    buffer that the call keeps (inputs under 2 MiB) or aliased by JAX (larger ones), and the result is
     copied from JAX's output buffer straight into the caller's tensor, the one copy a collective
     on host tensors must make. 64-bit arithmetic runs inside a scoped ``jax.enable_x64``
     (entering it costs tens of microseconds, so nothing else does); data movement sends 8-byte
