@@ -189,20 +189,33 @@ def load() -> str:
     return f"load {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the small-message table (or ``--breakdown``) on this torchrun rank; rank 0 prints."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iters", type=int, default=2000, help="timed iterations per collective")
+def paired_parser(doc: str, ops: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The options every paired small-message benchmark takes: ``--iters``, ``--warmup`` and ``--ops``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iters", type=int, default=2000, help="timed iterations per operation")
     parser.add_argument("--warmup", type=int, default=50, help="untimed iterations first")
-    parser.add_argument("--ops", nargs="*", default=list(OPS), choices=OPS)
-    parser.add_argument("--breakdown", action="store_true", help="time all_reduce one layer at a time")
-    args = parser.parse_args(argv)
+    parser.add_argument("--ops", nargs="*", default=list(ops), choices=ops)
+    return parser
+
+
+def cpu_gang() -> tuple[ProcessGroupGang, Callable[[str], None]]:
+    """This torchrun rank's gloo gang (torch on one thread) and a ``say`` that prints on rank 0."""
     torch.set_num_threads(1)
     gang = ProcessGroupGang.create_default_process_group(torch.device("cpu"))
 
     def say(text: str) -> None:
         if gang.rank == 0:
             print(text, flush=True)
+
+    return gang, say
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the small-message table (or ``--breakdown``) on this torchrun rank; rank 0 prints."""
+    parser = paired_parser(__doc__ or "", OPS)
+    parser.add_argument("--breakdown", action="store_true", help="time all_reduce one layer at a time")
+    args = parser.parse_args(argv)
+    gang, say = cpu_gang()
 
     say(f"# 4-byte collectives on {gang.size} gloo ranks, {args.iters} iterations; {load()}")
     if args.breakdown:

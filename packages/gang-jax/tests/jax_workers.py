@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -317,3 +318,40 @@ def factory_layouts(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from roles_workers import layout_report
 
     return layout_report(gang(), configs, without_layout=False)
+
+
+def large_calls_twice() -> list[str]:
+    """Every call of 2 MiB or more (an input taken through DLPack, not copied in) twice per dtype, the second
+    on an input that starts one element into its storage; the wrong results, named."""
+    g = gang()
+    r, n = g.rank, g.size
+    wrong = []
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        numel = (2 << 20) // torch.empty(0, dtype=dtype).element_size()
+        k = torch.arange(n * numel)
+        for call in range(2):
+            fresh = partial(_offset_copy, offset=call)
+            mine = fresh((k[:numel] % 13 + r + call).to(dtype))
+            g.all_reduce(mine, ReduceOperation.MAX)
+            if not torch.equal(mine, (k[:numel] % 13 + n - 1 + call).to(dtype)):
+                wrong.append(f"all_reduce {dtype} call {call}")
+            rows = fresh((k % 11 + 3 * r + call).to(dtype)).view(n, numel)
+            out = torch.empty_like(rows)
+            g.all_to_all(out, rows)
+            expected = torch.stack([(k % 11 + 3 * i + call).to(dtype).view(n, numel)[r] for i in range(n)])
+            if not torch.equal(out, expected):
+                wrong.append(f"all_to_all {dtype} call {call}")
+            sent, received = fresh((k[:numel] % 7 + r + call).to(dtype)), torch.empty(numel, dtype=dtype)
+            g.send_recv([(sent, (r + 1) % n)], [(received, (r - 1) % n)])
+            if not torch.equal(received, (k[:numel] % 7 + (r - 1) % n + call).to(dtype)):
+                wrong.append(f"send_recv {dtype} call {call}")
+            if not torch.equal(sent, (k[:numel] % 7 + r + call).to(dtype)):
+                wrong.append(f"send_recv's input {dtype} call {call}")
+    return wrong
+
+
+def _offset_copy(values: torch.Tensor, offset: int) -> torch.Tensor:
+    """A copy of ``values`` that starts ``offset`` elements into its storage."""
+    t = torch.empty(len(values) + offset, dtype=values.dtype)[offset:]
+    t.copy_(values)
+    return t

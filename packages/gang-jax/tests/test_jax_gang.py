@@ -123,6 +123,11 @@ def test_large_reduce_scatter(world: World, op: str) -> None:
         assert torch.equal(out, expected)
 
 
+def test_large_calls_alias_their_input(world: World) -> None:
+    # Inputs of 2 MiB or more reach JAX through DLPack instead of a copy: the results and the inputs stay right.
+    assert world.run(jw.large_calls_twice) == [[], [], []]
+
+
 def test_create_default_checks_arguments() -> None:
     with pytest.raises(TypeError, match="`num_processes` must be an `int`"):
         JaxGang.create_default(num_processes="2")  # type: ignore[arg-type]

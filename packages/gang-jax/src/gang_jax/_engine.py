@@ -129,6 +129,17 @@ def _barrier(engine: LocalEngine, outputs: Sequence[Tensor], inputs: Sequence[Te
     engine.run(Op.ALL_REDUCE, (token,), (token,), (ReduceOperation.SUM,))
 
 
+_TORCH_BITS = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32}
+"""The unsigned torch dtype of each width of :func:`gang_jax._convert.as_raw_bits`."""
+
+
+def _aliasing(shape: tuple[int, ...], bits: torch.dtype | None) -> Callable[[Tensor], Tensor]:
+    """How a source tensor becomes a call's input without a copy: its ``bits`` (``None``: its values) as ``shape``."""
+    if bits is None:
+        return lambda t: t.view(shape)
+    return lambda t: t.view(bits).view(shape)
+
+
 def _bytes_of(t: Tensor) -> Tensor:
     """The bytes of the contiguous tensor ``t``, as a flat ``uint8`` view (no copy)."""
     return t.reshape(-1).view(torch.uint8)
@@ -142,6 +153,9 @@ def _send_recv(engine: LocalEngine, outputs: Sequence[Tensor], inputs: Sequence[
     of its ranks waiting in it, and no rank waits for a pair its peer has not reached.
     """
     dests, sources = args
+    if len(dests) <= 1 and len(sources) <= 1 and (not dests or not sources or dests[0] == sources[0]):
+        engine.exchange(dests[0] if dests else sources[0], inputs, outputs)  # one peer: nothing to order
+        return
     me = engine.rank
     for peer in sorted({*dests, *sources}, key=lambda p: (min(me, p), max(me, p))):
         sends = [t for t, d in zip(inputs, dests, strict=True) if d == peer]
@@ -195,7 +209,7 @@ class LocalEngine(Engine):
 
     Each (operation, dtype, shape, arguments) of a kernel gets a
     :class:`~gang_jax._collectives.HostCall` on first use: the input is copied into a device
-    buffer that the call keeps (small inputs) or aliased by JAX (large ones), and the result is
+    buffer that the call keeps (inputs under 2 MiB) or aliased by JAX (larger ones), and the result is
     copied from JAX's output buffer straight into the caller's tensor, the one copy a collective
     on host tensors must make. 64-bit arithmetic runs inside a scoped ``jax.enable_x64``
     (entering it costs tens of microseconds, so nothing else does); data movement sends 8-byte
@@ -211,6 +225,8 @@ class LocalEngine(Engine):
         self.size = comm.size
         self.members = members
         self._calls: dict[tuple[Any, ...], HostCall] = {}
+        self._direct: dict[tuple[int, int, int], HostCall] = {}
+        """The staged point-to-point calls by (peer, bytes sent, bytes received), for one tensor each way."""
         self._pairs: dict[int, Communicator] = {}
         self.token = torch.zeros(1, dtype=torch.int32)
         """The tensor of a barrier."""
@@ -261,7 +277,10 @@ class LocalEngine(Engine):
         call = self._calls.get(key)
         if call is not None and call.staged and not wide:
             # The steady state of a loop: as little as possible between the call and the collective.
-            call.run_staged(source.data_ptr(), target.data_ptr())
+            if call.alias is None:
+                call.run_staged(source.data_ptr(), target.data_ptr())
+            else:
+                call.run_aliased(call.alias(source), target.data_ptr())
             return
         with jax.enable_x64(True) if wide else nullcontext():
             if call is None:
@@ -283,7 +302,10 @@ class LocalEngine(Engine):
             x = x.reshape(comm.size, -1)
         key, body = comm.program(kernel, x.shape, x.dtype, args)
         nbytes_out = target.numel() * target.element_size()
-        return comm.host_call(key, body, (1, *x.shape), x.dtype, nbytes_out, copy_in=copy_in)
+        call = comm.host_call(key, body, (1, *x.shape), x.dtype, nbytes_out, copy_in=copy_in)
+        if call.staged and call.nbytes_in >= kernels.ALIAS_BYTES:
+            call.alias = _aliasing((1, *x.shape), None if kernel.arithmetic else _TORCH_BITS[x.dtype.itemsize])
+        return call
 
     def _pair(self, peer: int) -> Communicator:
         """The communicator of this rank and ``peer`` alone (the lower rank first)."""
@@ -301,8 +323,20 @@ class LocalEngine(Engine):
         a receive has the shape and dtype of what the peer sends); a direction that carries no
         bytes is left out of the program, so a plain send moves data one way only.
         """
-        n_out = sum(t.numel() * t.element_size() for t in sends)
-        n_in = sum(t.numel() * t.element_size() for t in recvs)
+        if len(sends) <= 1 and len(recvs) <= 1:
+            # A loop's steady state: the call made for these byte counts, from the tensors' own memory.
+            n_out = sends[0].nbytes if sends else 0
+            n_in = recvs[0].nbytes if recvs else 0
+            direct = self._direct.get((peer, n_out, n_in))
+            if direct is not None:
+                if direct.alias is not None and n_out:
+                    direct.run_aliased(direct.alias(sends[0]), recvs[0].data_ptr() if recvs else 0)
+                else:
+                    direct.run_staged(sends[0].data_ptr() if sends else 0, recvs[0].data_ptr() if recvs else 0)
+                return
+        else:
+            n_out = sum(t.nbytes for t in sends)
+            n_in = sum(t.nbytes for t in recvs)
         n = max(n_out, n_in)
         if n == 0:
             return
@@ -318,6 +352,11 @@ class LocalEngine(Engine):
         target = _bytes_of(recvs[0]) if len(recvs) == 1 else torch.empty(n_in, dtype=torch.uint8)
         key = (Op.SEND_RECV, peer, n, perm, n_out > 0, n_in)
         self._launch(self._pair(peer), kernels.PPERMUTE, (perm,), key, source, target, copy_in=n_out > 0)
+        call = self._calls[key]
+        if call.staged and len(sends) <= 1 and len(recvs) <= 1 and n_out in (0, n):
+            # It reads the sent tensor's bytes and writes the received one's in place: later calls
+            # with the same byte counts run it from the two addresses alone (see the top).
+            self._direct[peer, n_out, n_in] = call
         if len(recvs) > 1:
             for t, received in zip(
                 recvs, torch.split(target, [t.numel() * t.element_size() for t in recvs]), strict=True
@@ -337,6 +376,7 @@ class LocalEngine(Engine):
     def close(self) -> None:
         """Drop the compiled programs and staging buffers."""
         self._calls.clear()
+        self._direct.clear()
         self.comm.clear()
         for pair in self._pairs.values():
             pair.clear()

@@ -49,10 +49,24 @@ class Lane:
 
     def run(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` after every operation in flight; return its result (or raise its exception) here."""
-        last, executor = self._last, self._executor
-        if last is None or last.done() or executor is None:
+        if self.idle():
             return fn()
-        return executor.submit(fn).result()
+        assert self._executor is not None
+        return self._executor.submit(fn).result()
+
+    def idle(self) -> bool:
+        """Whether nothing is in flight, so that an operation may run in the caller's thread right away.
+
+        Only the caller's thread starts operations, so once it sees the last one finished it
+        forgets it, and the next calls answer from one attribute.
+        """
+        last = self._last
+        if last is None:
+            return True
+        if last.done() or self._executor is None:
+            self._last = None
+            return True
+        return False
 
     def start(self, operation: str, fn: Callable[[], None]) -> LaneWork:
         """Start ``fn`` after every operation in flight, on the background thread; return its handle."""

@@ -14,7 +14,8 @@ from torch.distributed import ProcessGroup
 from typing_extensions import override
 
 from gang import Gang, InvalidOperationError, NotSupportedError, ReduceOperation, Work
-from gang.extend import check_int, check_rank, check_timeout, guard
+from gang.errors import BACKEND_ERRORS
+from gang.extend import check_int, check_rank, check_timeout, guard, operation_error
 from gang_jax._collectives import Communicator
 from gang_jax._engine import Engine, LocalEngine, Op, start_runtime, stop_runtime
 from gang_jax._isolated import IsolatedEngine
@@ -220,6 +221,13 @@ class JaxGang(Gang):
         A failure is reported as a ``GangError`` naming ``operation`` (default: the op's name), from
         this call or, with ``async_op``, from the handle's ``wait()``.
         """
+        if not async_op and self._lane.idle():
+            # The path of a blocking call with nothing in flight: straight to the engine, in this thread.
+            try:
+                self._engine.run(op, outputs, inputs, args)
+            except BACKEND_ERRORS as ex:
+                raise operation_error(operation or op.name.lower(), self, ex) from ex
+            return None
         name = operation or op.name.lower()
 
         def call() -> None:
@@ -269,8 +277,8 @@ class JaxGang(Gang):
         self, sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], async_op: bool, operation: str
     ) -> Work | None:
         # One two-process `ppermute` program per peer, run in the same global order on every rank.
-        sent, dests = [t for t, _ in sends], tuple(p for _, p in sends)
-        received, sources = [t for t, _ in recvs], tuple(p for _, p in recvs)
+        sent, dests = [t for t, _ in sends], tuple([p for _, p in sends])
+        received, sources = [t for t, _ in recvs], tuple([p for _, p in recvs])
         return self._run(Op.SEND_RECV, received, sent, (dests, sources), async_op=async_op, operation=operation)
 
     @override

@@ -24,6 +24,7 @@ from typing_extensions import Self
 
 from gang.errors import GangError, NotSupportedError
 from gang.extend import (
+    SUPPORTED_DTYPES,
     all_gather_bytes,
     check_device,
     check_dtype,
@@ -65,10 +66,24 @@ class Gang(ABC):
     """Whether this kind of gang assumes that every rank holds the same data (:class:`~gang.FakeGang`):
     debug mode then has no peers' calls to compare with."""
 
+    _sends_and_receives: ClassVar[bool] = False
+    """Whether this kind of gang implements point-to-point transfers and refuses none (set per class by
+    ``__init_subclass__``): the hot path then skips :meth:`_refuse_traffic`."""
+
+    _moves_uneven_rows: ClassVar[bool] = False
+    """Whether this kind of gang implements uneven rows and refuses none (set per class, as above)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        default_refusal = cls._refuse_traffic is Gang._refuse_traffic
+        cls._sends_and_receives = default_refusal and cls._send_recv is not Gang._send_recv
+        cls._moves_uneven_rows = default_refusal and cls._all_to_all_uneven is not Gang._all_to_all_uneven
+
     def __init__(self, *, rank: int, size: int, device: torch.device, debug: bool | None = None) -> None:
         self._size = check_int("size", size, minimum=1)
         self._rank = check_rank("rank", rank, self._size)
         self._device = check_device("device", device)
+        self._on_cpu = self._device.type == "cpu"
         self._closed = False
         self._children: list[Gang] = []
         self._debug = debug_from_env() if debug is None else bool(debug)
@@ -242,7 +257,8 @@ class Gang(ABC):
         :raises TypeError: If ``tensor`` is not a tensor or ``op`` not a :class:`ReduceOperation`.
         :raises GangError: If the collective fails or times out.
         """
-        check_open(self, "all_reduce")
+        if self._closed:
+            check_open(self, "all_reduce")
         if async_op is not False:
             _check_async(async_op)
         t = self._check_tensor("tensor", tensor, contiguous=True)
@@ -277,7 +293,8 @@ class Gang(ABC):
         :raises TypeError: If an argument is not a tensor.
         :raises GangError: If the collective fails or times out.
         """
-        check_open(self, "all_gather")
+        if self._closed:
+            check_open(self, "all_gather")
         if async_op is not False:
             _check_async(async_op)
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
@@ -359,7 +376,8 @@ class Gang(ABC):
         :raises TypeError: If an argument has the wrong type.
         :raises GangError: If the collective fails or times out.
         """
-        check_open(self, "reduce_scatter")
+        if self._closed:
+            check_open(self, "reduce_scatter")
         if async_op is not False:
             _check_async(async_op)
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
@@ -396,18 +414,21 @@ class Gang(ABC):
         :raises TypeError: If an argument is not a tensor.
         :raises GangError: If the collective fails or times out.
         """
-        check_open(self, "all_to_all")
+        if self._closed:
+            check_open(self, "all_to_all")
         if async_op is not False:
             _check_async(async_op)
         out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
         inp = self._check_tensor("input_tensor", input_tensor)
-        self._check_same_dtype("output_tensor", out, inp)
-        if inp.dim() == 0 or inp.shape[0] != self.size:
+        if out.dtype != inp.dtype:
+            self._check_same_dtype("output_tensor", out, inp)
+        if inp.dim() == 0 or inp.shape[0] != self._size:
             raise ValueError(
                 f"`input_tensor` must have shape [{self.size}, ...] (the gang size first), "
                 f"but has shape {list(inp.shape)} instead."
             )
-        self._check_shape("output_tensor", out, tuple(inp.shape))
+        if out.shape != inp.shape:
+            self._check_shape("output_tensor", out, tuple(inp.shape))
         if self._debug:
             self._verify_same_call(f"all_to_all(input {_describe(inp)})")
         work = self._all_to_all(out, inp.contiguous(), async_op)
@@ -435,7 +456,8 @@ class Gang(ABC):
         :raises TypeError: If ``source_rank`` is not an ``int`` or ``tensor`` not a tensor.
         :raises GangError: If the collective fails or times out.
         """
-        check_open(self, "broadcast")
+        if self._closed:
+            check_open(self, "broadcast")
         if async_op is not False:
             _check_async(async_op)
         t = self._check_tensor("tensor", tensor, contiguous=True)
@@ -473,13 +495,15 @@ class Gang(ABC):
         :raises TypeError: If ``dest_rank`` is not an ``int`` or ``tensor`` not a tensor.
         :raises GangError: If the transfer fails or times out.
         """
-        check_open(self, "send")
+        if self._closed:
+            check_open(self, "send")
         if async_op is not False:
             _check_async(async_op)
         t = self._check_tensor("tensor", tensor)
         dest_rank = self._check_peer("dest_rank", dest_rank)
         sends = [(t.contiguous(), dest_rank)]
-        self._refuse_traffic("send")
+        if not self._sends_and_receives:
+            self._refuse_traffic("send")
         if self._debug:
             self._verify_pairs(sends, [])
         work = self._send_recv(sends, [], async_op, "send")
@@ -508,12 +532,14 @@ class Gang(ABC):
         :raises TypeError: If ``source_rank`` is not an ``int`` or ``tensor`` not a tensor.
         :raises GangError: If the transfer fails or times out.
         """
-        check_open(self, "recv")
+        if self._closed:
+            check_open(self, "recv")
         if async_op is not False:
             _check_async(async_op)
         t = self._check_tensor("tensor", tensor, contiguous=True)
         recvs = [(t, self._check_peer("source_rank", source_rank))]
-        self._refuse_traffic("recv")
+        if not self._sends_and_receives:
+            self._refuse_traffic("recv")
         if self._debug:
             self._verify_pairs([], recvs)
         work = self._send_recv([], recvs, async_op, "recv")
@@ -573,14 +599,14 @@ class Gang(ABC):
         :raises TypeError: If ``sends`` or ``recvs`` is not a sequence of ``(tensor, rank)`` pairs.
         :raises GangError: If a transfer fails or times out.
         """
-        check_open(self, "send_recv")
+        if self._closed:
+            check_open(self, "send_recv")
         if async_op is not False:
             _check_async(async_op)
-        checked_sends = [
-            (t.contiguous(), peer) for t, peer in self._check_pairs("sends", sends, "dest_rank", contiguous=False)
-        ]
+        checked_sends = self._check_pairs("sends", sends, "dest_rank", contiguous=False)
         checked_recvs = self._check_pairs("recvs", recvs, "source_rank", contiguous=True)
-        self._refuse_traffic("send_recv")
+        if not self._sends_and_receives:
+            self._refuse_traffic("send_recv")
         if self._debug:
             self._verify_pairs(checked_sends, checked_recvs)
         if not checked_sends and not checked_recvs:
@@ -653,15 +679,18 @@ class Gang(ABC):
         :raises TypeError: If a tensor is not a tensor, or a splits list not a sequence of ``int``.
         :raises GangError: If the collective fails or times out.
         """
-        check_open(self, "all_to_all_uneven")
+        if self._closed:
+            check_open(self, "all_to_all_uneven")
         if async_op is not False:
             _check_async(async_op)
         out = self._check_tensor("output", output, contiguous=True)
         inp = self._check_tensor("input", input)
-        self._check_same_dtype("output", out, inp)
-        if inp.dim() == 0:
+        if out.dtype != inp.dtype:
+            self._check_same_dtype("output", out, inp)
+        dims = inp.dim()
+        if dims == 0:
             raise ValueError("`input` must have at least one dimension (the rows), but is a scalar instead.")
-        if out.dim() != inp.dim() or out.shape[1:] != inp.shape[1:]:
+        if out.dim() != dims or (dims > 1 and out.shape[1:] != inp.shape[1:]):
             trailing = "".join(f", {n}" for n in inp.shape[1:])
             raise ValueError(
                 f"`output` must have shape [rows{trailing}] (the trailing shape of `input`), "
@@ -669,7 +698,8 @@ class Gang(ABC):
             )
         out_splits = check_splits("output_splits", output_splits, self._size, out.shape[0], "output")
         in_splits = check_splits("input_splits", input_splits, self._size, inp.shape[0], "input")
-        self._refuse_traffic("all_to_all_uneven")
+        if not self._moves_uneven_rows:
+            self._refuse_traffic("all_to_all_uneven")
         if self._debug:
             self._verify_splits(out, out_splits, in_splits)
         work = self._all_to_all_uneven(out, inp.contiguous(), out_splits, in_splits, async_op)
@@ -790,7 +820,9 @@ class Gang(ABC):
 
         Called once the arguments are checked, before debug mode's checks and any communication, so
         a refusal is the same on every rank and sends nothing. By default a kind refuses what it
-        does not implement (:meth:`_send_recv` or :meth:`_all_to_all_uneven`).
+        does not implement (:meth:`_send_recv` or :meth:`_all_to_all_uneven`); a kind that keeps
+        this default and implements the operation is known per class (``__init_subclass__``), and
+        its calls skip this method.
         """
         cls = type(self)
         uneven = operation in ("all_to_all_uneven", "exchange_rows")
@@ -945,6 +977,8 @@ class Gang(ABC):
 
     def _check_peer(self, name: str, value: object) -> int:
         """A rank of this gang other than this process's own: the peer of a send or receive."""
+        if type(value) is int and 0 <= value < self._size and value != self._rank:
+            return value  # the common case, in a few bytecodes (it runs between a wake-up and the transfer)
         peer = check_rank(name, value, self._size)
         if peer == self._rank:
             raise ValueError(
@@ -954,7 +988,27 @@ class Gang(ABC):
         return peer
 
     def _check_pairs(self, name: str, pairs: object, peer_name: str, *, contiguous: bool) -> list[tuple[Tensor, int]]:
-        """The ``(tensor, rank)`` pairs of :meth:`send_recv`, checked; ``name[i]`` names an entry."""
+        """The ``(tensor, rank)`` pairs of :meth:`send_recv`, checked, with contiguous tensors (those of
+        ``sends`` made so; ``recvs`` must be); ``name[i]`` names an entry."""
+        if type(pairs) is list or type(pairs) is tuple:  # the common case: no error message is built
+            fast = []
+            for pair in pairs:
+                if type(pair) is not tuple or len(pair) != 2:
+                    break
+                t, peer = pair
+                if not (
+                    type(t) is Tensor
+                    and (t.is_cpu if self._on_cpu else t.device == self._device)
+                    and t.dtype in SUPPORTED_DTYPES
+                    and t.is_contiguous()
+                    and type(peer) is int
+                    and 0 <= peer < self._size
+                    and peer != self._rank
+                ):
+                    break
+                fast.append(pair)
+            else:
+                return fast
         if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence):
             raise TypeError(f"`{name}` must be a sequence of `(tensor, {peer_name})` pairs, but is {pairs!r} instead.")
         checked = []
@@ -962,10 +1016,17 @@ class Gang(ABC):
             if not isinstance(pair, tuple) or len(pair) != 2:
                 raise TypeError(f"`{name}[{i}]` must be a `(tensor, {peer_name})` pair, but is {pair!r} instead.")
             t = self._check_tensor(f"{name}[{i}][0]", pair[0], contiguous=contiguous)
-            checked.append((t, self._check_peer(f"{name}[{i}][1]", pair[1])))
+            checked.append((t.contiguous(), self._check_peer(f"{name}[{i}][1]", pair[1])))
         return checked
 
     def _check_tensor(self, name: str, value: object, *, contiguous: bool = False) -> Tensor:
+        if (
+            type(value) is Tensor
+            and (value.is_cpu if self._on_cpu else value.device == self._device)
+            and value.dtype in SUPPORTED_DTYPES
+            and (not contiguous or value.is_contiguous())
+        ):
+            return value  # the common case, in a few bytecodes (it runs between a wake-up and the collective)
         if not isinstance(value, Tensor):
             value = self._from_array(name, value)
         if value.device != self.device:

@@ -17,7 +17,7 @@ from gang.extend import (
     check_values_exchangeable,
     pickle_or_error,
 )
-from gang.gang import Gang, ReduceOperation
+from gang.gang import Gang, ReduceOperation, _block
 
 T = TypeVar("T")
 
@@ -58,20 +58,31 @@ def exchange_rows(gang: Gang, input: Tensor, input_splits: Sequence[int]) -> tup
     """
     # Everything `all_to_all_uneven` will check, before the counts are exchanged: a bad call on one
     # rank then fails there alone, with nothing sent.
-    check_open(gang, "exchange_rows")
+    if gang.closed:
+        check_open(gang, "exchange_rows")
     if not isinstance(input, Tensor):
         raise TypeError(f"`input` must be a `torch.Tensor`, but is of type `{type(input).__name__}` instead.")
     gang._check_tensor("input", input)  # the gang's device, a dtype every gang moves
     if input.dim() == 0:
         raise ValueError("`input` must have at least one dimension (the rows), but is a scalar instead.")
     splits = check_splits("input_splits", input_splits, gang.size, input.shape[0], "input")
-    gang._refuse_traffic("exchange_rows")
+    if not gang._moves_uneven_rows:
+        gang._refuse_traffic("exchange_rows")
     counts = torch.tensor(splits, dtype=torch.int64, device=gang.device)
     received = torch.empty_like(counts)
-    gang.all_to_all(received, counts)  # row i of `received`: what rank i sends this one
-    output_splits = [int(n) for n in received.tolist()]
-    output = input.new_empty((sum(output_splits), *input.shape[1:]), device=gang.device)
-    gang.all_to_all_uneven(output, input, output_splits, splits)
+    # Row i of `received`: what rank i sends this one. Everything the public methods check is
+    # checked above or holds by construction, so outside debug mode (which checks each call across
+    # the ranks) the two calls go straight to the gang's own methods.
+    if gang.debug:
+        gang.all_to_all(received, counts)
+    else:
+        _block(gang._all_to_all(received, counts, False))
+    output_splits: list[int] = received.tolist()
+    output = input.new_empty((sum(output_splits), *input.shape[1:]))
+    if gang.debug:
+        gang.all_to_all_uneven(output, input, output_splits, splits)
+    else:
+        _block(gang._all_to_all_uneven(output, input.contiguous(), output_splits, splits, False))
     return output, output_splits
 
 

@@ -215,6 +215,10 @@ def _canonical(
     By peer; with each peer, the lower rank posts its sends first and the higher one its
     receives first; the caller's order is kept among the sends (and among the receives) of one peer.
     """
+    if len(sends) == 1 and len(recvs) == 1:  # a pipeline stage's or a ring's pair, without a sort
+        (sent, to), (received, of) = sends[0], recvs[0]
+        send, recv = (True, sent, to), (False, received, of)
+        return [send, recv] if to < of or (to == of and rank < to) else [recv, send]
     ops = [(True, t, p) for t, p in sends] + [(False, t, p) for t, p in recvs]
     return sorted(ops, key=lambda op: (op[2], op[0] != (rank < op[2])))
 
@@ -482,12 +486,18 @@ class ProcessGroupGang(Gang):
 
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation, async_op: bool) -> Work | None:
-        with guard("all_reduce", self):
+        try:  # not `guard`: a `with` costs more than a `try` right after a wake-up
             if _direct(tensor):
                 work = self._pg.allreduce([tensor], self._allreduce_options[async_op][op])
             else:
                 work = dist.all_reduce(tensor, _REDUCE_OPS[op], group=self._pg, async_op=async_op)
-            return self._complete("all_reduce", work, async_op)
+            if not async_op:
+                if work is not None:  # `torch.distributed`'s functions wait themselves
+                    work.wait()
+                return None
+        except BACKEND_ERRORS as ex:
+            raise operation_error("all_reduce", self, ex) from ex
+        return TorchWork("all_reduce", [work], self._where, self._cuda)
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
@@ -545,7 +555,7 @@ class ProcessGroupGang(Gang):
     ) -> Work | None:
         # Rows are split along the first dimension, whatever the shape (as torch's users pass them);
         # empty split lists mean equal rows.
-        with guard(operation, self):
+        try:  # not `guard`: a `with` costs more than a `try` right after a wake-up
             if _direct(input):
                 work = self._pg.all_to_all_single(
                     output, input, out_splits, in_splits, self._all_to_all_options[async_op]
@@ -554,7 +564,13 @@ class ProcessGroupGang(Gang):
                 work = dist.all_to_all_single(
                     output, input, out_splits or None, in_splits or None, group=self._pg, async_op=async_op
                 )
-            return self._complete(operation, work, async_op)
+            if not async_op:
+                if work is not None:  # `torch.distributed`'s functions wait themselves
+                    work.wait()
+                return None
+        except BACKEND_ERRORS as ex:
+            raise operation_error(operation, self, ex) from ex
+        return TorchWork(operation, [work], self._where, self._cuda)
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int, async_op: bool) -> Work | None:
@@ -575,22 +591,35 @@ class ProcessGroupGang(Gang):
         # Posted in one order that both sides of every pair agree on, whatever order the caller
         # listed them in: by peer, and with each peer the lower rank sends first, the higher one
         # receives first. The k-th send to a peer still meets the k-th receive it posts for us.
+        if not self._cuda and len(sends) + len(recvs) == 1:
+            # One transfer on gloo (a `send` or a `recv`): posted and waited for directly, in as few
+            # steps as possible, since they run between the process waking up and the transfer.
+            t, peer = sends[0] if sends else recvs[0]
+            try:
+                work = (self._pg.send if sends else self._pg.recv)([real_view(t)], peer, 0)
+                if not async_op:
+                    work.wait()
+                    return None
+            except BACKEND_ERRORS as ex:
+                raise operation_error(operation, self, ex) from ex
+            return TorchWork(operation, [work], self._where, False)
         ops = _canonical(self._rank, sends, recvs)
-        with guard(operation, self):
-            if self._device.type == "cuda":  # NCCL: one group call, so that no pair waits on another
+        try:  # not `guard`: a `with` costs more than a `try` right after a wake-up
+            if self._cuda:  # NCCL: one group call, so that no pair waits on another
                 p2p = [
                     dist.P2POp(dist.isend if is_send else dist.irecv, real_view(t), group=self._pg, group_peer=peer)
                     for is_send, t, peer in ops
                 ]
                 works = [w for w in dist.batch_isend_irecv(p2p) if w is not None]
             else:  # gloo posts each transfer at once and never blocks on posting
-                works = [
-                    (self._pg.send if is_send else self._pg.recv)([real_view(t)], peer, 0) for is_send, t, peer in ops
-                ]
+                pg = self._pg
+                works = [(pg.send if is_send else pg.recv)([real_view(t)], peer, 0) for is_send, t, peer in ops]
             if not async_op:
                 for work in works:
                     work.wait()
                 return None
+        except BACKEND_ERRORS as ex:
+            raise operation_error(operation, self, ex) from ex
         return TorchWork(operation, works, self._where, self._cuda)
 
     def _complete(self, operation: str, work: TorchHandle | None, async_op: bool) -> Work | None:

@@ -17,7 +17,8 @@ Each operation of :data:`~gang.bench.metrics.TRAFFIC_OPS` is timed through the g
     buffer, as for ``all_to_all``.
 ``exchange_rows``
     The same skewed rows through :func:`gang.exchange_rows`, which exchanges the counts first (raw:
-    the two ``all_to_all_single`` calls it replaces, the output allocated as the gang does).
+    the two ``all_to_all_single`` calls it replaces, the counts' tensor made from the splits and the
+    output allocated on every call, as the gang does).
 ``overlap``
     A backward pass's gradient all-reduces: :data:`BUCKETS` buckets (``bytes`` in all), each started
     with ``async_op=True`` right after a fixed piece of compute (a matrix product standing for the
@@ -167,10 +168,11 @@ def _uneven(g: Gang, numel: int, dtype: torch.dtype) -> dict[str, Case]:
 def _exchange_rows(g: Gang, numel: int, dtype: torch.dtype) -> dict[str, Case]:
     group = g.as_process_group()
     source, expected, in_splits, _ = _uneven_data(g.rank, g.size, numel, dtype)
-    counts = torch.tensor(in_splits, dtype=torch.int64, device=g.device)
 
     def raw(_: Tensor, inp: Tensor) -> Tensor:
-        """The two calls ``exchange_rows`` replaces: the counts, then the rows into a new output."""
+        """The two calls ``exchange_rows`` replaces: the counts (a tensor made from the splits, as the gang
+        makes it on every call), then the rows into a new output."""
+        counts = torch.tensor(in_splits, dtype=torch.int64, device=g.device)
         received = torch.empty_like(counts)
         dist.all_to_all_single(received, counts, group=group)
         out_splits = received.tolist()
