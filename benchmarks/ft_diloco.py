@@ -33,11 +33,11 @@ optimizer is SGD with Nesterov momentum. Three measurements:
   steps compute) in interleaved rounds in the same processes (a fresh ``DiLoCo`` per round; the
   timed window holds every exchange it starts and their ends), and ``exchange_ms``: one
   fragment's exchange alone as DiLoCo runs it inside a step of the replica gang (an all-to-all of
-  a chunk per member, an all-gather of the averaged chunks). ``sync_ms_delay<d>`` is what the
-  ``step()`` calls of an outer step took beyond the median ``step()`` (the syncs' critical path,
-  slowest replica), and ``hidden_delay<d>`` the share of the exchange that the delay took off it,
-  ``(S0 - Sd) / (2 * exchange)`` (2 exchanges per outer step); with the medians of the sync
-  records' ``waited`` (the vote and the update, and with a delay what is left of the exchange).
+  a chunk per member, an all-gather of the averaged chunks). ``waited_ms_delay<d>`` is the median
+  of the sync records' ``waited``: the vote and the update, and with a delay what the local steps
+  left of the exchange; ``hidden_delay<d>`` is ``1 - (waited_d - waited_0) / exchange``, the
+  share of the exchange that no longer shows at the vote. With them, the outer step's time and
+  ``sync_ms_delay<d>``, what its ``step()`` calls took beyond the median one (slowest replica).
 * **Recovery** (ops ``diloco_kill_to_sync`` and ``diloco_restart_to_sync``; DiLoCo, 1 fragment):
   replica 2 is ``SIGKILL``\\ ed at a random moment between syncs; the time from the signal to the
   survivors' next committed sync without it (the later of the two), split into the wait for the
@@ -62,10 +62,12 @@ import random
 import socket
 import struct
 import sys
+import tempfile
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -469,6 +471,8 @@ def worker_recovery(args: argparse.Namespace) -> None:
     make: Maker = make_gang if args.impl == "gang" else make_torchft
     impl, manager = make(args, 1, 0, "diloco", args.timeout, lambda: print(f"@built {time.time()}", flush=True))
     print(f"@joined {time.time()}", flush=True)
+    while args.gate and not os.path.exists(args.gate):  # the first start: until every replica joined
+        time.sleep(0.05)
     with manager:
         while True:
             before = impl.syncs()
@@ -537,10 +541,16 @@ def measure_recovery(impl: str, torchft_python: str | None, cycles: int) -> list
     samples: list[dict[str, float]] = []
     with LocalJob(echo=False) as job:
         reach = runner.start_coordinator(job, LAUNCH_TIMEOUT_S)
-        args = ["recovery", "--min-replicas", "1"]
+        gate = Path(tempfile.mkdtemp()) / "gate"
+        args = ["recovery", "--min-replicas", "1", "--gate", str(gate)]
         for replica in range(REPLICAS):
             runner.start_replica(job, replica, reach, args)
         try:
+            # The replicas start training together: one that trained alone for a while (the
+            # others still starting on a loaded machine) would outrun the quorum timeout.
+            for _ in range(REPLICAS):
+                job.expect(lambda line: line.text.startswith("@joined"), LAUNCH_TIMEOUT_S)
+            gate.touch()
             for _ in range(cycles):
                 _steady(job, REPLICAS, steps=2, timeout=LAUNCH_TIMEOUT_S)
                 # Anywhere between two syncs (an outer step is SYNC_EVERY local steps).
@@ -646,13 +656,17 @@ def overlap_row(results: list[dict[str, Any]]) -> Row:
     exchange = median(max(r["exchange_s"][i] for r in results) for i in range(len(results[0]["exchange_s"])))
     extra: dict[str, Any] = {"exchange_ms": round(exchange * 1e3, 2)}
     syncs = {d: median(max(r[f"sync_s_{d}"][i] for r in results) for i in range(count)) for d in OVERLAP_DELAYS}
+    waited = {d: median(s for r in results for s in r[f"waited_{d}"]) for d in OVERLAP_DELAYS}
     for d in OVERLAP_DELAYS:
         extra[f"outer_ms_delay{d}"] = round(times[d] * 1e3, 2)
         extra[f"sync_ms_delay{d}"] = round(syncs[d] * 1e3, 2)
-        extra[f"waited_ms_delay{d}"] = round(1e3 * median(s for r in results for s in r[f"waited_{d}"]), 2)
+        extra[f"waited_ms_delay{d}"] = round(waited[d] * 1e3, 2)
         if d:
-            extra[f"hidden_delay{d}"] = round((syncs[0] - syncs[d]) / (2 * exchange), 3)
-    extra["sync_ms_delay0"] = round(1e3 * median(s for r in results for s in r["seconds_0"]), 2)
+            # At the vote, delay 0 waits for nothing of the exchange (it blocked before): what a
+            # delay's vote waits for beyond that is the part of the exchange left unhidden.
+            extra[f"hidden_delay{d}"] = round(1 - (waited[d] - waited[0]) / exchange, 3)
+    # One sync of delay 0 from its quorum to its update (the sync records' `seconds`).
+    extra["sync_record_ms_delay0"] = round(1e3 * median(s for r in results for s in r["seconds_0"]), 2)
     return make_row("gang.ft", "diloco_overlap", 0, REPLICAS, times[max(OVERLAP_DELAYS)], bandwidth=False, **extra)
 
 
@@ -720,6 +734,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.add_argument("--outer-steps", type=int, default=2, help="outer steps per round")
         parser.add_argument("--min-replicas", type=int, default=REPLICAS)
         parser.add_argument("--timeout", type=float, default=TIMEOUT_S)
+        parser.add_argument("--gate", default="", help="recovery: start training once this file exists")
         args = parser.parse_args(argv[1:])
         {"paired": worker_paired, "overlap": worker_overlap, "recovery": worker_recovery}[args.mode](args)
         return
