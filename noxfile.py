@@ -410,6 +410,9 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.ft_quorum", *session.posargs, env={"OMP_NUM_THREADS": "1"})
     # HSDP across fault-tolerant replicas (2 of 2 processes) against a static mesh; TORCHFT_PYTHON adds torchft.
     session.run("python", "-m", "benchmarks.ft_hsdp", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    # LocalSGD and (streaming) DiLoCo on 3 replicas: time and bytes per outer step, the overlap of a
+    # delayed exchange, recovery; TORCHFT_PYTHON adds torchft's LocalSGD and DiLoCo side by side.
+    session.run("python", "-m", "benchmarks.ft_diloco", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session

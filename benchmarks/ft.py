@@ -336,14 +336,17 @@ class Runner:
         self.impl = impl
         self.timeout_s = timeout_s
         self.python = torchft_python if impl == "torchft" else sys.executable
+        self.module = "benchmarks.ft"
+        """The module whose ``worker`` the replicas run."""
         if impl == "torchft":  # gang itself (for the plain baseline) from the sources, not installed there
             self.env = torchft_env()
         else:
             paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
             self.env = {"PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
 
-    def start_coordinator(self, job: LocalJob) -> dict[str, str]:
-        """Start the store (gang) or the Lighthouse (torchft); return the worker arguments/env that reach it."""
+    def start_coordinator(self, job: LocalJob, timeout: float = 60) -> dict[str, str]:
+        """Start the store (gang) or the Lighthouse (torchft); return the worker arguments/env that reach it
+        (``timeout``: the longest wait for it to listen)."""
         if self.impl == "torchft":
             port = free_port()
             job.start(
@@ -361,16 +364,16 @@ class Runner:
                 self.env,
                 python=self.python,
             )
-            wait_for_port(port, 60)
+            wait_for_port(port, timeout)
             return {"--lighthouse": f"http://127.0.0.1:{port}"}
-        return {"GANG_FT_STORE": job.start_store()}
+        return {"GANG_FT_STORE": job.start_store(timeout=timeout)}
 
     def start_replica(self, job: LocalJob, replica: int, reach: dict[str, str], args: Sequence[str]) -> float:
         """Start replica ``replica`` (a ``worker`` process); return its launch time."""
         env = {**self.env, **{k: v for k, v in reach.items() if not k.startswith("--")}}
         env["GANG_FT_REPLICA_ID"] = str(replica)
         flags = [x for k, v in reach.items() if k.startswith("--") for x in (k, v)]
-        argv = ["-m", "benchmarks.ft", "worker", "--impl", self.impl, "--replica", str(replica), *flags, *args]
+        argv = ["-m", self.module, "worker", "--impl", self.impl, "--replica", str(replica), *flags, *args]
         argv += ["--timeout", str(self.timeout_s)]
         return job.start(f"replica {replica}", argv, env, python=self.python)
 
@@ -417,10 +420,10 @@ def measure_overhead(runner: Runner, step_ms: float, rounds: int, micro_batches:
 
 
 def _commit(line: Line) -> tuple[int, float, int, int] | None:
-    """Parse ``@commit step time quorum_size step_before`` (None for any other line)."""
+    """Parse ``@commit step time quorum_size step_before ...`` (None for any other line)."""
     if not line.text.startswith("@commit "):
         return None
-    step, stamp, size, before = line.text.split()[1:]
+    step, stamp, size, before = line.text.split()[1:5]
     return int(step), float(stamp), int(size), int(before)
 
 
@@ -479,11 +482,12 @@ def _launch_stamps(output: list[str]) -> dict[str, float]:
     return {name: float(stamp) for name, stamp in stamps}
 
 
-def _steady(job: LocalJob, size: int, steps: int = 5) -> None:
-    """Wait until every one of ``size`` replicas has committed ``steps`` steps with a quorum of ``size``."""
+def _steady(job: LocalJob, size: int, steps: int = 5, timeout: float = 120) -> None:
+    """Wait until every one of ``size`` replicas has committed ``steps`` steps with a quorum of ``size``
+    (``timeout``: the longest wait for one of them)."""
     counts: dict[str, int] = {}
     while len([n for n in counts.values() if n >= steps]) < size:
-        line = job.expect(lambda line: (c := _commit(line)) is not None and c[2] == size, timeout=120)
+        line = job.expect(lambda line: (c := _commit(line)) is not None and c[2] == size, timeout=timeout)
         counts[line.name] = counts.get(line.name, 0) + 1
 
 
@@ -527,14 +531,20 @@ def recovery_rows(impl: str, samples: list[dict[str, float]], timeout_s: float =
     return rows
 
 
+def row_cells(row: Row) -> tuple[str, str, str]:
+    """The median time, ratio and paired ratio columns of ``row`` in a printed table."""
+    ms = row["time_us"] / 1e3
+    time_text = f"{ms:8.1f}ms" if ms < 1000 else f"{ms / 1e3:8.2f} s"
+    ratio = f"{row['ratio']:7.3f}" if "ratio" in row else f"{'':7}"
+    paired = f"{row['paired_ratio']:7.3f}" if "paired_ratio" in row else f"{'':7}"
+    return time_text, ratio, paired
+
+
 def table(rows: list[Row]) -> str:
     """Return the printed table of the rows."""
     lines = [f"{'op':>22} {'impl':>14} {'median':>10} {'ratio':>7} {'paired':>7}  notes"]
     for row in rows:
-        ms = row["time_us"] / 1e3
-        time_text = f"{ms:8.1f}ms" if ms < 1000 else f"{ms / 1e3:8.2f} s"
-        ratio = f"{row['ratio']:7.3f}" if "ratio" in row else f"{'':7}"
-        paired = f"{row['paired_ratio']:7.3f}" if "paired_ratio" in row else f"{'':7}"
+        time_text, ratio, paired = row_cells(row)
         notes = ""
         if "samples" in row:
             notes = "samples " + ", ".join(f"{s:.2f}" for s in row["samples"])
@@ -616,11 +626,16 @@ def main(argv: list[str] | None = None) -> None:
             print(f"# gang recovery with a {LONG_TIMEOUT_S:g} s timeout failed: {error}", flush=True)
         else:
             rows += recovery_rows(f"gang.ft@{LONG_TIMEOUT_S:g}s", samples, LONG_TIMEOUT_S)
-    out = Path(args.out).resolve()
-    out = out.with_name(out.stem + "_ft.json")
+    write_rows(rows, args.out, "_ft", table(rows))
+
+
+def write_rows(rows: list[Row], out_arg: str, suffix: str, printed: str) -> None:
+    """Print the table ``printed`` and write ``rows`` to ``<stem of out_arg><suffix>.json``."""
+    out = Path(out_arg).resolve()
+    out = out.with_name(out.stem + suffix + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1) + "\n")
-    print("\n" + table(rows))
+    print("\n" + printed)
     print(f"\nwrote {out} ({len(rows)} rows)")
 
 

@@ -33,6 +33,45 @@ class _StateOwner(Protocol):
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
 
 
+def make_manager(
+    owner: _StateOwner,
+    replica: int,
+    min_replicas: int,
+    lighthouse: str,
+    timeout_s: float,
+    *,
+    use_async_quorum: bool = True,
+) -> tuple[TCPStore, Any]:
+    """Return the replica-group store and the torchft ``Manager`` of replica ``replica`` (1 process, gloo).
+
+    The Manager advertises ``127.0.0.1`` to the Lighthouse (every process of the benchmark is on
+    this machine); ``use_async_quorum=False`` is what torchft's ``DiLoCo`` requires.
+    """
+    torchft: Any = importlib.import_module("torchft")
+    # The Lighthouse's join and heartbeat timeouts decide when a dead replica is left out; the
+    # Manager's quorum request must outlast a slow step (1 s made it fail under load).
+    timeout = timedelta(seconds=max(timeout_s, MANAGER_TIMEOUT_S))
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    manager = torchft.Manager(
+        pg=torchft.ProcessGroupGloo(timeout=timeout),
+        load_state_dict=owner.load_state_dict,
+        state_dict=owner.state_dict,
+        min_replica_size=min_replicas,
+        use_async_quorum=use_async_quorum,
+        timeout=timeout,
+        quorum_timeout=timeout,
+        connect_timeout=timeout,
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        lighthouse_addr=lighthouse,
+        replica_id=f"bench_{replica}",
+        hostname="127.0.0.1",
+    )
+    return store, manager
+
+
 class TorchftTrainer:
     """One replica of 1 process under a torchft ``Manager`` (its own replica-group store, gloo)."""
 
@@ -45,26 +84,7 @@ class TorchftTrainer:
         timeout_s: float,
         parts: tuple[Callable[[int, int], Tensor], Callable[[Tensor], None]],
     ) -> None:
-        torchft: Any = importlib.import_module("torchft")
-        # The Lighthouse's join and heartbeat timeouts decide when a dead replica is left out; the
-        # Manager's quorum request must outlast a slow step (1 s made it fail under load).
-        timeout = timedelta(seconds=max(timeout_s, MANAGER_TIMEOUT_S))
-        self._store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        self.manager: Any = torchft.Manager(
-            pg=torchft.ProcessGroupGloo(timeout=timeout),
-            load_state_dict=owner.load_state_dict,
-            state_dict=owner.state_dict,
-            min_replica_size=min_replicas,
-            timeout=timeout,
-            quorum_timeout=timeout,
-            connect_timeout=timeout,
-            rank=0,
-            world_size=1,
-            store_addr="127.0.0.1",
-            store_port=self._store.port,
-            lighthouse_addr=lighthouse,
-            replica_id=f"bench_{replica}",
-        )
+        self._store, self.manager = make_manager(owner, replica, min_replicas, lighthouse, timeout_s)
         self._compute, self._apply = parts
 
     @property
@@ -102,7 +122,7 @@ def main() -> None:
     coordination: Any = importlib.import_module("torchft.coordination")
     timeout_ms = round(args.timeout * 1000)
     server = coordination.LighthouseServer(
-        bind=f"[::]:{args.port}",
+        bind=f"127.0.0.1:{args.port}",
         min_replicas=args.min_replicas,
         join_timeout_ms=timeout_ms,
         heartbeat_timeout_ms=timeout_ms,

@@ -12,7 +12,8 @@ parameters, ``local`` parameters and outer ``momentum`` after it (flat; local sh
 
 Pauses (``FT_PAUSE``): ``enter:1`` before entering DiLoCo (``FT_GATE=1``), ``step:<t>`` before
 local step ``t``, ``exchange:<t>`` inside the sync that follows local step ``t``, as its
-all-gather starts (through ``gang.ft.replica``'s test-only fault seam). ``FT_FRAGMENTS``, ``FT_DELAY``,
+all-to-all (the exchange's first collective) starts (through ``gang.ft.replica``'s test-only
+fault seam). ``FT_FRAGMENTS``, ``FT_DELAY``,
 ``FT_ALPHA`` and ``FT_SYNC_EVERY`` configure DiLoCo; ``FT_TIMEOUT``, ``FT_QUORUM_TIMEOUT``,
 ``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` the gang.
 
@@ -263,7 +264,7 @@ def main() -> None:
         return timedelta(seconds=float(os.environ.get(name, default)))
 
     def pause_in_exchange(gang: ReplicaGang, operation: str) -> RuntimeError | None:
-        if operation == "all_gather" and worker.diloco is not None:
+        if operation == "all_to_all" and worker.diloco is not None:
             worker.maybe_pause("exchange", worker.diloco.local_step - 1)
         return None
 

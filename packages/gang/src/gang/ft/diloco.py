@@ -13,11 +13,13 @@ How a sync goes (one ``rg.step()``):
 1. The quorum forms; a replica that is behind (restarted, new) is healed: it receives the user's
    state (``join(state_dict=...)``) and this object's own state (global parameters, the outer
    optimizer's state, the local step and which fragments are due) from an up-to-date member.
-2. Every member all-gathers what it contributes for the due fragments (``LocalSGD``: its
-   parameters; ``DiLoCo``: its pseudo-gradient, global minus local parameters). The average is
-   summed in rank order over the members that were *not* healed in this step (a healed member's
-   contribution would repeat its healer's), so every member, and a replay in one process, gets
-   the same bits.
+2. The members exchange what they contribute for the due fragments (``LocalSGD``: their
+   parameters; ``DiLoCo``: their pseudo-gradients, global minus local parameters) in two
+   collectives, the bytes of a ring all-reduce: an all-to-all gives member ``j`` chunk ``j`` of
+   every member's contribution; it sums that chunk in rank order over the members that were *not*
+   healed in this step (a healed member's contribution would repeat its healer's) and divides;
+   an all-gather gives every member every averaged chunk. Each element is summed in the same
+   order on every member, so every member, and a replay in one process, gets the same bits.
 3. The members vote (:meth:`~gang.ft.ReplicaGang.should_commit`). Only a committed sync changes
    anything: ``LocalSGD`` writes the average into the parameters; ``DiLoCo`` sets the fragment's
    parameters to their global values, puts the average in ``.grad`` and calls
@@ -26,7 +28,9 @@ How a sync goes (one ``rg.step()``):
    died or hung in the exchange) changes nothing on any survivor: local progress is kept, and the
    sync is retried after the next local step with the survivors (its pseudo-gradient then spans
    one more step). With ``fragment_sync_delay=d`` the exchange runs through async handles while
-   ``d`` more local steps compute, and the vote and the application follow local step ``t + d``.
+   ``d`` more local steps compute (the all-gather starts after the first local step that finds
+   the all-to-all complete, at the latest at the vote), and the vote and the application follow
+   local step ``t + d``.
 
 Every committed sync is logged on the ``gang.ft`` logger (event ``sync``: ``step``,
 ``local_steps`` when the exchange started, ``applied_after`` local steps, ``fragments``,
@@ -43,7 +47,7 @@ import logging
 import time
 from collections.abc import Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, final
 
@@ -249,6 +253,8 @@ class _SemiSync:
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         t = self._local_step
         self._local_step += 1
+        if self._flight is not None and self._flight.tables is None and _completed(self._flight.works):
+            self._gather(self._flight, async_op=True)  # the second half of a delayed exchange
         failed = self._flight is not None and t >= self._flight.apply_after and not self._finish()
         for k, offset in enumerate(self._offsets):
             if t % self._sync_every == offset and k not in self._due:
@@ -275,9 +281,13 @@ class _SemiSync:
             healed = {quorum.members.index(m) for m in quorum.heal}
             t = self._local_step - 1  # after a heal: the healer's
             rows = self._outgoing(due)
-            tables = [row.new_empty((rg.size, row.numel())) for row in rows]
-            for table, row in zip(tables, rows, strict=True):
-                rg.all_gather(table, row, async_op=self._delay > 0)
+            # The first half of the exchange: chunk j of every member's row goes to member j.
+            chunks = [_chunked(row, rg.size) for row in rows]
+            received = [chunk.new_empty(chunk.shape) for chunk in chunks]
+            works = [
+                rg.all_to_all(out, inp, async_op=True) if self._delay > 0 else rg.all_to_all(out, inp)
+                for out, inp in zip(received, chunks, strict=True)
+            ]
         except BaseException as ex:
             stack.__exit__(type(ex), ex, ex.__traceback__)
             raise
@@ -285,7 +295,10 @@ class _SemiSync:
             stack=stack,
             due=due,
             rows=rows,
-            tables=tables,
+            chunks=chunks,
+            received=received,
+            works=[w for w in works if w is not None],
+            tables=None,
             averaged=[r for r in range(rg.size) if r not in healed],
             members=list(quorum.members),
             healed=dict(quorum.heal),
@@ -302,11 +315,17 @@ class _SemiSync:
         rg = self._rg
         waiting = time.monotonic()
         with flight.stack:
+            if flight.tables is None:
+                for work in flight.works:
+                    work.wait()  # a failure is recorded by the gang (the vote then fails), not raised
+                self._gather(flight, async_op=False)
             committed = rg.should_commit()
         if not committed:
             return False
         if flight.due:
-            self._land(flight.due, [_ordered_mean(table, flight.averaged) for table in flight.tables])
+            assert flight.tables is not None
+            means = [table.view(-1)[: row.numel()] for table, row in zip(flight.tables, flight.rows, strict=True)]
+            self._land(flight.due, means)
         self._due = [k for k in self._due if k not in flight.due]
         now = time.monotonic()
         sent = sum(row.numel() * row.element_size() for row in flight.rows)
@@ -331,6 +350,18 @@ class _SemiSync:
             waited=round(now - waiting, 6),
         )
         return True
+
+    def _gather(self, flight: _Exchange, *, async_op: bool) -> None:
+        """The second half of the exchange (the first is complete): each member averages its chunk, in rank
+        order over the members averaged, and all-gathers the averaged chunks (then waited for by the vote)."""
+        flight.tables = [chunk.new_empty(chunk.shape) for chunk in flight.chunks]
+        for table, received in zip(flight.tables, flight.received, strict=True):
+            mine = _ordered_mean(received, flight.averaged)
+            flight.averaged_chunks.append(mine)  # kept alive while the handle runs
+            if async_op:
+                self._rg.all_gather(table, mine, async_op=True)
+            else:
+                self._rg.all_gather(table, mine)
 
     def _groups(self, due: list[int]) -> list[list[int]]:
         """The parameter indices of the due fragments, one list per dtype (in order of first appearance)."""
@@ -383,14 +414,31 @@ class _Exchange:
 
     stack: ExitStack  # holds the open `rg.step()`
     due: list[int]
-    rows: list[Tensor]  # what this process sent (kept alive while the handles run)
-    tables: list[Tensor]  # the all-gathered rows, one table per dtype group
+    rows: list[Tensor]  # what this process contributes, one flat row per dtype group
+    chunks: list[Tensor]  # the rows cut into one chunk per member (sent by the all-to-all)
+    received: list[Tensor]  # chunk `rank` of every member's row
+    works: list[Any]  # the first half's handles (with a delay)
+    tables: list[Tensor] | None  # every member's averaged chunk (the second half), once started
     averaged: list[int]  # the ranks averaged (not healed in this step)
     members: list[str]
     healed: dict[str, str]
     local_steps: int  # the local steps taken when the exchange started
     apply_after: int  # the local step after which it is voted on and applied
     started: float
+    averaged_chunks: list[Tensor] = field(default_factory=list)  # what the second half sends
+
+
+def _chunked(row: Tensor, size: int) -> Tensor:
+    """``row`` zero-padded to a multiple of ``size`` and viewed as ``size`` chunks (one per member)."""
+    width = -(-row.numel() // size)
+    padded = row.new_zeros(size * width)
+    padded[: row.numel()] = row
+    return padded.view(size, width)
+
+
+def _completed(works: list[Any]) -> bool:
+    """Whether every handle of the first half of an exchange has completed."""
+    return all(work.is_completed() for work in works)
 
 
 def _ordered_mean(table: Tensor, ranks: list[int]) -> Tensor:
@@ -476,9 +524,11 @@ class DiLoCo(_SemiSync):
     every ``.grad`` is restored afterwards): the result is the fragment's new global value. The
     local parameters become ``alpha * local + (1 - alpha) * new_global`` (``alpha`` is
     ``fragment_update_alpha``). Without a delay all of it happens after local step ``t``. With
-    ``fragment_sync_delay=d`` the exchange starts after local step ``t`` through async handles
-    (``async_op=True``) and the step of the replica gang stays open while ``d`` more local steps
-    compute; after local step ``t + d`` the handles are waited for, the members vote, and the
+    ``fragment_sync_delay=d`` the exchange (an all-to-all of chunks, each member averaging its
+    chunk in rank order, then an all-gather of the averages) starts after local step ``t``
+    through async handles (``async_op=True``) and the step of the replica gang stays open while
+    ``d`` more local steps compute (the all-gather starts after the first of them that finds the
+    all-to-all complete); after local step ``t + d`` the handles are waited for, the members vote, and the
     fragment is applied (to the local values of step ``t + d``). A failed exchange is then
     retried after the next local step.
 
