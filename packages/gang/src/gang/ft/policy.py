@@ -158,6 +158,23 @@ class GiveUp:
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """What :meth:`Policy.judge_watched` decides about the watched process during a step.
+
+    :ivar reason: Why the step is over (its decision is then ``abort``), or ``None``.
+    :ivar suspect: Whether the heartbeat looks silent but is not confirmed yet (read it again).
+    """
+
+    reason: str | None
+    suspect: bool
+
+
+def heartbeat_period(heartbeat_timeout: float) -> float:
+    """Seconds between two heartbeats of a process: a tenth of ``heartbeat_timeout``, at most 0.1 s."""
+    return min(0.1, heartbeat_timeout / 10)
+
+
+@dataclass(frozen=True)
 class Policy:
     """The quorum decisions.
 
@@ -174,9 +191,75 @@ class Policy:
     heartbeat_timeout: float
     init_sync: bool = False
 
+    # -- liveness -------------------------------------------------------------------------------
+
     def alive(self, beat: Beat | None) -> bool:
         """Whether a process with this last heartbeat counts as live."""
         return beat is not None and not beat.left and beat.age < self.heartbeat_timeout
+
+    @property
+    def watch_interval(self) -> float:
+        """Seconds between two heartbeats of a process, and between two looks at the watched one
+        while a step waits (:func:`heartbeat_period` of ``heartbeat_timeout``)."""
+        return heartbeat_period(self.heartbeat_timeout)
+
+    def owner_alive(self, token: str, claimed: float, beat: Beat | None, changed: bool) -> bool | None:
+        """Whether the incarnation ``token`` that claimed an identity ``claimed`` seconds ago still lives.
+
+        A live process writes a new heartbeat every :attr:`watch_interval`, so a fresh one that
+        never changes is a process that just died (restarted at once by its launcher) or is
+        stopped: ``None`` (read again) until its heartbeat changes (alive) or grows older than
+        ``heartbeat_timeout`` (dead). A claim whose first heartbeat is not written yet lives for
+        ``heartbeat_timeout`` after the claim.
+
+        :param beat: Its heartbeat now (``None`` if there is none).
+        :param changed: Whether the heartbeat changed since the first read.
+        """
+        if beat is None or beat.token != token:  # claimed, first heartbeat not written yet
+            return False if claimed >= self.heartbeat_timeout else None
+        if not self.alive(beat):
+            return False
+        return True if changed else None
+
+    def judge_watched(self, process: Process, token: str, beat: Beat | None, silent_for: float | None) -> Verdict:
+        """Whether the step goes on, from the heartbeat of the process this one watches.
+
+        The step is over when that process (of incarnation ``token``) left, was marked dead or
+        was replaced by another incarnation, or has been silent for ``heartbeat_timeout``. Silence
+        counts only when a later read, :attr:`watch_interval` on, found the same heartbeat: a
+        store that stalled (or a clock that differs) is not silence. A heartbeat missing from
+        the store (a restarted store that the process has not registered with again) does not
+        count as silence.
+
+        :param beat: The heartbeat read now (``None`` if missing).
+        :param silent_for: Seconds since this same heartbeat was first judged a suspect
+            (``None`` if it was not).
+        """
+        gone = beat is not None and (beat.token != token or beat.left)
+        silent = beat is not None and not gone and not self.alive(beat)
+        who = f"replica {process[0]!r} rank {process[1]} of the quorum"
+        if silent and silent_for is not None and silent_for >= self.watch_interval:
+            assert beat is not None
+            limit = self.heartbeat_timeout
+            return Verdict(f"{who} was silent for {beat.age:.3g} s (`heartbeat_timeout` is {limit:g} s)", False)
+        if gone:
+            if beat is not None and beat.died:
+                return Verdict(f"{who} died (the connection its process held open closed)", False)
+            return Verdict(f"{who} is gone (it left, or a new incarnation replaced it)", False)
+        return Verdict(None, silent)
+
+    def give_up(self, waited: float, left_out_of: Quorum | None) -> bool:
+        """Whether a process that has been forming a quorum for ``waited`` seconds gives up.
+
+        Left out of a published round (``left_out_of``; not every process of its replica joined):
+        after ``quorum_timeout`` plus ``heartbeat_timeout``. With no round published: after twice
+        ``quorum_timeout`` plus ``heartbeat_timeout`` (a leader gives up within ``quorum_timeout``).
+        """
+        if left_out_of is not None:
+            return waited > self.quorum_timeout + self.heartbeat_timeout
+        return waited > 2 * self.quorum_timeout + self.heartbeat_timeout
+
+    # -- quorum rounds ---------------------------------------------------------------------------
 
     def live(self, view: View) -> set[str]:
         """The replicas every process of which is registered and heartbeats."""

@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 
 from gang._torch_groups import TCPStore
 from gang.errors import BACKEND_ERRORS
-from gang.ft.policy import Beat, Join, Policy, Process, Quorum, View, watched
+from gang.ft.policy import Beat, Join, Policy, Process, Quorum, View, heartbeat_period, watched
 
 ROOT = "gang.ft/"
 """The prefix of every key :mod:`gang.ft` writes in the coordination store."""
@@ -246,23 +246,17 @@ class QuorumClient:
         self.client.append(_key("reg"), f"{self.replica_id}|{self.replica_rank}|{self.replica_size}\n")
 
     def _owner_alive(self, claim: str) -> bool:
-        """Whether the incarnation that claimed this identity still heartbeats: it writes a new
-        heartbeat while it lives (every 0.1 s), so a fresh one that never changes is a process
-        that just died (restarted at once by its launcher) or is stopped; wait for it to change
-        or to grow older than ``heartbeat_timeout``."""
+        """Whether the incarnation that claimed this identity still lives (:meth:`Policy.owner_alive`
+        decides from its heartbeat, read every 20 ms until it does)."""
         token, _, since, *_ = claim.split(" ")
         key = _key("hb", self.replica_id, self.replica_rank)
         first = self.client.peek(key)
         while True:
             value = self.client.peek(key)
-            beat = _parse_beat(value, time.time())
-            if beat is None or beat.token != token:  # claimed, first heartbeat not written yet
-                if time.time() - float(since) >= self.policy.heartbeat_timeout:
-                    return False
-            elif not self.policy.alive(beat):
-                return False
-            elif value != first:
-                return True
+            now = time.time()
+            verdict = self.policy.owner_alive(token, now - float(since), _parse_beat(value, now), value != first)
+            if verdict is not None:
+                return verdict
             time.sleep(0.02)
 
     def beat(self, step: int) -> None:
@@ -324,7 +318,6 @@ class QuorumClient:
             not join), or no round was published for twice ``quorum_timeout`` plus ``heartbeat_timeout``.
         """
         start = time.monotonic()
-        timeout = self.policy.quorum_timeout
         # `append` is not acknowledged: one sent to a store that just died is lost unnoticed, and
         # the reconnect of the next request tells it. So the generation is read before joining.
         generation, poll = self.client.generation, _POLL_MIN
@@ -340,7 +333,7 @@ class QuorumClient:
                 quorum = _parse_result(result)
                 if self.replica_id in quorum.members:
                     return quorum
-                if now - start > timeout + self.policy.heartbeat_timeout:
+                if self.policy.give_up(now - start, quorum):
                     raise QuorumTimeoutError(
                         f"{self.describe()} was left out of every quorum for {now - start:.3g} s: not every "
                         f"process of the replica joined (quorum {n} is of replicas {list(quorum.members)})"
@@ -348,7 +341,7 @@ class QuorumClient:
                 # Closed without us: the next round.
                 (n, leader), round_start, count = self._join(max(n + 1, self.first_round()), step), now, -1
                 continue
-            if now - start > 2 * timeout + self.policy.heartbeat_timeout:
+            if self.policy.give_up(now - start, None):
                 raise QuorumTimeoutError(f"no quorum was published for {now - start:.3g} s while forming quorum {n}")
             if now - checked > min(0.5, self.policy.heartbeat_timeout / 4):
                 checked = now
@@ -458,7 +451,7 @@ class QuorumClient:
     @property
     def watch_interval(self) -> float:
         """Seconds between two checks of :meth:`check_step` while a step waits (the heartbeat period)."""
-        return heartbeat_period(self.policy.heartbeat_timeout)
+        return self.policy.watch_interval
 
     def check_step(self, quorum: Quorum) -> str | None:
         """Why the step of ``quorum`` cannot go on, or ``None``; three reads, whatever the quorum's size.
@@ -476,28 +469,19 @@ class QuorumClient:
         decision_key = _key("r", quorum.round, "decision")
         target = watched(quorum, self.replica_id, self.replica_rank)
         if target is not None:
-            (rid, rank), token = target
-            raw = self.client.peek(_key("hb", rid, rank))
-            beat = _parse_beat(raw, time.time())
-            gone = beat is not None and (beat.token != token or beat.left)
-            silent = beat is not None and not gone and not self.policy.alive(beat)
-            # A heartbeat that looks silent counts only when a later read, a heartbeat period on,
-            # finds it unchanged: a store that stalled (or a clock that differs) is not silence.
+            process, token = target
+            raw = self.client.peek(_key("hb", *process))
             now = time.monotonic()
-            if not silent or raw is None or self._suspect is None or self._suspect[0] != raw:
-                self._suspect = (raw, now) if silent and raw is not None else None
-            elif now - self._suspect[1] >= self.watch_interval:
-                assert beat is not None
+            suspect = self._suspect
+            silent_for = None if raw is None or suspect is None or suspect[0] != raw else now - suspect[1]
+            verdict = self.policy.judge_watched(process, token, _parse_beat(raw, time.time()), silent_for)
+            if verdict.reason is not None:
                 self._abort(quorum)
-                limit = self.policy.heartbeat_timeout
-                who = f"replica {rid!r} rank {rank} of the quorum"
-                return f"{who} was silent for {beat.age:.3g} s (`heartbeat_timeout` is {limit:g} s)"
-            if gone:
-                self._abort(quorum)
-                who = f"replica {rid!r} rank {rank} of the quorum"
-                if beat is not None and beat.died:
-                    return f"{who} died (the connection its process held open closed)"
-                return f"{who} is gone (it left, or a new incarnation replaced it)"
+                return verdict.reason
+            if not verdict.suspect or raw is None:
+                self._suspect = None
+            elif silent_for is None:
+                self._suspect = (raw, now)
         if self.client.peek(decision_key) == b"abort":
             return "a member of the quorum aborted the step"
         if self.client.peek(_key("r", quorum.round, "dropped")) is not None:
@@ -551,11 +535,6 @@ class QuorumClient:
                 checked = now
                 self.check_step(quorum)
             poll = _backoff(poll, start)
-
-
-def heartbeat_period(heartbeat_timeout: float) -> float:
-    """Seconds between two heartbeats of a process: a tenth of ``heartbeat_timeout``, at most 0.1 s."""
-    return min(0.1, heartbeat_timeout / 10)
 
 
 def collect(client: StoreClient, closed_round: int) -> None:
