@@ -12,6 +12,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from typing_extensions import override
+
+from gang.extend import check_int
+
 
 def replica_sort_key(replica_id: str) -> tuple[int, int, str]:
     """Order replica ids numerically when they are numbers, else by text (numbers first)."""
@@ -86,6 +90,8 @@ class Quorum:
         rounds do not wait for them until they join again.
     :ivar timed_out: The live replicas this round waited ``quorum_timeout`` for before closing
         without them (newly stalled; empty for a round that waited for nobody).
+    :ivar spares: Live replicas that joined but that the policy left out (:class:`SparesPolicy`):
+        they wait, joining the next rounds, until a round takes them in.
     """
 
     round: int
@@ -97,6 +103,7 @@ class Quorum:
     heal: Mapping[str, str] = field(default_factory=dict)
     stalled: tuple[str, ...] = ()
     timed_out: tuple[str, ...] = ()
+    spares: tuple[str, ...] = ()
 
     @property
     def max_step(self) -> int:
@@ -130,6 +137,7 @@ class Quorum:
                 "heal": dict(self.heal),
                 "stalled": self.stalled,
                 "timed_out": self.timed_out,
+                "spares": self.spares,
             }
         )
 
@@ -147,6 +155,7 @@ class Quorum:
             {str(k): str(v) for k, v in d.get("heal", {}).items()},
             tuple(d.get("stalled", ())),
             tuple(d.get("timed_out", ())),
+            tuple(d.get("spares", ())),
         )
 
 
@@ -176,7 +185,18 @@ def heartbeat_period(heartbeat_timeout: float) -> float:
 
 @dataclass(frozen=True)
 class Policy:
-    """The quorum decisions.
+    """Every decision of :mod:`gang.ft` about liveness and quorums: every live replica takes part.
+
+    The one entry for these decisions (``ReplicaGang.join(policy=...)`` takes one; ``join``
+    builds this one from its own arguments when none is given): when a process counts as live,
+    when a claimed identity's owner is dead, when a step stops waiting for the process it watches,
+    when a process forming a quorum gives up, and what each quorum round decides. Every method is
+    a pure function of what it is given (a :class:`View` read at one moment, a heartbeat): no
+    store, no clock. Every process of every replica must use an equal policy.
+
+    This one is torchft's ``DYNAMIC`` mode: a quorum holds every live replica that joined (at
+    least ``min_replicas``). :class:`SparesPolicy` holds a fixed number. Another policy subclasses
+    this class and overrides :meth:`choose` (or :meth:`decide`).
 
     :param min_replicas: The fewest replicas a quorum holds.
     :param quorum_timeout: Seconds a round waits for live replicas that do not join, and the
@@ -184,12 +204,36 @@ class Policy:
     :param heartbeat_timeout: The heartbeat age (seconds) after which a process counts as dead.
     :param init_sync: Whether, at the job's first step (every member at step 0), every member
         adopts the state of the first one (the smallest replica id); see :func:`heal_plan`.
+        ``False`` by default here, ``True`` in :meth:`gang.ft.ReplicaGang.join` (pass it when
+        replicas start from different weights).
+    :raises TypeError: If an argument has the wrong type.
+    :raises ValueError: If ``min_replicas`` is below 1 or a timeout is not positive.
     """
 
     min_replicas: int
     quorum_timeout: float
     heartbeat_timeout: float
     init_sync: bool = False
+
+    def __post_init__(self) -> None:
+        check_int("min_replicas", self.min_replicas, minimum=1)
+        for name in ("quorum_timeout", "heartbeat_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"`{name}` must be a number of seconds, but is {value!r} instead.")
+            if not value > 0:
+                raise ValueError(f"`{name}` must be positive, but is {value!r} instead.")
+        if not isinstance(self.init_sync, bool):
+            raise TypeError(f"`init_sync` must be a `bool`, but is {self.init_sync!r} instead.")
+
+    def choose(self, joined: Mapping[str, list[int]], previous: Quorum | None) -> tuple[list[str], list[str]]:
+        """Split the live replicas that joined a round into its members and its spares (each in
+        replica id order); this policy takes every one.
+
+        :param joined: The step of every process of each joined replica.
+        :param previous: The previous round's quorum, if known.
+        """
+        return sorted(joined, key=replica_sort_key), []
 
     # -- liveness -------------------------------------------------------------------------------
 
@@ -349,6 +393,7 @@ class Policy:
         stalled: set[str],
         timed_out: set[str],
     ) -> Quorum | GiveUp:
+        members, spares = self.choose({rid: joined[rid] for rid in members}, previous)
         steps = tuple(min(joined[rid]) for rid in members)
         sizes = tuple(view.sizes[rid] for rid in members)
         if len(set(sizes)) > 1:
@@ -368,8 +413,38 @@ class Policy:
         heal = heal_plan(members, steps, init_sync=self.init_sync)
         left_out = tuple(sorted(stalled, key=replica_sort_key))
         waited_for = tuple(sorted(timed_out, key=replica_sort_key))
-        quorum = Quorum(n, tuple(members), steps, sizes, n, incarnations, heal, left_out, waited_for)
+        quorum = Quorum(n, tuple(members), steps, sizes, n, incarnations, heal, left_out, waited_for, tuple(spares))
         return replace(quorum, group=group_of(quorum, previous, committed))
+
+
+@dataclass(frozen=True)
+class SparesPolicy(Policy):
+    """torchft's ``FIXED_WITH_SPARES`` mode: every quorum holds exactly ``min_replicas`` replicas.
+
+    A round waits, as :class:`Policy`'s does, for every live replica and for ``min_replicas`` of
+    them (giving up after ``quorum_timeout``), then takes ``min_replicas`` of those that joined
+    as its members: the ones at the highest step first, the previous quorum's members before
+    others at the same step, then by replica id. The rest are *spares*
+    (:attr:`Quorum.spares`): their ``step()`` waits, joining every next round, until a member
+    dies or leaves and a round takes one in; it is healed then (it is behind), so a step's
+    average always has ``min_replicas`` terms and the job's numerics do not depend on how many
+    replicas are live. (torchft keeps its spares in every step's collectives with zeros; here they
+    take no part until needed.) A spare waits as long as rounds are published without it; it
+    gives up, as a member does, when no round is published for twice ``quorum_timeout`` plus
+    ``heartbeat_timeout`` (a step of the members longer than that ends its wait).
+    """
+
+    @override
+    def choose(self, joined: Mapping[str, list[int]], previous: Quorum | None) -> tuple[list[str], list[str]]:
+        before = () if previous is None else previous.members
+
+        def key(rid: str) -> tuple[int, bool, tuple[int, int, str]]:
+            return (-min(joined[rid]), rid not in before, replica_sort_key(rid))
+
+        ranked = sorted(joined, key=key)
+        taken = set(ranked[: self.min_replicas])
+        order = sorted(joined, key=replica_sort_key)
+        return [r for r in order if r in taken], [r for r in order if r not in taken]
 
 
 def heal_plan(

@@ -333,6 +333,8 @@ class QuorumClient:
                 quorum = _parse_result(result)
                 if self.replica_id in quorum.members:
                     return quorum
+                if self.replica_id in quorum.spares:
+                    start = now  # a spare: it waits on, from this round on
                 if self.policy.give_up(now - start, quorum):
                     raise QuorumTimeoutError(
                         f"{self.describe()} was left out of every quorum for {now - start:.3g} s: not every "
