@@ -8,6 +8,7 @@ pause after the rounds it knew were deleted, or a process that registers and nev
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -85,6 +86,12 @@ def _client(
 ) -> QuorumClient:
     policy = Policy(min_replicas, quorum, heartbeat)
     return QuorumClient(CountingClient(server.port), replica_id, rank, size, uuid.uuid4().hex[:16], policy)
+
+
+def _requests(client: QuorumClient) -> list[str]:
+    """The requests ``client`` sent so far (see :class:`CountingClient`)."""
+    assert isinstance(client.client, CountingClient)
+    return client.client.keys
 
 
 def _in_threads(calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
@@ -166,9 +173,41 @@ def test_a_vote_read_after_its_round_was_deleted_is_lost_not_invented(server: TC
         last = quorum.round
     collect(a.client, last)
     assert not server.check([f"{ROOT}r/{first.round}/decision"])
-    # x comes back and votes again in round 1: the decision is gone; x must not write one.
+    # x comes back and votes again in round 1: the decision is gone; x must not write one, and
+    # the vote counter its vote created is deleted again.
     assert x.vote(first, True, SECONDS) is None
     assert not server.check([f"{ROOT}r/{first.round}/decision"])
+    assert not server.check([f"{ROOT}r/{first.round}/ok"])
+
+
+def test_the_last_voter_decides_in_two_requests_and_a_middle_one_in_one_before_polling(server: TCPStore) -> None:
+    # Three replicas vote: the first checks the round still exists, the second only counts
+    # itself, and the last (whose count completes the vote) counts itself and writes the
+    # decision, whose value it reads back from that one request.
+    clients = [_client(server, rid, min_replicas=3) for rid in "abc"]
+    for c in clients:
+        c.register(0)
+    quorum = _in_threads({c.replica_id: partial(c.form, 0, 0) for c in clients})["a"]
+    before = [len(_requests(c)) for c in clients]
+    votes: dict[str, Any] = {}
+    ok = f"{ROOT}r/{quorum.round}/ok"
+    first = threading.Thread(target=lambda: votes.update(a=clients[0].vote(quorum, True, SECONDS)))
+    first.start()
+    while not server.check([ok]):
+        time.sleep(0.001)
+    second = threading.Thread(target=lambda: votes.update(b=clients[1].vote(quorum, True, SECONDS)))
+    second.start()
+    while server.add(ok, 0) < 2:
+        time.sleep(0.001)
+    assert clients[2].vote(quorum, True, SECONDS) is True
+    first.join(6 * SECONDS)
+    second.join(6 * SECONDS)
+    assert votes == {"a": True, "b": True}
+    sent = [_requests(c)[n:] for c, n in zip(clients, before, strict=True)]
+    decision = f"{ROOT}r/{quorum.round}/decision"
+    assert sent[2] == [f"write {ok}", f"write {decision}"], sent[2]
+    assert sent[0][:2] == [f"write {ok}", f"read {ROOT}r/{quorum.round}/result"], sent[0]
+    assert sent[1][0] == f"write {ok}" and set(sent[1][1:]) == {f"read {decision}"}, sent[1]
 
 
 def test_a_failed_vote_aborts_for_everyone(server: TCPStore) -> None:
@@ -288,8 +327,9 @@ def test_fewer_than_min_replicas_joined_gives_up_naming_the_quorum(server: TCPSt
 
 
 def test_a_non_leaders_traffic_does_not_read_the_other_replicas(server: TCPStore) -> None:
-    # Eight replicas form quorums and vote: only the round's leader reads the joins, the registry
-    # and the heartbeats; every other process touches its own keys and one key per wait.
+    # Eight replicas form quorums and vote: only the round's leader (and the first voter, which
+    # proposes the next round) reads the joins, the registry and the heartbeats; every other
+    # process touches its own keys and one key per wait.
     clients = [_client(server, str(i), min_replicas=8) for i in range(8)]
     for c in clients:
         c.register(0)
@@ -308,7 +348,8 @@ def test_a_non_leaders_traffic_does_not_read_the_other_replicas(server: TCPStore
         assert isinstance(counting, CountingClient)
         joined = counting.keys.index(f"write {ROOT}r/1/joins")
         reads = [k.removeprefix("read ") for k in counting.keys[joined:] if k.startswith("read ")]
-        if c.replica_id not in leaders:
+        proposer = any(k.startswith(f"write {ROOT}r/") and k.endswith("/next") for k in counting.keys)
+        if c.replica_id not in leaders and not proposer:
             assert not any(k.startswith(f"{ROOT}hb/") or k.endswith(("/joins", "/reg")) for k in reads), reads
 
 

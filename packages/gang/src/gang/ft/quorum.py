@@ -27,8 +27,17 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
   replicas. A published round sets ``closed`` = ``n``.
 - ``r/<n>/ok`` and ``r/<n>/decision``: the commit vote. A process votes "fail" by writing the
   decision ``abort`` with ``compare_set``, "ok" by adding one to ``ok``; the process whose add
-  completes the count writes ``commit``. Everyone polls ``decision`` until the vote's deadline.
-  During a step, a process that sees the member it watches go silent writes ``abort`` too.
+  completes the count writes ``commit`` (and reads the decision back from that one request).
+  Everyone else polls ``decision`` until the vote's deadline. During a step, a process that
+  sees the member it watches go silent writes ``abort`` too.
+- ``r/<n>/next``: the next round as proposed by the first "ok" voter of round ``n`` while it
+  waits for the others (``"<epoch>|<quorum>"``): the policy's decision from the store as it is
+  then, every member taken as joined at the next step. When the step commits, the members join
+  round ``n + 1`` as usual, adding ``2**20`` (not 1) to its ``count``, and the last of them to
+  join publishes the proposal as the round's result (``compare_set``; a leader's result
+  published first wins) unless ``epoch`` changed since: so the round closes as soon as every
+  member joined, without a leader's reads and polls. Otherwise the leader decides from the joins.
+- ``epoch``: a counter every registration, ``leave`` and death seen adds one to.
 - ``r/<n>/dropped``: set by a process that dropped the round's group after its vote (a collective
   failed after ``should_commit``); the next round then builds a new group instead of reusing it.
 - Round ``n``'s keys are deleted once round ``n + 2`` closed (by the heartbeat thread of its
@@ -52,6 +61,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -65,6 +75,10 @@ ROOT = "gang.ft/"
 KEEP_ROUNDS = 2
 """Round ``n``'s keys are deleted when round ``n + KEEP_ROUNDS`` closes."""
 
+EPOCH = ROOT + "epoch"
+"""A counter every registration, leave and death seen adds one to: a proposed quorum
+(:meth:`QuorumClient.form`) computed before the last change is not used."""
+
 STARTED = ROOT + "started"
 """The key where ``python -m gang.ft.store`` writes the time it started (a restarted store is empty)."""
 
@@ -77,6 +91,7 @@ _POLL_MAX = 0.001  # while a wait is young (`_FAST` seconds): a step's members a
 _POLL_SLOW = 0.01  # afterwards: waiting for a slow or dead replica should not load the store
 _FAST = 0.05
 _RECHECK = 0.05  # the most seconds between the leader's reads of the round while its count does not change
+_MEMBER = 1 << 20  # what a member of a proposed round adds to its join count (see `_join`)
 _ABSENT = "\x00"  # never a value of ours: `compare_set` returns it for a key that does not exist
 _T = TypeVar("_T")
 
@@ -244,6 +259,7 @@ class QuorumClient:
             current = got
         self.beat(step)
         self.client.append(_key("reg"), f"{self.replica_id}|{self.replica_rank}|{self.replica_size}\n")
+        self.client.add(EPOCH, 1)
 
     def _owner_alive(self, claim: str) -> bool:
         """Whether the incarnation that claimed this identity still lives (:meth:`Policy.owner_alive`
@@ -295,11 +311,15 @@ class QuorumClient:
         beat = _parse_beat(raw, time.time())
         if raw is None or beat is None or beat.token != token or beat.left:
             return False
-        return self.client.compare_set(key, raw.decode(), f"dead {token}") == f"dead {token}".encode()
+        marked = self.client.compare_set(key, raw.decode(), f"dead {token}") == f"dead {token}".encode()
+        if marked:
+            self.client.add(EPOCH, 1)
+        return marked
 
     def leave(self) -> None:
         """Mark this process as gone, so the next round does not wait for its replica."""
         self.client.set(_key("hb", self.replica_id, self.replica_rank), f"left {self.token}")
+        self.client.add(EPOCH, 1)
 
     # -- quorum rounds ------------------------------------------------------------------------------
 
@@ -321,7 +341,10 @@ class QuorumClient:
         # `append` is not acknowledged: one sent to a store that just died is lost unnoticed, and
         # the reconnect of the next request tells it. So the generation is read before joining.
         generation, poll = self.client.generation, _POLL_MIN
-        n, leader = self._join(last_round + 1 if last_round > 0 else self.first_round(), step)
+        # After a committed step, the last of its members to join publishes the round proposed
+        # during the vote (`_propose`), unless a process registered, left or died since.
+        proposed = previous[0] if previous is not None and previous[1] and previous[0].round == last_round else None
+        n, leader = self._join(last_round + 1 if last_round > 0 else self.first_round(), step, proposed)
         round_start, count, due, checked = start, -1, 0.0, start
         while True:
             now = time.monotonic()
@@ -361,10 +384,20 @@ class QuorumClient:
                     due = now + min(_RECHECK, wait)
             poll = _backoff(poll, start)
 
-    def _join(self, n: int, step: int) -> tuple[int, bool]:
-        """Join round ``n`` at ``step``; return ``n`` and whether this process leads it (it joined first)."""
+    def _join(self, n: int, step: int, proposed: Quorum | None = None) -> tuple[int, bool]:
+        """Join round ``n`` at ``step``; return ``n`` and whether this process leads it (it joined first).
+
+        :param proposed: The quorum of round ``n - 1``, whose step committed, if this process was
+            in it: joining as the last of its processes, this one publishes the proposal.
+        """
         self.client.append(_key("r", n, "joins"), f"{self._me}|{step}\n")
-        if self.client.add(_key("r", n, "count"), 1) == 1:
+        # A member of the proposal's quorum counts `_MEMBER`, any other process 1: the count
+        # tells both the first process to join and the last member.
+        unit = _MEMBER if proposed is not None and proposed.round == n - 1 else 1
+        count = self.client.add(_key("r", n, "count"), unit)
+        if proposed is not None and unit == _MEMBER and count // _MEMBER == sum(proposed.sizes):
+            self._publish_proposal(proposed)
+        if count == unit:
             return n, self.client.compare_set(_key("r", n, "leader"), "", self._me) == self._me.encode()
         return n, False
 
@@ -448,6 +481,44 @@ class QuorumClient:
         # A result is published before `closed` is set: a missing result after `closed` >= n is deleted.
         return self.first_round() > n and self.client.peek(_key("r", n, "result")) is None
 
+    def _propose(self, quorum: Quorum) -> None:
+        """Decide the round after ``quorum``'s as if its step commits, and store it as the proposal.
+
+        The view is the store as it is now, with every process of every member joined at the
+        step after the quorum's (what each will join with if the step commits, with the
+        incarnation it has now); the policy decides from it as a leader would. A proposal is
+        stored only when the policy publishes a quorum at once (nobody live still to wait for).
+        The last member process to join the next round publishes it (:meth:`_join`), so the
+        round closes as soon as every member joined, without its leader's reads.
+        """
+        n = quorum.round + 1
+        epoch = self.client.add(EPOCH, 0)  # before the view: a later registration, leave or death voids it
+        view = self._view(n, 0.0)
+        joins = dict(view.joins)
+        for rid, incarnation in zip(quorum.members, quorum.incarnations, strict=True):
+            for rank, token in enumerate(incarnation.split(",")):
+                joins[(rid, rank)] = Join(token, quorum.max_step + 1)
+        decision = self.policy.decide(n, replace(view, joins=joins), quorum, True)
+        if isinstance(decision, Quorum):
+            text = decision.to_json()
+            self.client.compare_set(_key("r", quorum.round, "next"), "", f"{epoch}|{text}")
+
+    def _publish_proposal(self, previous: Quorum) -> None:
+        """Publish the round after ``previous``'s as proposed during its vote, unless it is void
+        (a process registered, left or died since) or the round is published already."""
+        epoch = self.client.add(EPOCH, 0)
+        proposal = self.client.peek(_key("r", previous.round, "next"))
+        if proposal is None:
+            return
+        proposed_at, _, text = proposal.decode().partition("|")
+        if int(proposed_at) != epoch:
+            return  # the round's leader decides from the joins
+        n = previous.round + 1
+        if self.client.compare_set(_key("r", n, "result"), "", text) == text.encode():
+            self.client.set(_key("closed"), str(n))
+            self.closed_round = n
+            self._closed.append(n)
+
     # -- during a step ---------------------------------------------------------------------------------
 
     @property
@@ -510,31 +581,43 @@ class QuorumClient:
         ``None`` when the decision is lost: the round's keys are gone (this process was paused
         until they were deleted two rounds later, or the store was restarted) before it read the
         decision. It is then not committed here, whatever the others decided, and nothing is
-        written for the lost round.
+        left written for the lost round (a vote counter created in it is deleted again).
 
         :param deadline: Seconds after which a vote still incomplete is decided ``abort``.
         """
         result_key, decision_key = _key("r", quorum.round, "result"), _key("r", quorum.round, "decision")
+        ok_key = _key("r", quorum.round, "ok")
         generation = self.client.generation
-        if self.client.peek(result_key) is None:
-            return None
+        # One request for a voter that is neither the first nor the last, two for the last (whose
+        # `compare_set` returns the decision): the round's keys are checked only by the first
+        # voter (a process paused until they were deleted counts first in the counter it creates).
         if not ok:
-            self.client.compare_set(decision_key, "", "abort")
-        elif self.client.add(_key("r", quorum.round, "ok"), 1) == sum(quorum.sizes):
-            self.client.compare_set(decision_key, "", "commit")
+            if self.client.peek(result_key) is None:
+                return None
+            return self.client.compare_set(decision_key, "", "abort") == b"commit"
+        count = self.client.add(ok_key, 1)
+        if count == 1 and self.client.peek(result_key) is None:
+            self.client.delete(ok_key)  # the counter this vote created in a deleted round
+            return None
+        if count == sum(quorum.sizes):
+            return self.client.compare_set(decision_key, "", "commit") == b"commit"
+        if count == 1:  # the first voter waits longest: it proposes the next quorum meanwhile
+            self._propose(quorum)
         start = checked = time.monotonic()
         poll = _POLL_MIN
         while True:
             decision = self.client.peek(decision_key)
             if decision is not None:
                 return decision == b"commit"
-            if self.client.generation != generation or self.client.peek(result_key) is None:
+            if self.client.generation != generation:
                 return None
             now = time.monotonic()
             if now - start > deadline:
                 return self.client.compare_set(decision_key, "", "abort") == b"commit"
             if now - checked > self.watch_interval:  # a silent member never votes: abort on its silence
                 checked = now
+                if self.client.peek(result_key) is None:  # the round's keys were deleted meanwhile
+                    return None
                 self.check_step(quorum)
             poll = _backoff(poll, start)
 
@@ -543,7 +626,7 @@ def collect(client: StoreClient, closed_round: int) -> None:
     """Delete the keys of the round ``KEEP_ROUNDS`` before ``closed_round`` (call once per closed round)."""
     old = closed_round - KEEP_ROUNDS
     if old > 0:
-        for part in (*ROUND_KEYS, "dropped"):
+        for part in (*ROUND_KEYS, "dropped", "next"):
             client.delete(_key("r", old, part))
 
 

@@ -187,6 +187,7 @@ class ReplicaGang(Gang):
         self._pending: list[_StepWork] = []  # this step's works started with `async_op=True`, not yet waited for
         self._error: GangError | None = None
         self._commit: bool | None = None
+        self._restored = False  # `load_state_dict` was called since the last step
         self._store = self._connect()
         self._liveness = Liveness(address[0], self._token, liveness_address)
         args = (replica_id, replica_rank, replica_size, self._token, policy, self._liveness.address)
@@ -435,6 +436,7 @@ class ReplicaGang(Gang):
             raise InvalidOperationError("`load_state_dict` cannot be called inside `with gang.step():`.")
         self._step_number = step
         self._dirty = False  # the caller restored the model's state with it
+        self._restored = True
 
     # -- the step ---------------------------------------------------------------------------------
 
@@ -543,6 +545,9 @@ class ReplicaGang(Gang):
     def _begin(self) -> None:
         self._raise_beat_error("step")
         previous = None if self._quorum is None or self._commit is None else (self._quorum, self._commit)
+        restored, self._restored = self._restored, False
+        if restored:
+            previous = None  # its step is not the one the last quorum's members continue from
         self._error = None
         self._commit = None
         try:
@@ -558,7 +563,12 @@ class ReplicaGang(Gang):
         self._quorum = quorum
         self._round = quorum.round
         self._rank, self._size = quorum.members.index(self._replica_id), len(quorum.members)
-        if self._pg_round != quorum.group and quorum.group != quorum.round:
+        mine = quorum.steps[self._rank]
+        if restored and mine != self._step_number:
+            # A quorum proposed before `load_state_dict` (see `QuorumClient.form`) takes this
+            # replica at its old step: it must not commit (the next quorum heals from the joins).
+            self._record("step", GangError(f"the quorum took this replica at step {mine}, before it was restored"))
+        elif self._pg_round != quorum.group and quorum.group != quorum.round:
             # The quorum reuses a group this process dropped after the last vote (its mark did not
             # reach the leader): building it again would wait for peers that never come. Vote
             # against at once; the next quorum builds a new group.
