@@ -376,3 +376,37 @@ def test_a_member_silent_during_a_step_aborts_it_and_ends_the_vote(server: TCPSt
     reason = watcher.check_step(quorum)
     assert reason is not None and "replica 'c' rank 0 of the quorum was silent for" in reason, reason
     assert clients["a"].check_step(quorum) == "a member of the quorum aborted the step"
+
+
+def test_an_unchanged_quorum_is_proposed_in_the_vote_and_published_by_the_last_member_to_join(
+    server: TCPStore,
+) -> None:
+    # After a committed step, the next round is the one the first voter proposed, published by
+    # the last member to join it (no leader reads the joins, the registry or the heartbeats);
+    # a registration since the proposal voids it, and the leader decides from the joins.
+    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
+    a.register(0)
+    b.register(0)
+    first = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    assert _in_threads({"a": lambda: a.vote(first, True, SECONDS), "b": lambda: b.vote(first, True, SECONDS)}) == {
+        "a": True,
+        "b": True,
+    }
+    assert server.check([f"{ROOT}r/{first.round}/next"])
+    before = {c.replica_id: len(_requests(c)) for c in (a, b)}
+    second = _in_threads({c.replica_id: partial(c.form, first.round, 1, (first, True)) for c in (a, b)})
+    assert second["a"] == second["b"] and second["a"].members == ("a", "b") and second["a"].group == first.group
+    sent = {c.replica_id: _requests(c)[before[c.replica_id] :] for c in (a, b)}
+    proposal = server.get(f"{ROOT}r/{first.round}/next").decode().partition("|")[2]
+    assert server.get(f"{ROOT}r/{second['a'].round}/result").decode() == proposal
+    assert [rid for rid, keys in sent.items() if f"read {ROOT}r/{first.round}/next" in keys], sent
+    # A new process registers after the vote: the proposal is void, the leader decides.
+    votes = _in_threads({c.replica_id: partial(c.vote, second["a"], True, SECONDS) for c in (a, b)})
+    assert votes == {"a": True, "b": True}
+    c = _client(server, "c", min_replicas=2)
+    c.register(0)
+    third = _in_threads(
+        {x.replica_id: partial(x.form, second["a"].round, 2, (second["a"], True)) for x in (a, b)}
+        | {"c": lambda: c.form(0, 0)}
+    )
+    assert third["a"] == third["b"] == third["c"] and third["a"].members == ("a", "b", "c"), third

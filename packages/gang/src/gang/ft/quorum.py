@@ -36,7 +36,8 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
   round ``n + 1`` as usual, adding ``2**20`` (not 1) to its ``count``, and the last of them to
   join publishes the proposal as the round's result (``compare_set``; a leader's result
   published first wins) unless ``epoch`` changed since: so the round closes as soon as every
-  member joined, without a leader's reads and polls. Otherwise the leader decides from the joins.
+  member joined, without a leader's reads and polls (a leader joined at the proposal's count
+  waits ``_RECHECK``, 50 ms, before it reads the round). Otherwise the leader decides from the joins.
 - ``epoch``: a counter every registration, ``leave`` and death seen adds one to.
 - ``r/<n>/dropped``: set by a process that dropped the round's group after its vote (a collective
   failed after ``should_commit``); the next round then builds a new group instead of reusing it.
@@ -346,6 +347,8 @@ class QuorumClient:
         proposed = previous[0] if previous is not None and previous[1] and previous[0].round == last_round else None
         n, leader = self._join(last_round + 1 if last_round > 0 else self.first_round(), step, proposed)
         round_start, count, due, checked = start, -1, 0.0, start
+        # A leader of a proposed round leaves its last member `_RECHECK` to publish the proposal.
+        defer = start + _RECHECK if proposed is not None else 0.0
         while True:
             now = time.monotonic()
             if self.client.generation != generation:  # the store was restarted: its rounds are gone
@@ -374,7 +377,7 @@ class QuorumClient:
                     (n, leader), round_start, count = self._join(self.first_round(), step), now, -1
                     continue
                 leader = leader or self._take_lead_if_silent(n)
-            if leader:
+            if leader and now >= defer:
                 seen = self.client.add(_key("r", n, "count"), 0)
                 if seen != count or now >= due:
                     count = seen
