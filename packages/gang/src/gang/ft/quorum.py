@@ -230,6 +230,7 @@ class QuorumClient:
         """The last round this process published as leader."""
         self._closed: deque[int] = deque()
         self._suspect: tuple[bytes, float] | None = None  # a heartbeat seen silent, and when
+        self._others_publish = False  # whether a later member may publish the round this process joined
         self._me = f"{replica_id}|{replica_rank}|{token}"
         self._address = address
 
@@ -348,7 +349,7 @@ class QuorumClient:
         n, leader = self._join(last_round + 1 if last_round > 0 else self.first_round(), step, proposed)
         round_start, count, due, checked = start, -1, 0.0, start
         # A leader of a proposed round leaves its last member `_RECHECK` to publish the proposal.
-        defer = start + _RECHECK if proposed is not None else 0.0
+        defer = start + _RECHECK if self._others_publish else 0.0
         while True:
             now = time.monotonic()
             if self.client.generation != generation:  # the store was restarted: its rounds are gone
@@ -398,6 +399,7 @@ class QuorumClient:
         # tells both the first process to join and the last member.
         unit = _MEMBER if proposed is not None and proposed.round == n - 1 else 1
         count = self.client.add(_key("r", n, "count"), unit)
+        self._others_publish = proposed is not None and unit == _MEMBER and count // _MEMBER < sum(proposed.sizes)
         if proposed is not None and unit == _MEMBER and count // _MEMBER == sum(proposed.sizes):
             self._publish_proposal(proposed)
         if count == unit:
