@@ -38,7 +38,7 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
   published first wins) unless ``epoch`` changed since: so the round closes as soon as every
   member joined, without a leader's reads and polls (a leader joined at the proposal's count
   waits ``_RECHECK``, 50 ms, before it reads the round). Otherwise the leader decides from the joins.
-- ``epoch``: a counter every registration, ``leave`` and death seen adds one to.
+- ``epoch``: a counter every registration, ``leave``, death seen and ``dropped`` mark adds one to.
 - ``r/<n>/dropped``: set by a process that dropped the round's group after its vote (a collective
   failed after ``should_commit``); the next round then builds a new group instead of reusing it.
 - Round ``n``'s keys are deleted once round ``n + 2`` closed (by the heartbeat thread of its
@@ -77,7 +77,7 @@ KEEP_ROUNDS = 2
 """Round ``n``'s keys are deleted when round ``n + KEEP_ROUNDS`` closes."""
 
 EPOCH = ROOT + "epoch"
-"""A counter every registration, leave and death seen adds one to: a proposed quorum
+"""A counter every registration, leave, death seen and dropped group adds one to: a proposed quorum
 (:meth:`QuorumClient.form`) computed before the last change is not used."""
 
 STARTED = ROOT + "started"
@@ -344,7 +344,7 @@ class QuorumClient:
         # the reconnect of the next request tells it. So the generation is read before joining.
         generation, poll = self.client.generation, _POLL_MIN
         # After a committed step, the last of its members to join publishes the round proposed
-        # during the vote (`_propose`), unless a process registered, left or died since.
+        # during the vote (`_propose`), unless a process registered, left, died or dropped its group since.
         proposed = previous[0] if previous is not None and previous[1] and previous[0].round == last_round else None
         n, leader = self._join(last_round + 1 if last_round > 0 else self.first_round(), step, proposed)
         round_start, count, due, checked = start, -1, 0.0, start
@@ -510,7 +510,7 @@ class QuorumClient:
 
     def _publish_proposal(self, previous: Quorum) -> None:
         """Publish the round after ``previous``'s as proposed during its vote, unless it is void
-        (a process registered, left or died since) or the round is published already."""
+        (a process registered, left, died or dropped its group since) or the round is published already."""
         epoch = self.client.add(EPOCH, 0)
         proposal = self.client.peek(_key("r", previous.round, "next"))
         if proposal is None:
@@ -572,6 +572,7 @@ class QuorumClient:
         round's keys are deleted)."""
         if self.client.peek(_key("r", quorum.round, "result")) is not None:
             self.client.set(_key("r", quorum.round, "dropped"), "1")
+            self.client.add(EPOCH, 1)  # the next round proposed during the vote reuses the group: void it
 
     def _abort(self, quorum: Quorum) -> None:
         """Set the decision of ``quorum``'s step to ``abort`` unless it is decided or its keys are deleted."""
