@@ -602,7 +602,7 @@ def main() -> None:
             for impl in impls if run % 2 == 0 else impls[::-1]:
                 try:
                     result = per_step(_Runner(impl, args.torchft_python), step_ms, rounds)
-                except RuntimeError as error:
+                except (RuntimeError, TimeoutError) as error:  # a coordinator that did not start (load)
                     print(f"# {impl} HSDP per-step cost ({step_ms} ms) failed: {error}", flush=True)
                     continue
                 name = "gang.ft" if impl == "gang" else "torchft"
