@@ -31,13 +31,15 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
   Everyone else polls ``decision`` until the vote's deadline. During a step, a process that
   sees the member it watches go silent writes ``abort`` too.
 - ``r/<n>/next``: the next round as proposed by the first "ok" voter of round ``n`` while it
-  waits for the others (``"<epoch>|<quorum>"``): the policy's decision from the store as it is
+  waits for the others (``"<epoch>|<joins>|<quorum>"``, with the joins of the next round by
+  other processes it saw): the policy's decision from the store as it is
   then, every member taken as joined at the next step. When the step commits, the members join
   round ``n + 1`` as usual, adding ``2**20`` (not 1) to its ``count``, and the last of them to
   join publishes the proposal as the round's result (``compare_set``; a leader's result
-  published first wins) unless ``epoch`` changed since: so the round closes as soon as every
-  member joined, without a leader's reads and polls (a leader joined at the proposal's count
-  waits ``_RECHECK``, 50 ms, before it reads the round). Otherwise the leader decides from the joins.
+  published first wins) unless ``epoch`` changed or another process joined the round since:
+  so the round closes as soon as every member joined, without a leader's reads and polls (a
+  leader joined at the proposal's count waits ``_RECHECK``, 50 ms, before it reads the round).
+  Otherwise the leader decides from the joins.
 - ``epoch``: a counter every registration, ``leave``, death seen and ``dropped`` mark adds one to.
 - ``r/<n>/dropped``: set by a process that dropped the round's group after its vote (a collective
   failed after ``should_commit``); the next round then builds a new group instead of reusing it.
@@ -401,7 +403,7 @@ class QuorumClient:
         count = self.client.add(_key("r", n, "count"), unit)
         self._others_publish = proposed is not None and unit == _MEMBER and count // _MEMBER < sum(proposed.sizes)
         if proposed is not None and unit == _MEMBER and count // _MEMBER == sum(proposed.sizes):
-            self._publish_proposal(proposed)
+            self._publish_proposal(proposed, count % _MEMBER)
         if count == unit:
             return n, self.client.compare_set(_key("r", n, "leader"), "", self._me) == self._me.encode()
         return n, False
@@ -500,23 +502,28 @@ class QuorumClient:
         epoch = self.client.add(EPOCH, 0)  # before the view: a later registration, leave or death voids it
         view = self._view(n, 0.0)
         joins = dict(view.joins)
+        # Joins of the round by other processes (spares, stalled or new replicas): another one
+        # later voids the proposal (see `_publish_proposal`).
+        others = sum(1 for rid, _ in joins if rid not in quorum.members)
         for rid, incarnation in zip(quorum.members, quorum.incarnations, strict=True):
             for rank, token in enumerate(incarnation.split(",")):
                 joins[(rid, rank)] = Join(token, quorum.max_step + 1)
         decision = self.policy.decide(n, replace(view, joins=joins), quorum, True)
         if isinstance(decision, Quorum):
             text = decision.to_json()
-            self.client.compare_set(_key("r", quorum.round, "next"), "", f"{epoch}|{text}")
+            self.client.compare_set(_key("r", quorum.round, "next"), "", f"{epoch}|{others}|{text}")
 
-    def _publish_proposal(self, previous: Quorum) -> None:
+    def _publish_proposal(self, previous: Quorum, others: int) -> None:
         """Publish the round after ``previous``'s as proposed during its vote, unless it is void
-        (a process registered, left, died or dropped its group since) or the round is published already."""
+        (a process registered, left, died or dropped its group since, or ``others``, the joins of
+        the round by processes not in ``previous``, are not those the proposal saw) or the round
+        is published already."""
         epoch = self.client.add(EPOCH, 0)
         proposal = self.client.peek(_key("r", previous.round, "next"))
         if proposal is None:
             return
-        proposed_at, _, text = proposal.decode().partition("|")
-        if int(proposed_at) != epoch:
+        proposed_at, joined, text = proposal.decode().split("|", 2)
+        if int(proposed_at) != epoch or int(joined) != others:
             return  # the round's leader decides from the joins
         n = previous.round + 1
         if self.client.compare_set(_key("r", n, "result"), "", text) == text.encode():
