@@ -23,7 +23,13 @@ shortest this machine runs, without a sleep.
   the median over rounds of each round's ratio of medians. ``phases_ms`` breaks the median step
   into its parts, measured on each process (the medians of the slowest process's phases): entering
   the step (the quorum), forward and backward without the cross-replica average, the average
-  (the all-reduce hook), the pacing sleep, the commit vote, the optimizer step and leaving the step.
+  (the all-reduce hook; torchft's includes the wait for its quorum, formed on a thread of its
+  own), the pacing sleep, the commit vote, the optimizer step and leaving the step.
+  ``--repeat N`` measures each step length N times, the
+  implementations alternating in order (gang.ft first, then torchft first, ...), and prints the
+  median of each implementation's ratios and paired ratios over the N runs with the load average
+  of each run: the one command to compare on a quiet machine is ``python -m benchmarks.ft_hsdp
+  --hsdp-skip recovery --repeat 3 --torchft-python PATH``.
 * **Recovery** (ops ``hsdp_kill_to_commit`` and ``hsdp_restart_to_commit``, 50 ms step): one
   ``torchrun`` of 2 processes per replica (gang.ft: ``fully_shard`` on ``gang_mesh.fsdp_mesh``
   of the replica's own gangs). One process of replica 1 is ``SIGKILL``\\ ed (its torchrun ends
@@ -578,6 +584,7 @@ def main() -> None:
     )
     parser.add_argument("--hsdp-impls", nargs="*", default=["gang", "torchft"], choices=["gang", "torchft"])
     parser.add_argument("--hsdp-skip", nargs="*", default=[], choices=["overhead", "recovery"])
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each per-step measurement, alternating impls")
     args, _ = parser.parse_known_args()
     if args.mode is not None:
         (worker_overhead if args.mode == "overhead" else worker_recovery)(args)
@@ -590,15 +597,31 @@ def main() -> None:
     rows: list[Row] = []
     print(f"\n# HSDP across fault-tolerant replicas: {REPLICAS} replicas of {PROCESSES} processes, gloo", flush=True)
     for step_ms in (50, 10) if "overhead" not in args.hsdp_skip else ():
-        for impl in impls:
-            try:
-                result = per_step(_Runner(impl, args.torchft_python), step_ms, rounds)
-            except RuntimeError as error:
-                print(f"# {impl} HSDP per-step cost ({step_ms} ms) failed: {error}", flush=True)
-                continue
-            new = step_rows("gang.ft" if impl == "gang" else "torchft", f"hsdp_step_{step_ms}ms", result, rounds)
-            _print_rows(new)
-            rows += new
+        ratios: dict[str, list[tuple[float, float, float]]] = {}
+        for run in range(args.repeat):
+            for impl in impls if run % 2 == 0 else impls[::-1]:
+                try:
+                    result = per_step(_Runner(impl, args.torchft_python), step_ms, rounds)
+                except (RuntimeError, TimeoutError) as error:  # a coordinator that did not start (load)
+                    print(f"# {impl} HSDP per-step cost ({step_ms} ms) failed: {error}", flush=True)
+                    continue
+                name = "gang.ft" if impl == "gang" else "torchft"
+                new = step_rows(name, f"hsdp_step_{step_ms}ms", result, rounds)
+                load = os.getloadavg()[0]
+                for row in new:
+                    row.update(run=run, load=round(load, 1))
+                _print_rows(new)
+                rows += new
+                ratios.setdefault(name, []).append((new[1]["ratio"], new[1]["paired_ratio"], load))
+        if args.repeat > 1:
+            for name, found in ratios.items():
+                listed = ", ".join(f"{r:.3f}/{p:.3f}@{load:.0f}" for r, p, load in found)
+                print(
+                    f"{'hsdp_step_' + str(step_ms) + 'ms':>16} {name:>15} median ratio "
+                    f"{_median([r for r, _, _ in found]):.3f} paired {_median([p for _, p, _ in found]):.3f} "
+                    f"(runs ratio/paired@load: {listed})",
+                    flush=True,
+                )
     for impl in impls if "recovery" not in args.hsdp_skip else ():
         try:
             measured = recovery(_Runner(impl, args.torchft_python), 2 if args.quick else 4)

@@ -21,7 +21,8 @@ the process then closes none of its gloo connections (it forks once the process 
 holds a connection to its death signal, which the child closes). ``FT_GATE=1`` adds
 ``enter:<first step>`` on every process.
 ``FT_TIMEOUT``, ``FT_QUORUM_TIMEOUT``, ``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` set the
-gang's timeouts and ``min_replicas``. ``FT_SEEDED=1`` starts every replica but ``0`` from its own
+gang's timeouts and ``min_replicas``; ``FT_SPARES=<n>`` joins with ``SparesPolicy(n, ...)`` (of
+those timeouts) instead. ``FT_SEEDED=1`` starts every replica but ``0`` from its own
 random parameters (the gang's ``init_sync`` makes them adopt replica 0's). ``FT_CHECKPOINT=<dir>``
 saves the parameters and ``gang.state_dict()`` after every commit to ``<dir>/<replica>.<replica
 rank>.pt`` and restores them from there at start when the file exists.
@@ -60,7 +61,7 @@ from gang import (
     get_rank,
     get_world_size,
 )
-from gang.ft import ReplicaGang
+from gang.ft import DEFAULT_HEARTBEAT_TIMEOUT, ReplicaGang, SparesPolicy
 
 IN, OUT, BATCH = 8, 4, 16
 LR = 0.05
@@ -197,14 +198,22 @@ def main() -> None:
         return timedelta(seconds=float(value)) if value else None
 
     replica.maybe_pause("start", 0)
+    timing: dict[str, Any] = {
+        "quorum_timeout": seconds("FT_QUORUM_TIMEOUT", ""),
+        "heartbeat_timeout": seconds("FT_HEARTBEAT_TIMEOUT", ""),
+        "min_replicas": int(os.environ.get("FT_MIN_REPLICAS", "1")),
+    }
+    spares = os.environ.get("FT_SPARES")
+    if spares:  # a fixed number of stepping replicas, the others spares
+        beat = timing["heartbeat_timeout"] or DEFAULT_HEARTBEAT_TIMEOUT
+        wait = timing["quorum_timeout"] or timedelta(seconds=float(os.environ.get("FT_TIMEOUT", "3")))
+        timing = {"policy": SparesPolicy(int(spares), wait.total_seconds(), beat.total_seconds(), init_sync=True)}
     try:
         gang = ReplicaGang.join(
             state_dict=replica.state_dict,
             load_state_dict=replica.load_state_dict,
             timeout=seconds("FT_TIMEOUT", "3"),
-            quorum_timeout=seconds("FT_QUORUM_TIMEOUT", ""),
-            heartbeat_timeout=seconds("FT_HEARTBEAT_TIMEOUT", ""),
-            min_replicas=int(os.environ.get("FT_MIN_REPLICAS", "1")),
+            **timing,
         )
     except GangError as ex:
         replica.emit("error", error=str(ex))

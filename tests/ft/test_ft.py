@@ -479,6 +479,23 @@ def test_fewer_than_min_replicas_raises_naming_the_quorum(cluster: Cluster) -> N
         assert "['0', '2']" in error, error
 
 
+def test_spares_policy_a_spare_steps_in_when_a_member_dies(cluster: Cluster) -> None:
+    # `SparesPolicy(2)` over 3 replicas: 0 and 1 step, 2 waits as a spare inside its first
+    # `step()`. Replica 1 is killed inside step 3: the spare steps in, healed by 0, and every
+    # step's average has 2 terms.
+    cluster.start_all({"0": "", "1": "collective:3", "2": ""}, env={"FT_SPARES": "2"})
+    cluster.wait("1", "paused", 3)
+    assert not [e for e in cluster.events(cluster.current("2")[0]) if e["event"] in ("collective", "commit")]
+    cluster.signal("1", signal.SIGKILL)
+    cluster.finish({"0": 0, "2": 0})
+    schedule = cluster.check_training(["0", "2"])
+    assert schedule[1] == schedule[2] == ["0", "1"], schedule
+    assert _members_after(schedule, 3) == {("0", "2")}, schedule
+    healed = cluster.wait("2", "healed")
+    first = next(e for e in cluster.events(cluster.current("2")[0]) if e["event"] == "commit")
+    assert healed["behind"] == 0 and first["step"] == 3 and healed["t"] <= first["t"]
+
+
 def test_store_dies_every_replica_raises(cluster: Cluster) -> None:
     cluster.start_all({"0": "enter:3", "1": "enter:3", "2": "enter:3"})
     for rid in ("0", "1", "2"):

@@ -14,7 +14,7 @@ import torch
 
 from gang import GangError, InvalidOperationError, NotSupportedError, ReduceOperation
 from gang._torch_groups import TCPStore
-from gang.ft import ReplicaGang, ReplicaStatus
+from gang.ft import Policy, ReplicaGang, ReplicaStatus, SparesPolicy
 
 
 def _state() -> Mapping[str, Any]:
@@ -55,6 +55,17 @@ GOOD: dict[str, Any] = {"replica_id": "r0", "store": "127.0.0.1:1", "state_dict"
         ({"replica_rank": -1}, ValueError, "`replica_rank` must be at least 0, but is -1 instead"),
         ({"replica_rank": 1.0}, TypeError, "`replica_rank` must be an `int`"),
         ({"replica_size": 0}, ValueError, "`replica_size` must be at least 1, but is 0 instead"),
+        ({"policy": 2}, TypeError, "`policy` must be a `gang.ft.policy.Policy`, but is 2 instead"),
+        (
+            {"policy": SparesPolicy(2, 5.0, 2.0), "min_replicas": 2},
+            ValueError,
+            "`min_replicas` must be left out when `policy` is given (the policy carries it), but is 2 instead",
+        ),
+        (
+            {"policy": Policy(1, 5.0, 2.0), "heartbeat_timeout": timedelta(seconds=1)},
+            ValueError,
+            "`heartbeat_timeout` must be left out when `policy` is given",
+        ),
         (
             {"replica_rank": 2, "replica_size": 2},
             ValueError,

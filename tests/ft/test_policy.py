@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from gang.ft.policy import Beat, GiveUp, Join, Policy, Quorum, View, group_of, heal_plan, watched
+import re
+from dataclasses import replace
+
+import pytest
+
+from gang.ft.policy import Beat, GiveUp, Join, Policy, Quorum, SparesPolicy, View, group_of, heal_plan, watched
 
 POLICY = Policy(min_replicas=2, quorum_timeout=10.0, heartbeat_timeout=5.0)
 
@@ -169,3 +174,50 @@ def test_due_ignores_an_older_larger_incarnations_extra_ranks() -> None:
     v = View({"0": 1, "1": 1, "2": 1}, v.beats, v.joins, v.waited)
     assert POLICY.decide(4, v, None, False) is None
     assert abs(POLICY.due(v, None) - 4.0) < 1e-9
+
+
+SPARES = SparesPolicy(min_replicas=2, quorum_timeout=10.0, heartbeat_timeout=5.0)
+
+
+def test_spares_policy_takes_a_fixed_number_and_a_spare_steps_in_when_a_member_dies() -> None:
+    # All at step 0: the first two ids step, the third waits as a spare (it joined: no waiting).
+    first = SPARES.decide(1, view({"0": 1, "1": 1, "2": 1}, {("0", 0): 0, ("1", 0): 0, ("2", 0): 0}), None, False)
+    assert isinstance(first, Quorum) and first.members == ("0", "1") and first.spares == ("2",)
+    assert first.heal == {}
+    # Membership unchanged: the same members, the spare still behind, the group reused.
+    v = view({"0": 1, "1": 1, "2": 1}, {("0", 0): 4, ("1", 0): 4, ("2", 0): 0})
+    same = SPARES.decide(2, v, first, True)
+    assert isinstance(same, Quorum) and same.members == ("0", "1") and same.spares == ("2",) and same.group == 1
+    # Replica 1 dies: the spare steps in, healed by the survivor.
+    v = view({"0": 1, "1": 1, "2": 1}, {("0", 0): 4, ("2", 0): 0}, ages={("1", 0): 6.0})
+    q = SPARES.decide(3, v, same, True)
+    assert isinstance(q, Quorum) and q.members == ("0", "2") and q.spares == () and q.heal == {"2": "0"}
+    # Fewer than `min_replicas` live: wait, then give up as `Policy` does.
+    v = view({"0": 1, "1": 1}, {("0", 0): 4}, ages={("1", 0): 6.0})
+    assert SPARES.decide(4, v, q, True) is None
+    assert isinstance(SPARES.decide(4, replace(v, waited=11.0), q, True), GiveUp)
+    # `Policy` takes every live replica.
+    everyone = POLICY.decide(1, view({"0": 1, "1": 1, "2": 1}, {("0", 0): 0, ("1", 0): 0, ("2", 0): 0}), None, False)
+    assert isinstance(everyone, Quorum) and everyone.members == ("0", "1", "2") and everyone.spares == ()
+
+
+def test_spares_policy_keeps_the_most_advanced_then_the_previous_members() -> None:
+    # A replica ahead of the previous members is never a spare (its progress would be lost).
+    previous = Quorum(1, ("1", "2"), (3, 3), (1, 1), 1, ("t10", "t20"))
+    v = view({"0": 1, "1": 1, "2": 1}, {("0", 0): 5, ("1", 0): 3, ("2", 0): 3})
+    q = SPARES.decide(2, v, previous, True)
+    assert isinstance(q, Quorum) and q.members == ("0", "1") and q.spares == ("2",) and q.heal == {"1": "0"}
+    # At equal steps the previous members stay, whatever their ids.
+    v = view({"0": 1, "1": 1, "2": 1}, {("0", 0): 3, ("1", 0): 3, ("2", 0): 3})
+    q = SPARES.decide(2, v, previous, True)
+    assert isinstance(q, Quorum) and q.members == ("1", "2") and q.spares == ("0",) and q.group == 1
+    assert Quorum.from_json(q.to_json()) == q
+
+
+def test_policies_refuse_bad_values() -> None:
+    with pytest.raises(ValueError, match=re.escape("`min_replicas` must be at least 1, but is 0 instead.")):
+        SparesPolicy(0, 1.0, 1.0)
+    with pytest.raises(ValueError, match=re.escape("`heartbeat_timeout` must be positive, but is 0.0 instead.")):
+        Policy(1, 1.0, 0.0)
+    with pytest.raises(TypeError, match=re.escape("`quorum_timeout` must be a number of seconds, but is '1'")):
+        Policy(1, "1", 1.0)  # type: ignore[arg-type]

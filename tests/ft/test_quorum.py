@@ -8,6 +8,7 @@ pause after the rounds it knew were deleted, or a process that registers and nev
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -109,6 +110,12 @@ def _client(
     return QuorumClient(CountingClient(server.port), replica_id, rank, size, uuid.uuid4().hex[:16], policy)
 
 
+def _requests(client: QuorumClient) -> list[str]:
+    """The requests ``client`` sent so far (see :class:`CountingClient`)."""
+    assert isinstance(client.client, CountingClient)
+    return client.client.keys
+
+
 def _in_threads(calls: dict[str, Callable[[], Any]]) -> dict[str, Any]:
     """Run ``calls`` at once, one thread each; return their results (or the exceptions they raised)."""
     got: dict[str, Any] = {}
@@ -188,9 +195,41 @@ def test_a_vote_read_after_its_round_was_deleted_is_lost_not_invented(server: TC
         last = quorum.round
     collect(a.client, last)
     assert not server.check([f"{ROOT}r/{first.round}/decision"])
-    # x comes back and votes again in round 1: the decision is gone; x must not write one.
+    # x comes back and votes again in round 1: the decision is gone; x must not write one, and
+    # the vote counter its vote created is deleted again.
     assert x.vote(first, True, SECONDS) is None
     assert not server.check([f"{ROOT}r/{first.round}/decision"])
+    assert not server.check([f"{ROOT}r/{first.round}/ok"])
+
+
+def test_the_last_voter_decides_in_two_requests_and_a_middle_one_in_one_before_polling(server: TCPStore) -> None:
+    # Three replicas vote: the first checks the round still exists, the second only counts
+    # itself, and the last (whose count completes the vote) counts itself and writes the
+    # decision, whose value it reads back from that one request.
+    clients = [_client(server, rid, min_replicas=3) for rid in "abc"]
+    for c in clients:
+        c.register(0)
+    quorum = _in_threads({c.replica_id: partial(c.form, 0, 0) for c in clients})["a"]
+    before = [len(_requests(c)) for c in clients]
+    votes: dict[str, Any] = {}
+    ok = f"{ROOT}r/{quorum.round}/ok"
+    first = threading.Thread(target=lambda: votes.update(a=clients[0].vote(quorum, True, SECONDS)))
+    first.start()
+    while not server.check([ok]):
+        time.sleep(0.001)
+    second = threading.Thread(target=lambda: votes.update(b=clients[1].vote(quorum, True, SECONDS)))
+    second.start()
+    while server.add(ok, 0) < 2:
+        time.sleep(0.001)
+    assert clients[2].vote(quorum, True, SECONDS) is True
+    first.join(6 * SECONDS)
+    second.join(6 * SECONDS)
+    assert votes == {"a": True, "b": True}
+    sent = [_requests(c)[n:] for c, n in zip(clients, before, strict=True)]
+    decision = f"{ROOT}r/{quorum.round}/decision"
+    assert sent[2] == [f"write {ok}", f"write {decision}"], sent[2]
+    assert sent[0][:2] == [f"write {ok}", f"read {ROOT}r/{quorum.round}/result"], sent[0]
+    assert sent[1][0] == f"write {ok}" and set(sent[1][1:]) == {f"read {decision}"}, sent[1]
 
 
 def test_a_failed_vote_aborts_for_everyone(server: TCPStore) -> None:
@@ -304,8 +343,9 @@ def test_fewer_than_min_replicas_joined_gives_up_naming_the_quorum(server: TCPSt
 
 
 def test_a_non_leaders_traffic_does_not_read_the_other_replicas(server: TCPStore) -> None:
-    # Eight replicas form quorums and vote: only the round's leader reads the joins, the registry
-    # and the heartbeats; every other process touches its own keys and one key per wait.
+    # Eight replicas form quorums and vote: only the round's leader (and the first voter, which
+    # proposes the next round) reads the joins, the registry and the heartbeats; every other
+    # process touches its own keys and one key per wait.
     clients = [_client(server, str(i), min_replicas=8) for i in range(8)]
     for c in clients:
         c.register(0)
@@ -324,7 +364,8 @@ def test_a_non_leaders_traffic_does_not_read_the_other_replicas(server: TCPStore
         assert isinstance(counting, CountingClient)
         joined = counting.keys.index(f"write {ROOT}r/1/joins")
         reads = [k.removeprefix("read ") for k in counting.keys[joined:] if k.startswith("read ")]
-        if c.replica_id not in leaders:
+        proposer = any(k.startswith(f"write {ROOT}r/") and k.endswith("/next") for k in counting.keys)
+        if c.replica_id not in leaders and not proposer:
             assert not any(k.startswith(f"{ROOT}hb/") or k.endswith(("/joins", "/reg")) for k in reads), reads
 
 
@@ -373,7 +414,8 @@ def test_a_dropped_mark_written_between_the_leaders_reads_is_not_missed(server: 
         joining = threading.Thread(target=lambda: second.update(b=b.form(first.round, 1, (first, True))))
         joining.start()
         second["b_thread"] = joining
-        assert wait_until(lambda: server.add(f"{ROOT}r/{first.round + 1}/count", 0) == 2, timeout=100.0)  # b joined
+        joins = f"{ROOT}r/{first.round + 1}/joins"
+        assert wait_until(lambda: server.check([joins]) and b"\nb|" in b"\n" + server.get(joins), timeout=100.0)
 
     seam = InterleavingClient(server.port, f"{ROOT}r/{first.round}/dropped", b_drops_and_joins)
     leader = QuorumClient(seam, "a", 0, 1, a.token, a.policy)
@@ -408,3 +450,37 @@ def test_a_heartbeat_that_looks_silent_once_is_confirmed_before_the_step_aborts(
     assert server.get(decision) == b"abort"
     reason = watcher.check_step(quorum)
     assert reason is not None and "replica 'a' rank 0 of the quorum was silent for" in reason, reason
+
+
+def test_an_unchanged_quorum_is_proposed_in_the_vote_and_published_by_the_last_member_to_join(
+    server: TCPStore,
+) -> None:
+    # After a committed step, the next round is the one the first voter proposed, published by
+    # the last member to join it (no leader reads the joins, the registry or the heartbeats);
+    # a registration since the proposal voids it, and the leader decides from the joins.
+    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
+    a.register(0)
+    b.register(0)
+    first = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    assert _in_threads({"a": lambda: a.vote(first, True, SECONDS), "b": lambda: b.vote(first, True, SECONDS)}) == {
+        "a": True,
+        "b": True,
+    }
+    assert server.check([f"{ROOT}r/{first.round}/next"])
+    before = {c.replica_id: len(_requests(c)) for c in (a, b)}
+    second = _in_threads({c.replica_id: partial(c.form, first.round, 1, (first, True)) for c in (a, b)})
+    assert second["a"] == second["b"] and second["a"].members == ("a", "b") and second["a"].group == first.group
+    sent = {c.replica_id: _requests(c)[before[c.replica_id] :] for c in (a, b)}
+    proposal = server.get(f"{ROOT}r/{first.round}/next").decode().split("|", 2)[2]
+    assert server.get(f"{ROOT}r/{second['a'].round}/result").decode() == proposal
+    assert [rid for rid, keys in sent.items() if f"read {ROOT}r/{first.round}/next" in keys], sent
+    # A new process registers after the vote: the proposal is void, the leader decides.
+    votes = _in_threads({c.replica_id: partial(c.vote, second["a"], True, SECONDS) for c in (a, b)})
+    assert votes == {"a": True, "b": True}
+    c = _client(server, "c", min_replicas=2)
+    c.register(0)
+    third = _in_threads(
+        {x.replica_id: partial(x.form, second["a"].round, 2, (second["a"], True)) for x in (a, b)}
+        | {"c": lambda: c.form(0, 0)}
+    )
+    assert third["a"] == third["b"] == third["c"] and third["a"].members == ("a", "b", "c"), third

@@ -12,6 +12,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from typing_extensions import override
+
+from gang.extend import check_int
+
 
 def replica_sort_key(replica_id: str) -> tuple[int, int, str]:
     """Order replica ids numerically when they are numbers, else by text (numbers first)."""
@@ -86,6 +90,8 @@ class Quorum:
         rounds do not wait for them until they join again.
     :ivar timed_out: The live replicas this round waited ``quorum_timeout`` for before closing
         without them (newly stalled; empty for a round that waited for nobody).
+    :ivar spares: Live replicas that joined but that the policy left out (:class:`SparesPolicy`):
+        they wait, joining the next rounds, until a round takes them in.
     """
 
     round: int
@@ -97,6 +103,7 @@ class Quorum:
     heal: Mapping[str, str] = field(default_factory=dict)
     stalled: tuple[str, ...] = ()
     timed_out: tuple[str, ...] = ()
+    spares: tuple[str, ...] = ()
 
     @property
     def max_step(self) -> int:
@@ -130,6 +137,7 @@ class Quorum:
                 "heal": dict(self.heal),
                 "stalled": self.stalled,
                 "timed_out": self.timed_out,
+                "spares": self.spares,
             }
         )
 
@@ -147,6 +155,7 @@ class Quorum:
             {str(k): str(v) for k, v in d.get("heal", {}).items()},
             tuple(d.get("stalled", ())),
             tuple(d.get("timed_out", ())),
+            tuple(d.get("spares", ())),
         )
 
 
@@ -158,8 +167,36 @@ class GiveUp:
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """What :meth:`Policy.judge_watched` decides about the watched process during a step.
+
+    :ivar reason: Why the step is over (its decision is then ``abort``), or ``None``.
+    :ivar suspect: Whether the heartbeat looks silent but is not confirmed yet (read it again).
+    """
+
+    reason: str | None
+    suspect: bool
+
+
+def heartbeat_period(heartbeat_timeout: float) -> float:
+    """Seconds between two heartbeats of a process: a tenth of ``heartbeat_timeout``, at most 0.1 s."""
+    return min(0.1, heartbeat_timeout / 10)
+
+
+@dataclass(frozen=True)
 class Policy:
-    """The quorum decisions.
+    """Every decision of :mod:`gang.ft` about liveness and quorums: every live replica takes part.
+
+    The one entry for these decisions (``ReplicaGang.join(policy=...)`` takes one; ``join``
+    builds this one from its own arguments when none is given): when a process counts as live,
+    when a claimed identity's owner is dead, when a step stops waiting for the process it watches,
+    when a process forming a quorum gives up, and what each quorum round decides. Every method is
+    a pure function of what it is given (a :class:`View` read at one moment, a heartbeat): no
+    store, no clock. Every process of every replica must use an equal policy.
+
+    This one is torchft's ``DYNAMIC`` mode: a quorum holds every live replica that joined (at
+    least ``min_replicas``). :class:`SparesPolicy` holds a fixed number. Another policy subclasses
+    this class and overrides :meth:`choose` (or :meth:`decide`).
 
     :param min_replicas: The fewest replicas a quorum holds.
     :param quorum_timeout: Seconds a round waits for live replicas that do not join, and the
@@ -167,6 +204,10 @@ class Policy:
     :param heartbeat_timeout: The heartbeat age (seconds) after which a process counts as dead.
     :param init_sync: Whether, at the job's first step (every member at step 0), every member
         adopts the state of the first one (the smallest replica id); see :func:`heal_plan`.
+        ``False`` by default here, ``True`` in :meth:`gang.ft.ReplicaGang.join` (pass it when
+        replicas start from different weights).
+    :raises TypeError: If an argument has the wrong type.
+    :raises ValueError: If ``min_replicas`` is below 1 or a timeout is not positive.
     """
 
     min_replicas: int
@@ -174,9 +215,95 @@ class Policy:
     heartbeat_timeout: float
     init_sync: bool = False
 
+    def __post_init__(self) -> None:
+        check_int("min_replicas", self.min_replicas, minimum=1)
+        for name in ("quorum_timeout", "heartbeat_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"`{name}` must be a number of seconds, but is {value!r} instead.")
+            if not value > 0:
+                raise ValueError(f"`{name}` must be positive, but is {value!r} instead.")
+        if not isinstance(self.init_sync, bool):
+            raise TypeError(f"`init_sync` must be a `bool`, but is {self.init_sync!r} instead.")
+
+    def choose(self, joined: Mapping[str, list[int]], previous: Quorum | None) -> tuple[list[str], list[str]]:
+        """Split the live replicas that joined a round into its members and its spares (each in
+        replica id order); this policy takes every one.
+
+        :param joined: The step of every process of each joined replica.
+        :param previous: The previous round's quorum, if known.
+        """
+        return sorted(joined, key=replica_sort_key), []
+
+    # -- liveness -------------------------------------------------------------------------------
+
     def alive(self, beat: Beat | None) -> bool:
         """Whether a process with this last heartbeat counts as live."""
         return beat is not None and not beat.left and beat.age < self.heartbeat_timeout
+
+    @property
+    def watch_interval(self) -> float:
+        """Seconds between two heartbeats of a process, and between two looks at the watched one
+        while a step waits (:func:`heartbeat_period` of ``heartbeat_timeout``)."""
+        return heartbeat_period(self.heartbeat_timeout)
+
+    def owner_alive(self, token: str, claimed: float, beat: Beat | None, changed: bool) -> bool | None:
+        """Whether the incarnation ``token`` that claimed an identity ``claimed`` seconds ago still lives.
+
+        A live process writes a new heartbeat every :attr:`watch_interval`, so a fresh one that
+        never changes is a process that just died (restarted at once by its launcher) or is
+        stopped: ``None`` (read again) until its heartbeat changes (alive) or grows older than
+        ``heartbeat_timeout`` (dead). A claim whose first heartbeat is not written yet lives for
+        ``heartbeat_timeout`` after the claim.
+
+        :param beat: Its heartbeat now (``None`` if there is none).
+        :param changed: Whether the heartbeat changed since the first read.
+        """
+        if beat is None or beat.token != token:  # claimed, first heartbeat not written yet
+            return False if claimed >= self.heartbeat_timeout else None
+        if not self.alive(beat):
+            return False
+        return True if changed else None
+
+    def judge_watched(self, process: Process, token: str, beat: Beat | None, silent_for: float | None) -> Verdict:
+        """Whether the step goes on, from the heartbeat of the process this one watches.
+
+        The step is over when that process (of incarnation ``token``) left, was marked dead or
+        was replaced by another incarnation, or has been silent for ``heartbeat_timeout``. Silence
+        counts only when a later read, :attr:`watch_interval` on, found the same heartbeat: a
+        store that stalled (or a clock that differs) is not silence. A heartbeat missing from
+        the store (a restarted store that the process has not registered with again) does not
+        count as silence.
+
+        :param beat: The heartbeat read now (``None`` if missing).
+        :param silent_for: Seconds since this same heartbeat was first judged a suspect
+            (``None`` if it was not).
+        """
+        gone = beat is not None and (beat.token != token or beat.left)
+        silent = beat is not None and not gone and not self.alive(beat)
+        who = f"replica {process[0]!r} rank {process[1]} of the quorum"
+        if silent and silent_for is not None and silent_for >= self.watch_interval:
+            assert beat is not None
+            limit = self.heartbeat_timeout
+            return Verdict(f"{who} was silent for {beat.age:.3g} s (`heartbeat_timeout` is {limit:g} s)", False)
+        if gone:
+            if beat is not None and beat.died:
+                return Verdict(f"{who} died (the connection its process held open closed)", False)
+            return Verdict(f"{who} is gone (it left, or a new incarnation replaced it)", False)
+        return Verdict(None, silent)
+
+    def give_up(self, waited: float, left_out_of: Quorum | None) -> bool:
+        """Whether a process that has been forming a quorum for ``waited`` seconds gives up.
+
+        Left out of a published round (``left_out_of``; not every process of its replica joined):
+        after ``quorum_timeout`` plus ``heartbeat_timeout``. With no round published: after twice
+        ``quorum_timeout`` plus ``heartbeat_timeout`` (a leader gives up within ``quorum_timeout``).
+        """
+        if left_out_of is not None:
+            return waited > self.quorum_timeout + self.heartbeat_timeout
+        return waited > 2 * self.quorum_timeout + self.heartbeat_timeout
+
+    # -- quorum rounds ---------------------------------------------------------------------------
 
     def live(self, view: View) -> set[str]:
         """The replicas every process of which is registered and heartbeats."""
@@ -266,6 +393,7 @@ class Policy:
         stalled: set[str],
         timed_out: set[str],
     ) -> Quorum | GiveUp:
+        members, spares = self.choose({rid: joined[rid] for rid in members}, previous)
         steps = tuple(min(joined[rid]) for rid in members)
         sizes = tuple(view.sizes[rid] for rid in members)
         if len(set(sizes)) > 1:
@@ -285,8 +413,38 @@ class Policy:
         heal = heal_plan(members, steps, init_sync=self.init_sync)
         left_out = tuple(sorted(stalled, key=replica_sort_key))
         waited_for = tuple(sorted(timed_out, key=replica_sort_key))
-        quorum = Quorum(n, tuple(members), steps, sizes, n, incarnations, heal, left_out, waited_for)
+        quorum = Quorum(n, tuple(members), steps, sizes, n, incarnations, heal, left_out, waited_for, tuple(spares))
         return replace(quorum, group=group_of(quorum, previous, committed))
+
+
+@dataclass(frozen=True)
+class SparesPolicy(Policy):
+    """torchft's ``FIXED_WITH_SPARES`` mode: every quorum holds exactly ``min_replicas`` replicas.
+
+    A round waits, as :class:`Policy`'s does, for every live replica and for ``min_replicas`` of
+    them (giving up after ``quorum_timeout``), then takes ``min_replicas`` of those that joined
+    as its members: the ones at the highest step first, the previous quorum's members before
+    others at the same step, then by replica id. The rest are *spares*
+    (:attr:`Quorum.spares`): their ``step()`` waits, joining every next round, until a member
+    dies or leaves and a round takes one in; it is healed then (it is behind), so a step's
+    average always has ``min_replicas`` terms and the job's numerics do not depend on how many
+    replicas are live. (torchft keeps its spares in every step's collectives with zeros; here they
+    take no part until needed.) A spare waits as long as rounds are published without it; it
+    gives up, as a member does, when no round is published for twice ``quorum_timeout`` plus
+    ``heartbeat_timeout`` (a step of the members longer than that ends its wait).
+    """
+
+    @override
+    def choose(self, joined: Mapping[str, list[int]], previous: Quorum | None) -> tuple[list[str], list[str]]:
+        before = () if previous is None else previous.members
+
+        def key(rid: str) -> tuple[int, bool, tuple[int, int, str]]:
+            return (-min(joined[rid]), rid not in before, replica_sort_key(rid))
+
+        ranked = sorted(joined, key=key)
+        taken = set(ranked[: self.min_replicas])
+        order = sorted(joined, key=replica_sort_key)
+        return [r for r in order if r in taken], [r for r in order if r not in taken]
 
 
 def heal_plan(

@@ -27,8 +27,20 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
   replicas. A published round sets ``closed`` = ``n``.
 - ``r/<n>/ok`` and ``r/<n>/decision``: the commit vote. A process votes "fail" by writing the
   decision ``abort`` with ``compare_set``, "ok" by adding one to ``ok``; the process whose add
-  completes the count writes ``commit``. Everyone polls ``decision`` until the vote's deadline.
-  During a step, a process that sees the member it watches go silent writes ``abort`` too.
+  completes the count writes ``commit`` (and reads the decision back from that one request).
+  Everyone else polls ``decision`` until the vote's deadline. During a step, a process that
+  sees the member it watches go silent writes ``abort`` too.
+- ``r/<n>/next``: the next round as proposed by the first "ok" voter of round ``n`` while it
+  waits for the others (``"<epoch>|<joins>|<quorum>"``, with the joins of the next round by
+  other processes it saw): the policy's decision from the store as it is
+  then, every member taken as joined at the next step. When the step commits, the members join
+  round ``n + 1`` as usual, adding ``2**20`` (not 1) to its ``count``, and the last of them to
+  join publishes the proposal as the round's result (``compare_set``; a leader's result
+  published first wins) unless ``epoch`` changed or another process joined the round since:
+  so the round closes as soon as every member joined, without a leader's reads and polls (a
+  leader joined at the proposal's count waits ``_RECHECK``, 50 ms, before it reads the round).
+  Otherwise the leader decides from the joins.
+- ``epoch``: a counter every registration, ``leave``, death seen and ``dropped`` mark adds one to.
 - ``r/<n>/dropped``: set by a process that dropped the round's group after its vote (a collective
   failed after ``should_commit``); the next round then builds a new group instead of reusing it.
 - Round ``n``'s keys are deleted once round ``n + 2`` closed (by the heartbeat thread of its
@@ -52,18 +64,23 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from gang._torch_groups import TCPStore
 from gang.errors import BACKEND_ERRORS
-from gang.ft.policy import Beat, Join, Policy, Process, Quorum, View, watched
+from gang.ft.policy import Beat, Join, Policy, Process, Quorum, View, heartbeat_period, watched
 
 ROOT = "gang.ft/"
 """The prefix of every key :mod:`gang.ft` writes in the coordination store."""
 
 KEEP_ROUNDS = 2
 """Round ``n``'s keys are deleted when round ``n + KEEP_ROUNDS`` closes."""
+
+EPOCH = ROOT + "epoch"
+"""A counter every registration, leave, death seen and dropped group adds one to: a proposed quorum
+(:meth:`QuorumClient.form`) computed before the last change is not used."""
 
 STARTED = ROOT + "started"
 """The key where ``python -m gang.ft.store`` writes the time it started (a restarted store is empty)."""
@@ -77,6 +94,7 @@ _POLL_MAX = 0.001  # while a wait is young (`_FAST` seconds): a step's members a
 _POLL_SLOW = 0.01  # afterwards: waiting for a slow or dead replica should not load the store
 _FAST = 0.05
 _RECHECK = 0.05  # the most seconds between the leader's reads of the round while its count does not change
+_MEMBER = 1 << 20  # what a member of a proposed round adds to its join count (see `_join`)
 _ABSENT = "\x00"  # never a value of ours: `compare_set` returns it for a key that does not exist
 _T = TypeVar("_T")
 
@@ -214,6 +232,7 @@ class QuorumClient:
         """The last round this process published as leader."""
         self._closed: deque[int] = deque()
         self._suspect: tuple[bytes, float] | None = None  # a heartbeat seen silent, and when
+        self._others_publish = False  # whether a later member may publish the round this process joined
         self._me = f"{replica_id}|{replica_rank}|{token}"
         self._address = address
 
@@ -244,25 +263,20 @@ class QuorumClient:
             current = got
         self.beat(step)
         self.client.append(_key("reg"), f"{self.replica_id}|{self.replica_rank}|{self.replica_size}\n")
+        self.client.add(EPOCH, 1)
 
     def _owner_alive(self, claim: str) -> bool:
-        """Whether the incarnation that claimed this identity still heartbeats: it writes a new
-        heartbeat while it lives (every 0.1 s), so a fresh one that never changes is a process
-        that just died (restarted at once by its launcher) or is stopped; wait for it to change
-        or to grow older than ``heartbeat_timeout``."""
+        """Whether the incarnation that claimed this identity still lives (:meth:`Policy.owner_alive`
+        decides from its heartbeat, read every 20 ms until it does)."""
         token, _, since, *_ = claim.split(" ")
         key = _key("hb", self.replica_id, self.replica_rank)
         first = self.client.peek(key)
         while True:
             value = self.client.peek(key)
-            beat = _parse_beat(value, time.time())
-            if beat is None or beat.token != token:  # claimed, first heartbeat not written yet
-                if time.time() - float(since) >= self.policy.heartbeat_timeout:
-                    return False
-            elif not self.policy.alive(beat):
-                return False
-            elif value != first:
-                return True
+            now = time.time()
+            verdict = self.policy.owner_alive(token, now - float(since), _parse_beat(value, now), value != first)
+            if verdict is not None:
+                return verdict
             time.sleep(0.02)
 
     def beat(self, step: int) -> None:
@@ -301,11 +315,15 @@ class QuorumClient:
         beat = _parse_beat(raw, time.time())
         if raw is None or beat is None or beat.token != token or beat.left:
             return False
-        return self.client.compare_set(key, raw.decode(), f"dead {token}") == f"dead {token}".encode()
+        marked = self.client.compare_set(key, raw.decode(), f"dead {token}") == f"dead {token}".encode()
+        if marked:
+            self.client.add(EPOCH, 1)
+        return marked
 
     def leave(self) -> None:
         """Mark this process as gone, so the next round does not wait for its replica."""
         self.client.set(_key("hb", self.replica_id, self.replica_rank), f"left {self.token}")
+        self.client.add(EPOCH, 1)
 
     # -- quorum rounds ------------------------------------------------------------------------------
 
@@ -324,12 +342,16 @@ class QuorumClient:
             not join), or no round was published for twice ``quorum_timeout`` plus ``heartbeat_timeout``.
         """
         start = time.monotonic()
-        timeout = self.policy.quorum_timeout
         # `append` is not acknowledged: one sent to a store that just died is lost unnoticed, and
         # the reconnect of the next request tells it. So the generation is read before joining.
         generation, poll = self.client.generation, _POLL_MIN
-        n, leader = self._join(last_round + 1 if last_round > 0 else self.first_round(), step)
+        # After a committed step, the last of its members to join publishes the round proposed
+        # during the vote (`_propose`), unless a process registered, left, died or dropped its group since.
+        proposed = previous[0] if previous is not None and previous[1] and previous[0].round == last_round else None
+        n, leader = self._join(last_round + 1 if last_round > 0 else self.first_round(), step, proposed)
         round_start, count, due, checked = start, -1, 0.0, start
+        # A leader of a proposed round leaves its last member `_RECHECK` to publish the proposal.
+        defer = start + _RECHECK if self._others_publish else 0.0
         while True:
             now = time.monotonic()
             if self.client.generation != generation:  # the store was restarted: its rounds are gone
@@ -340,7 +362,9 @@ class QuorumClient:
                 quorum = _parse_result(result)
                 if self.replica_id in quorum.members:
                     return quorum
-                if now - start > timeout + self.policy.heartbeat_timeout:
+                if self.replica_id in quorum.spares:
+                    start = now  # a spare: it waits on, from this round on
+                if self.policy.give_up(now - start, quorum):
                     raise QuorumTimeoutError(
                         f"{self.describe()} was left out of every quorum for {now - start:.3g} s: not every "
                         f"process of the replica joined (quorum {n} is of replicas {list(quorum.members)})"
@@ -348,7 +372,7 @@ class QuorumClient:
                 # Closed without us: the next round.
                 (n, leader), round_start, count = self._join(max(n + 1, self.first_round()), step), now, -1
                 continue
-            if now - start > 2 * timeout + self.policy.heartbeat_timeout:
+            if self.policy.give_up(now - start, None):
                 raise QuorumTimeoutError(f"no quorum was published for {now - start:.3g} s while forming quorum {n}")
             if now - checked > min(0.5, self.policy.heartbeat_timeout / 4):
                 checked = now
@@ -356,7 +380,7 @@ class QuorumClient:
                     (n, leader), round_start, count = self._join(self.first_round(), step), now, -1
                     continue
                 leader = leader or self._take_lead_if_silent(n)
-            if leader:
+            if leader and now >= defer:
                 seen = self.client.add(_key("r", n, "count"), 0)
                 if seen != count or now >= due:
                     count = seen
@@ -366,10 +390,21 @@ class QuorumClient:
                     due = now + min(_RECHECK, wait)
             poll = _backoff(poll, start)
 
-    def _join(self, n: int, step: int) -> tuple[int, bool]:
-        """Join round ``n`` at ``step``; return ``n`` and whether this process leads it (it joined first)."""
+    def _join(self, n: int, step: int, proposed: Quorum | None = None) -> tuple[int, bool]:
+        """Join round ``n`` at ``step``; return ``n`` and whether this process leads it (it joined first).
+
+        :param proposed: The quorum of round ``n - 1``, whose step committed, if this process was
+            in it: joining as the last of its processes, this one publishes the proposal.
+        """
         self.client.append(_key("r", n, "joins"), f"{self._me}|{step}\n")
-        if self.client.add(_key("r", n, "count"), 1) == 1:
+        # A member of the proposal's quorum counts `_MEMBER`, any other process 1: the count
+        # tells both the first process to join and the last member.
+        unit = _MEMBER if proposed is not None and proposed.round == n - 1 else 1
+        count = self.client.add(_key("r", n, "count"), unit)
+        self._others_publish = proposed is not None and unit == _MEMBER and count // _MEMBER < sum(proposed.sizes)
+        if proposed is not None and unit == _MEMBER and count // _MEMBER == sum(proposed.sizes):
+            self._publish_proposal(proposed, count % _MEMBER)
+        if count == unit:
             return n, self.client.compare_set(_key("r", n, "leader"), "", self._me) == self._me.encode()
         return n, False
 
@@ -453,12 +488,55 @@ class QuorumClient:
         # A result is published before `closed` is set: a missing result after `closed` >= n is deleted.
         return self.first_round() > n and self.client.peek(_key("r", n, "result")) is None
 
+    def _propose(self, quorum: Quorum) -> None:
+        """Decide the round after ``quorum``'s as if its step commits, and store it as the proposal.
+
+        The view is the store as it is now, with every process of every member joined at the
+        step after the quorum's (what each will join with if the step commits, with the
+        incarnation it has now); the policy decides from it as a leader would. A proposal is
+        stored only when the policy publishes a quorum at once (nobody live still to wait for).
+        The last member process to join the next round publishes it (:meth:`_join`), so the
+        round closes as soon as every member joined, without its leader's reads.
+        """
+        n = quorum.round + 1
+        epoch = self.client.add(EPOCH, 0)  # before the view: a later registration, leave or death voids it
+        view = self._view(n, 0.0)
+        joins = dict(view.joins)
+        # Joins of the round by other processes (spares, stalled or new replicas): another one
+        # later voids the proposal (see `_publish_proposal`).
+        others = sum(1 for rid, _ in joins if rid not in quorum.members)
+        for rid, incarnation in zip(quorum.members, quorum.incarnations, strict=True):
+            for rank, token in enumerate(incarnation.split(",")):
+                joins[(rid, rank)] = Join(token, quorum.max_step + 1)
+        decision = self.policy.decide(n, replace(view, joins=joins), quorum, True)
+        if isinstance(decision, Quorum):
+            text = decision.to_json()
+            self.client.compare_set(_key("r", quorum.round, "next"), "", f"{epoch}|{others}|{text}")
+
+    def _publish_proposal(self, previous: Quorum, others: int) -> None:
+        """Publish the round after ``previous``'s as proposed during its vote, unless it is void
+        (a process registered, left, died or dropped its group since, or ``others``, the joins of
+        the round by processes not in ``previous``, are not those the proposal saw) or the round
+        is published already."""
+        epoch = self.client.add(EPOCH, 0)
+        proposal = self.client.peek(_key("r", previous.round, "next"))
+        if proposal is None:
+            return
+        proposed_at, joined, text = proposal.decode().split("|", 2)
+        if int(proposed_at) != epoch or int(joined) != others:
+            return  # the round's leader decides from the joins
+        n = previous.round + 1
+        if self.client.compare_set(_key("r", n, "result"), "", text) == text.encode():
+            self.client.set(_key("closed"), str(n))
+            self.closed_round = n
+            self._closed.append(n)
+
     # -- during a step ---------------------------------------------------------------------------------
 
     @property
     def watch_interval(self) -> float:
         """Seconds between two checks of :meth:`check_step` while a step waits (the heartbeat period)."""
-        return heartbeat_period(self.policy.heartbeat_timeout)
+        return self.policy.watch_interval
 
     def check_step(self, quorum: Quorum) -> str | None:
         """Why the step of ``quorum`` cannot go on, or ``None``; three reads, whatever the quorum's size.
@@ -476,28 +554,19 @@ class QuorumClient:
         decision_key = _key("r", quorum.round, "decision")
         target = watched(quorum, self.replica_id, self.replica_rank)
         if target is not None:
-            (rid, rank), token = target
-            raw = self.client.peek(_key("hb", rid, rank))
-            beat = _parse_beat(raw, time.time())
-            gone = beat is not None and (beat.token != token or beat.left)
-            silent = beat is not None and not gone and not self.policy.alive(beat)
-            # A heartbeat that looks silent counts only when a later read, a heartbeat period on,
-            # finds it unchanged: a store that stalled (or a clock that differs) is not silence.
+            process, token = target
+            raw = self.client.peek(_key("hb", *process))
             now = time.monotonic()
-            if not silent or raw is None or self._suspect is None or self._suspect[0] != raw:
-                self._suspect = (raw, now) if silent and raw is not None else None
-            elif now - self._suspect[1] >= self.watch_interval:
-                assert beat is not None
+            suspect = self._suspect
+            silent_for = None if raw is None or suspect is None or suspect[0] != raw else now - suspect[1]
+            verdict = self.policy.judge_watched(process, token, _parse_beat(raw, time.time()), silent_for)
+            if verdict.reason is not None:
                 self._abort(quorum)
-                limit = self.policy.heartbeat_timeout
-                who = f"replica {rid!r} rank {rank} of the quorum"
-                return f"{who} was silent for {beat.age:.3g} s (`heartbeat_timeout` is {limit:g} s)"
-            if gone:
-                self._abort(quorum)
-                who = f"replica {rid!r} rank {rank} of the quorum"
-                if beat is not None and beat.died:
-                    return f"{who} died (the connection its process held open closed)"
-                return f"{who} is gone (it left, or a new incarnation replaced it)"
+                return verdict.reason
+            if not verdict.suspect or raw is None:
+                self._suspect = None
+            elif silent_for is None:
+                self._suspect = (raw, now)
         if self.client.peek(decision_key) == b"abort":
             return "a member of the quorum aborted the step"
         if self.client.peek(_key("r", quorum.round, "dropped")) is not None:
@@ -510,6 +579,7 @@ class QuorumClient:
         round's keys are deleted)."""
         if self.client.peek(_key("r", quorum.round, "result")) is not None:
             self.client.set(_key("r", quorum.round, "dropped"), "1")
+            self.client.add(EPOCH, 1)  # the next round proposed during the vote reuses the group: void it
 
     def _abort(self, quorum: Quorum) -> None:
         """Set the decision of ``quorum``'s step to ``abort`` unless it is decided or its keys are deleted."""
@@ -524,45 +594,52 @@ class QuorumClient:
         ``None`` when the decision is lost: the round's keys are gone (this process was paused
         until they were deleted two rounds later, or the store was restarted) before it read the
         decision. It is then not committed here, whatever the others decided, and nothing is
-        written for the lost round.
+        left written for the lost round (a vote counter created in it is deleted again).
 
         :param deadline: Seconds after which a vote still incomplete is decided ``abort``.
         """
         result_key, decision_key = _key("r", quorum.round, "result"), _key("r", quorum.round, "decision")
+        ok_key = _key("r", quorum.round, "ok")
         generation = self.client.generation
-        if self.client.peek(result_key) is None:
-            return None
+        # One request for a voter that is neither the first nor the last, two for the last (whose
+        # `compare_set` returns the decision): the round's keys are checked only by the first
+        # voter (a process paused until they were deleted counts first in the counter it creates).
         if not ok:
-            self.client.compare_set(decision_key, "", "abort")
-        elif self.client.add(_key("r", quorum.round, "ok"), 1) == sum(quorum.sizes):
-            self.client.compare_set(decision_key, "", "commit")
+            if self.client.peek(result_key) is None:
+                return None
+            return self.client.compare_set(decision_key, "", "abort") == b"commit"
+        count = self.client.add(ok_key, 1)
+        if count == 1 and self.client.peek(result_key) is None:
+            self.client.delete(ok_key)  # the counter this vote created in a deleted round
+            return None
+        if count == sum(quorum.sizes):
+            return self.client.compare_set(decision_key, "", "commit") == b"commit"
+        if count == 1:  # the first voter waits longest: it proposes the next quorum meanwhile
+            self._propose(quorum)
         start = checked = time.monotonic()
         poll = _POLL_MIN
         while True:
             decision = self.client.peek(decision_key)
             if decision is not None:
                 return decision == b"commit"
-            if self.client.generation != generation or self.client.peek(result_key) is None:
+            if self.client.generation != generation:
                 return None
             now = time.monotonic()
             if now - start > deadline:
                 return self.client.compare_set(decision_key, "", "abort") == b"commit"
             if now - checked > self.watch_interval:  # a silent member never votes: abort on its silence
                 checked = now
+                if self.client.peek(result_key) is None:  # the round's keys were deleted meanwhile
+                    return None
                 self.check_step(quorum)
             poll = _backoff(poll, start)
-
-
-def heartbeat_period(heartbeat_timeout: float) -> float:
-    """Seconds between two heartbeats of a process: a tenth of ``heartbeat_timeout``, at most 0.1 s."""
-    return min(0.1, heartbeat_timeout / 10)
 
 
 def collect(client: StoreClient, closed_round: int) -> None:
     """Delete the keys of the round ``KEEP_ROUNDS`` before ``closed_round`` (call once per closed round)."""
     old = closed_round - KEEP_ROUNDS
     if old > 0:
-        for part in (*ROUND_KEYS, "dropped"):
+        for part in (*ROUND_KEYS, "dropped", "next"):
             client.delete(_key("r", old, part))
 
 

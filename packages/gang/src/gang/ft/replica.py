@@ -153,11 +153,8 @@ class ReplicaGang(Gang):
         device: torch.device,
         state_dict: Callable[[], Mapping[str, Any]],
         load_state_dict: Callable[[Mapping[str, Any]], None],
-        min_replicas: int,
         timeout: timedelta,
-        quorum_timeout: timedelta,
-        heartbeat_timeout: timedelta,
-        init_sync: bool = True,
+        policy: Policy,
         max_retries: int | None = None,
         liveness_address: str | None = None,
     ) -> None:
@@ -173,10 +170,10 @@ class ReplicaGang(Gang):
         self._load_state_dict = load_state_dict
         # State healed along with the user's (`LocalSGD`, `DiLoCo`): name -> (state_dict, load_state_dict).
         self._attached: dict[str, tuple[Callable[[], Mapping[str, Any]], Callable[[Mapping[str, Any]], None]]] = {}
-        self._min_replicas = min_replicas
         self._timeout = timeout
-        self._quorum_timeout = quorum_timeout
-        self._heartbeat_timeout = heartbeat_timeout
+        self._policy = policy
+        self._quorum_timeout = timedelta(seconds=policy.quorum_timeout)
+        self._heartbeat_timeout = timedelta(seconds=policy.heartbeat_timeout)
         self._replica_rank = replica_rank
         self._replica_size = replica_size
         self._token = uuid.uuid4().hex[:16]  # this incarnation
@@ -190,7 +187,7 @@ class ReplicaGang(Gang):
         self._pending: list[_StepWork] = []  # this step's works started with `async_op=True`, not yet waited for
         self._error: GangError | None = None
         self._commit: bool | None = None
-        policy = Policy(min_replicas, quorum_timeout.total_seconds(), heartbeat_timeout.total_seconds(), init_sync)
+        self._restored = False  # `load_state_dict` was called since the last step
         self._store = self._connect()
         self._liveness = Liveness(address[0], self._token, liveness_address)
         args = (replica_id, replica_rank, replica_size, self._token, policy, self._liveness.address)
@@ -210,7 +207,7 @@ class ReplicaGang(Gang):
             beats,
             lambda: self._step_number,
             self._protocol.take_closed,
-            heartbeat_timeout.total_seconds(),
+            policy.heartbeat_timeout,
             f"gang.ft heartbeat {replica_id}",
             self._liveness,
         )
@@ -233,6 +230,7 @@ class ReplicaGang(Gang):
         init_sync: bool = True,
         max_retries: int | None = None,
         liveness_address: str | None = None,
+        policy: Policy | None = None,
     ) -> ReplicaGang:
         """Join the replicas that train together through the coordination store.
 
@@ -277,7 +275,16 @@ class ReplicaGang(Gang):
             publishing the address of the default route's interface (a multi-host job whose store
             is named by a host name that maps to a loopback address on the store's own host).
             Otherwise an IP address of this host, listened on and published as it is.
-        :raises ValueError: If an argument has a bad value or an environment variable is missing.
+        :param policy: Every liveness and quorum decision (:class:`gang.ft.policy.Policy`: every
+            live replica takes part, torchft's ``DYNAMIC`` mode; :class:`gang.ft.policy.SparesPolicy`:
+            a fixed number of replicas take part and the other live ones wait as spares, torchft's
+            ``FIXED_WITH_SPARES``). ``None``: a :class:`~gang.ft.policy.Policy` of
+            ``min_replicas``, ``quorum_timeout``, ``heartbeat_timeout`` and ``init_sync``. A policy
+            given carries those four itself: leave them out. Every process of every replica must
+            pass an equal policy.
+        :raises ValueError: If an argument has a bad value or an environment variable is missing,
+            or ``policy`` is given with ``min_replicas``, ``quorum_timeout``, ``heartbeat_timeout``
+            or ``init_sync``.
         :raises TypeError: If an argument has the wrong type.
         :raises GangError: If the store cannot be reached, or another live process is this
             (replica id, replica rank) (the message names both; the other one goes on).
@@ -293,6 +300,30 @@ class ReplicaGang(Gang):
         timeout = check_timeout(timeout, default=DEFAULT_REPLICA_TIMEOUT)
         if not isinstance(init_sync, bool):
             raise TypeError(f"`init_sync` must be a `bool`, but is {init_sync!r} instead.")
+        if policy is None:
+            policy = Policy(
+                min_replicas,
+                check_timeout(quorum_timeout, default=timeout, name="quorum_timeout").total_seconds(),
+                check_timeout(
+                    heartbeat_timeout, default=DEFAULT_HEARTBEAT_TIMEOUT, name="heartbeat_timeout"
+                ).total_seconds(),
+                init_sync,
+            )
+        elif not isinstance(policy, Policy):
+            raise TypeError(f"`policy` must be a `gang.ft.policy.Policy`, but is {policy!r} instead.")
+        else:
+            given = {
+                "min_replicas": (min_replicas, 1),
+                "quorum_timeout": (quorum_timeout, None),
+                "heartbeat_timeout": (heartbeat_timeout, None),
+                "init_sync": (init_sync, True),
+            }
+            for name, (value, default) in given.items():
+                if value != default:
+                    raise ValueError(
+                        f"`{name}` must be left out when `policy` is given (the policy carries it), "
+                        f"but is {value!r} instead."
+                    )
         if max_retries is not None:
             max_retries = check_int("max_retries", max_retries, minimum=1)
         return cls(
@@ -303,13 +334,8 @@ class ReplicaGang(Gang):
             device=device,
             state_dict=state_dict,
             load_state_dict=load_state_dict,
-            min_replicas=min_replicas,
             timeout=timeout,
-            quorum_timeout=check_timeout(quorum_timeout, default=timeout, name="quorum_timeout"),
-            heartbeat_timeout=check_timeout(
-                heartbeat_timeout, default=DEFAULT_HEARTBEAT_TIMEOUT, name="heartbeat_timeout"
-            ),
-            init_sync=init_sync,
+            policy=policy,
             max_retries=max_retries,
             liveness_address=check_liveness_address(liveness_address),
         )
@@ -350,6 +376,11 @@ class ReplicaGang(Gang):
     def heartbeat_timeout(self) -> timedelta:
         """The silence after which a process counts as dead (see :meth:`join`)."""
         return self._heartbeat_timeout
+
+    @property
+    def policy(self) -> Policy:
+        """Every liveness and quorum decision of this gang (see :meth:`join`)."""
+        return self._policy
 
     @property
     def replica_rank(self) -> int:
@@ -405,6 +436,7 @@ class ReplicaGang(Gang):
             raise InvalidOperationError("`load_state_dict` cannot be called inside `with gang.step():`.")
         self._step_number = step
         self._dirty = False  # the caller restored the model's state with it
+        self._restored = True
 
     # -- the step ---------------------------------------------------------------------------------
 
@@ -414,7 +446,8 @@ class ReplicaGang(Gang):
 
         On entry: form the quorum (waiting for live replicas; at least ``min_replicas``), rebuild
         the process group under a fresh store prefix when membership changed, and heal this
-        replica if it is behind. Call :meth:`should_commit` after the step's collectives; a step
+        replica if it is behind. A spare of a :class:`~gang.ft.policy.SparesPolicy` waits here
+        until a quorum takes it in. Call :meth:`should_commit` after the step's collectives; a step
         that never called it (or raised) is not committed on any member.
 
         An exception raised inside the block before the vote aborts the step on every member at
@@ -512,6 +545,9 @@ class ReplicaGang(Gang):
     def _begin(self) -> None:
         self._raise_beat_error("step")
         previous = None if self._quorum is None or self._commit is None else (self._quorum, self._commit)
+        restored, self._restored = self._restored, False
+        if restored:
+            previous = None  # its step is not the one the last quorum's members continue from
         self._error = None
         self._commit = None
         try:
@@ -527,7 +563,12 @@ class ReplicaGang(Gang):
         self._quorum = quorum
         self._round = quorum.round
         self._rank, self._size = quorum.members.index(self._replica_id), len(quorum.members)
-        if self._pg_round != quorum.group and quorum.group != quorum.round:
+        mine = quorum.steps[self._rank]
+        if restored and mine != self._step_number:
+            # A quorum proposed before `load_state_dict` (see `QuorumClient.form`) takes this
+            # replica at its old step: it must not commit (the next quorum heals from the joins).
+            self._record("step", GangError(f"the quorum took this replica at step {mine}, before it was restored"))
+        elif self._pg_round != quorum.group and quorum.group != quorum.round:
             # The quorum reuses a group this process dropped after the last vote (its mark did not
             # reach the leader): building it again would wait for peers that never come. Vote
             # against at once; the next quorum builds a new group.
