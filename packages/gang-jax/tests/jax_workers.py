@@ -335,6 +335,12 @@ def large_calls_twice() -> list[str]:
             g.all_reduce(mine, ReduceOperation.MAX)
             if not torch.equal(mine, (k[:numel] % 13 + n - 1 + call).to(dtype)):
                 wrong.append(f"all_reduce {dtype} call {call}")
+            if dtype.is_floating_point:  # a leaf that requires grad (a parameter), reduced under no_grad
+                leaf = (k[:numel] % 5 + r + call).to(dtype).requires_grad_()  # not a view: a real leaf
+                with torch.no_grad():
+                    g.all_reduce(leaf, ReduceOperation.SUM)
+                if not torch.equal(leaf.detach(), (n * (k[:numel] % 5 + call) + n * (n - 1) // 2).to(dtype)):
+                    wrong.append(f"all_reduce of a leaf that requires grad {dtype} call {call}")
             rows = fresh((k % 11 + 3 * r + call).to(dtype)).view(n, numel)
             out = torch.empty_like(rows)
             g.all_to_all(out, rows)

@@ -134,10 +134,13 @@ _TORCH_BITS = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32}
 
 
 def _aliasing(shape: tuple[int, ...], bits: torch.dtype | None) -> Callable[[Tensor], Tensor]:
-    """How a source tensor becomes a call's input without a copy: its ``bits`` (``None``: its values) as ``shape``."""
+    """How a source tensor becomes a call's input without a copy: its ``bits`` (``None``: its values) as ``shape``.
+
+    Detached first (the same memory): torch refuses to export a tensor that requires grad through DLPack.
+    """
     if bits is None:
-        return lambda t: t.view(shape)
-    return lambda t: t.view(bits).view(shape)
+        return lambda t: t.detach().view(shape)
+    return lambda t: t.detach().view(bits).view(shape)
 
 
 def _bytes_of(t: Tensor) -> Tensor:
