@@ -13,6 +13,7 @@ import torch
 
 import gang
 from gang import Gang, ReduceOperation
+from gang.roles import ROLES
 
 FLATTENED = (("sdp", "cp"), ("dp", "cp"), ("cp", "tp"))
 """The flattened roles every layout report holds (named in an order other than the grid's)."""
@@ -145,4 +146,7 @@ def flatten_not_a_grid(root: Gang) -> str:
         return str(ex)
     finally:
         crossed.close()
-        made.close()
+        # Not `made.close()`: that closes the root too, the shared world's gang that later tests use.
+        for sub in {id(sub): sub for sub in (getattr(made, role) for role in ROLES)}.values():
+            if sub is not root:
+                sub.close()
