@@ -225,20 +225,21 @@ def typecheck(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Build the Sphinx site warning-free, run its doctests, and run every example.
 
-    The html and doctest builds (the doctest build reads the pages the html build pickled) are one
-    job, each example another, run two at a time (see :func:`run_side_by_side`): a lane that is free
-    takes the next job, so neither lane is left running examples alone while the other is idle.
+    Two lanes side by side (see :func:`run_side_by_side`): the html and doctest builds (the doctest
+    build reads the pages the html build pickled) and then every second example, and the other
+    examples.
     """
     shared(session)  # sphinx, furo, and pytest (the API reference documents the pytest plugin)
     build = ROOT / "docs" / "_build"
     sphinx = [str(SHARED_BIN / "sphinx-build"), "-W", "--keep-going", "-d", str(build / "doctrees")]
     builds = [[*sphinx, "-b", builder, "docs", str(build / builder)] for builder in ("html", "doctest")]
-    examples = {
-        example.name: [[str(SHARED_BIN / "python"), str(example)]]
+    examples = [
+        [str(SHARED_BIN / "python"), str(example)]
         for example in sorted((ROOT / "examples").glob("*.py"))
         if not example.name.startswith("_")
-    }
-    run_side_by_side(session, {"sphinx": builds, **examples}, env={"OMP_NUM_THREADS": "1"})
+    ]
+    lanes = {"sphinx, examples": builds + examples[1::2], "examples": examples[::2]}
+    run_side_by_side(session, lanes, env={"OMP_NUM_THREADS": "1"})
 
 
 LANES = 2
@@ -252,9 +253,8 @@ seconds, measured with ``/usr/bin/time``), so two of them use the machine withou
 def run_side_by_side(session: nox.Session, jobs: dict[str, list[list[str]]], *, env: dict[str, str]) -> None:
     """Run ``jobs`` (each a list of commands, run one after another) at most :data:`LANES` at a time.
 
-    The jobs start in their order, each as soon as a lane is free. A job's output is printed whole
-    when the job ends, so that outputs never interleave. After every job has ended, the session
-    fails if a command failed (a failing command ends its own job).
+    A job's output is printed whole when the job ends, so that outputs never interleave. After every
+    job has ended, the session fails if a command failed (a failing command ends its own job).
     """
     full_env = {**os.environ, **{k: v for k, v in session.env.items() if v is not None}, **env}
     lock = threading.Lock()
