@@ -51,21 +51,47 @@ def _every_dtype(world: World, name: str, kind: str, op: str | None) -> None:
             raise AssertionError(f"{dtype}: {ex}") from None
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"world{n}")
+SIZES = (2, 4)
+"""The world sizes the suite runs on (one module-scoped world each)."""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``world`` by size, and with it the ``name`` fixture by the entries that run on that size.
+
+    A test that takes the ``name`` fixture gets one item per (size, entry) pair the table allows (an
+    entry's :class:`~conformance_workers.GangKind` ``sizes``), so an entry is never collected on a
+    size it does not run on. A test that parametrizes ``name`` itself gets every size. The worlds
+    are module-scoped: every item of one size shares one world.
+    """
+    if "world" not in metafunc.fixturenames:
+        return
+    marked = [mark.args[0] for mark in metafunc.definition.iter_markers("parametrize")]
+    named = any("name" in ([n.strip() for n in a.split(",")] if isinstance(a, str) else a) for a in marked)
+    if "name" in metafunc.fixturenames and not named:
+        sizes = {name: kind.sizes or SIZES for name, kind in cw.GANGS.items()}
+        pairs = [(size, name) for size in SIZES for name in cw.GANGS if size in sizes[name]]
+        ids = [f"world{size}-{name}" for size, name in pairs]
+        # `name` gets (size, entry): pytest orders the items by every module-scoped parameter, and an
+        # entry's name alone, equal across sizes, would interleave the sizes (a new world each time).
+        values = [(size, (size, name)) for size, name in pairs]
+        metafunc.parametrize(("world", "name"), values, indirect=True, ids=ids, scope="module")
+    else:
+        metafunc.parametrize("world", SIZES, indirect=True, ids=[f"world{n}" for n in SIZES], scope="module")
+
+
+@pytest.fixture(scope="module")
 def world(request: pytest.FixtureRequest) -> Iterator[World]:
+    """The module's world of ``request.param`` processes (see :func:`pytest_generate_tests`)."""
     with World(request.param, env={"OMP_NUM_THREADS": "1"}) as w:
         yield w
         if w.alive:
             w.run(cw.close_gangs)
 
 
-@pytest.fixture(params=list(cw.GANGS))
-def name(request: pytest.FixtureRequest, world: World) -> str:
-    """The entry of the table of gangs under test (skipped on the world sizes it does not run on)."""
-    sizes = cw.GANGS[request.param].sizes
-    if sizes is not None and world.world_size not in sizes:
-        pytest.skip(f"the {request.param!r} entry runs on worlds of {sorted(sizes)} processes")
-    return str(request.param)
+@pytest.fixture(scope="module")
+def name(request: pytest.FixtureRequest) -> str:
+    """The entry of the table of gangs under test (its parameter is the pair (world size, entry))."""
+    return str(request.param[1])
 
 
 def _entries(flag: str) -> list[str]:

@@ -62,21 +62,28 @@ def test_bench_on_two_local_processes(tmp_path: Path) -> None:
     assert result["summary"][0].startswith("gang/torch on 2 ranks:")
 
 
-def test_traffic_rows_on_two_local_processes(tmp_path: Path) -> None:
+def test_traffic_rows_on_two_local_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
     # `--traffic` adds the point-to-point, uneven and overlapped rows to `--ops`; one element of the
     # gang's exchange_rows result is corrupted through the test-only seam and `#wrong` counts it.
+    # `main` is called in this process, as `python -m gang.bench` calls it (the test above runs that
+    # command): it starts torchrun, whose 2 processes run `python -m gang.bench`. That saves the
+    # command's own process, which imports gang and torch only to start torchrun.
     out = tmp_path / "r.json"
-    command = [sys.executable, "-m", "gang.bench", "--nproc", "2", "--ops", "broadcast", "--traffic"]
-    command += ["--sizes", "4", "1K", "--iters", "3", "--no-jax", "--no-plots", "--out", str(out)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", GANG_BENCH_CORRUPT="gang:exchange_rows")
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
-    assert done.returncode == 1, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
+    argv = ["--nproc", "2", "--ops", "broadcast", "--traffic"]
+    argv += ["--sizes", "4", "1K", "--iters", "3", "--no-jax", "--no-plots", "--out", str(out)]
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("GANG_BENCH_CORRUPT", "gang:exchange_rows")
+    code = main(argv)
+    done = capfd.readouterr()
+    assert code == 1, done.out + done.err
+    lines = done.out.splitlines()
     titles = [line.split()[1] for line in lines if line.startswith("# ") and " on 2 ranks (gloo)" in line]
-    assert titles == ["broadcast", *TRAFFIC_OPS], done.stdout
+    assert titles == ["broadcast", *TRAFFIC_OPS], done.out
     assert "#wrong: 2 result elements differ from the expected values" in lines  # one per size
-    assert any(line.startswith("gang/torch traffic on 2 ranks: send ") for line in lines), done.stdout
-    assert sum("overlap gain through" in line for line in lines) == 2, done.stdout
+    assert any(line.startswith("gang/torch traffic on 2 ranks: send ") for line in lines), done.out
+    assert sum("overlap gain through" in line for line in lines) == 2, done.out
     rows = json.loads(out.read_text())["rows"]
     pairs = {(impl, op) for impl in ("torch", "gang") for op in ("broadcast", *TRAFFIC_OPS)}
     assert {(r["impl"], r["op"]) for r in rows} == pairs | {

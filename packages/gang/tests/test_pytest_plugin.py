@@ -152,15 +152,19 @@ def test_usage_errors_are_reported_before_any_process_starts(pytester: pytest.Py
             pass
         """,
     )
-    result = pytester.runpytest_subprocess(*PLUGIN, "test_first_param.py", "test_bad_size.py")
-    result.assert_outcomes(errors=2)
+    # One pytest run for the three files (each pytest subprocess imports torch): the first two fail
+    # at collection, which would end the run before the third's setup error without
+    # `--continue-on-collection-errors`; `-rE` names where each error came from.
+    files = ("test_first_param.py", "test_bad_size.py", "test_no_marker.py")
+    result = pytester.runpytest_subprocess(*PLUGIN, "-rE", "--continue-on-collection-errors", *files)
+    result.assert_outcomes(errors=3)
     result.stdout.fnmatch_lines(
         ["*takes the gang as its first parameter, named `gang`, but its parameters are ?'x', 'gang'?.*"]
     )
     result.stdout.fnmatch_lines(["*`world_size` must be a positive `int` or a non-empty list of them, but is 0*"])
-    result = pytester.runpytest_subprocess(*PLUGIN, "test_no_marker.py")
-    result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*the `gang` fixture exists only for tests marked `@pytest.mark.gang(world_size=N)`*"])
+    result.stdout.fnmatch_lines(["ERROR test_first_param.py - *", "ERROR test_bad_size.py - *"])
+    result.stdout.fnmatch_lines(["ERROR test_no_marker.py::test_plain - *"])
 
 
 def test_importlib_mode_and_nested_folders(pytester: pytest.Pytester) -> None:
