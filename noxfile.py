@@ -5,9 +5,9 @@ requirement would pull a multi-GB CUDA build) and installs our own packages from
 one pip call. Their distributions are ``gang-core``, ``gang-mesh`` and ``gang-jax`` (import names
 ``gang``, ``gang_mesh``, ``gang_jax``): the name ``gang`` on the registry is an unrelated project.
 
-The sessions that need every package (typecheck, tests, launchers, docs) share one environment,
-made fresh once per nox run: torch and JAX are installed once, not once per session. ``plugin``
-(gang alone, as a user's project has it), ``demo``, ``bench`` and ``lint`` have their own.
+The sessions that need every package (all, typecheck, tests, launchers, docs) share one
+environment, made fresh once per nox run: torch and JAX are installed once, not once per session.
+``plugin`` (gang alone, as a user's project has it), ``demo``, ``bench`` and ``lint`` have their own.
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import MappingProxyType
+from typing import NamedTuple
 
 import nox
 
@@ -35,8 +38,10 @@ DISTRIBUTIONS = {"gang": "gang-core", "gang-mesh": "gang-mesh", "gang-jax": "gan
 # Each package's tests, and the cross-package tests in tests/.
 TEST_TARGETS = [*PACKAGES, "integration"]
 
-# `packages` runs the first three targets of `tests` side by side; `tests` runs any one of them.
-nox.options.sessions = ["lint", "typecheck", "packages", "tests(target='integration')", "launchers", "plugin", "docs"]
+# Bare `nox`: lint, then `all` (typecheck, every package's tests, the cross-package tests, the
+# launchers, the plugin project and the docs as jobs on two lanes). Each of those has its own
+# session too: `packages` runs the first three targets of `tests` side by side; `tests` runs any one.
+nox.options.sessions = ["lint", "all"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -62,6 +67,7 @@ OURS = (
 SHARED = ROOT / ".nox" / "shared"
 SHARED_BIN = SHARED / ("Scripts" if os.name == "nt" else "bin")
 SHARED_TOOLS = ("pytest", "pytest-timeout", "mypy", "nox", "matplotlib", "sphinx", "furo")
+PLUGIN_PROJECT = ROOT / "examples" / "plugin-project"
 _shared_made = False
 
 
@@ -75,7 +81,13 @@ def shared(session: nox.Session) -> None:
     if not _shared_made:
         shutil.rmtree(SHARED, ignore_errors=True)
         session.run(sys.executable, "-m", "virtualenv", "-q", str(SHARED))
-        local = [arg for name in PACKAGES for arg in ("-e", str(ROOT / "packages" / name))]
+        # The plugin's example project too (editable, so that no build/ copy is left in the tree):
+        # `all` runs its tests here; `nox -s plugin` in an environment holding gang alone.
+        local = [
+            arg
+            for path in [*(ROOT / "packages" / name for name in PACKAGES), PLUGIN_PROJECT]
+            for arg in ("-e", str(path))
+        ]
         env = {"PIP_NO_COMPILE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
         session.run(str(SHARED_BIN / "python"), "-m", "pip", "install", *CONSTRAINTS, *local, *SHARED_TOOLS, env=env)
         session.run(str(SHARED_BIN / "python"), "-c", OURS, silent=True)
@@ -104,31 +116,151 @@ def share_jax_compilations(session: nox.Session) -> None:
     session.env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 
+class Step(NamedTuple):
+    """One command of a job: its arguments, the folder it runs in and the variables it adds."""
+
+    argv: list[str]
+    cwd: Path = ROOT
+    env: Mapping[str, str] = MappingProxyType({})
+
+
+Jobs = dict[str, list[Step]]
+"""Jobs by name, each a list of steps run one after another (see :func:`run_side_by_side`)."""
+
+PYTEST = [str(SHARED_BIN / "pytest"), "-p", "no:cacheprovider"]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def integration_jobs() -> Jobs:
+    """The cross-package tests in two halves of about equal length (``tests/launchers`` and
+    ``tests/frameworks`` are the `launchers` and `ray` sessions')."""
+    tests = [str(ROOT / "tests"), "--ignore", str(LAUNCHER_TESTS), "--ignore", str(RAY_TESTS)]
+    ft, debug = ROOT / "tests" / "ft", ROOT / "tests" / "reliability" / "test_debug_mode.py"
+    return {
+        "tests/ft, debug mode": [Step([*PYTEST, str(ft), str(debug)])],
+        "the other tests": [Step([*PYTEST, *tests, "--ignore", str(ft), "--ignore", str(debug)])],
+    }
+
+
+def package_jobs(posargs: list[str]) -> Jobs:
+    """Every package's own tests: ``gang`` alone, ``gang-mesh`` then ``gang-jax`` (about equal)."""
+    suites = {name: Step([*PYTEST, str(ROOT / "packages" / name / "tests"), *posargs]) for name in PACKAGES}
+    return {"gang": [suites["gang"]], "gang-mesh, gang-jax": [suites["gang-mesh"], suites["gang-jax"]]}
+
+
+def typecheck_jobs() -> Jobs:
+    """mypy --strict over every package, the examples, the benchmarks, then every test folder."""
+    mypy = str(SHARED_BIN / "mypy")
+    sources = [ROOT / "packages" / name / "src" for name in PACKAGES]
+    others = [ROOT / "examples", ROOT / "benchmarks", ROOT / "noxfile.py", ROOT / "conftest.py"]
+    # Test folders import their helper modules (`*_workers.py`) by name: pytest finds them through
+    # its `pythonpath` setting and mypy through its `mypy_path` (both in the root pyproject.toml).
+    test_folders = [ROOT / "packages" / name / "tests" for name in PACKAGES] + [ROOT / "tests"]
+    return {"typecheck": [Step([mypy, *map(str, [*sources, *others])]), Step([mypy, *map(str, test_folders)])]}
+
+
+def docs_jobs() -> Jobs:
+    """The html and doctest builds (the doctest build reads the pages the html build pickled) and
+    every second example; the other examples."""
+    build = ROOT / "docs" / "_build"
+    sphinx = [str(SHARED_BIN / "sphinx-build"), "-W", "--keep-going", "-d", str(build / "doctrees")]
+    builds = [Step([*sphinx, "-b", b, "docs", str(build / b)], env=ONE_THREAD) for b in ("html", "doctest")]
+    examples = [
+        Step([str(SHARED_BIN / "python"), str(example)], env=ONE_THREAD)
+        for example in sorted((ROOT / "examples").glob("*.py"))
+        if not example.name.startswith("_")
+    ]
+    return {"sphinx, examples": builds + examples[1::2], "examples": examples[::2]}
+
+
+LAUNCHER_TESTS = ROOT / "tests" / "launchers"
+LAUNCHER_PACKAGES = ("slurm-wlm", "munge", "openmpi-bin")
+
+
+def launcher_jobs(session: nox.Session, posargs: list[str]) -> Jobs:
+    """The real-launcher tests, after installing their programs with apt-get if asked; none
+    (with one line saying why) when they are missing and not asked for."""
+    asked = "--install" in posargs or os.environ.get("CI") == "true"
+    sbin = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    programs = ("srun", "sbatch", "slurmctld", "slurmd", "munged", "mpirun")
+    missing = [program for program in programs if not shutil.which(program, path=sbin)]
+    if missing and not asked:
+        session.log(
+            f"launchers skipped: {', '.join(missing)} not installed; `nox -s launchers -- --install` "
+            f"(or CI=true) runs `apt-get install {' '.join(LAUNCHER_PACKAGES)}`"
+        )
+        return {}
+    if missing:
+        sudo = [] if os.geteuid() == 0 else ["sudo"]
+        apt = {"DEBIAN_FRONTEND": "noninteractive"}
+        session.run(*sudo, "apt-get", "update", "-q", env=apt, external=True)
+        session.run(*sudo, "apt-get", "install", "-y", "-q", *LAUNCHER_PACKAGES, env=apt, external=True)
+    args = [arg for arg in posargs if arg != "--install"]
+    env = {"GANG_REQUIRE_LAUNCHERS": "1", **ONE_THREAD}
+    return {"launchers": [Step([*PYTEST, str(LAUNCHER_TESTS), *args], env=env)]}
+
+
+def plugin_jobs(pytest: list[str]) -> Jobs:
+    """The plugin project's own pytest, run from its folder with ``pytest`` (so that its own
+    ``pyproject.toml`` configures pytest and nothing of this repository's test set-up is loaded)."""
+    return {"plugin project": [Step([*pytest, "tests", "-p", "no:cacheprovider"], cwd=PLUGIN_PROJECT, env=ONE_THREAD)]}
+
+
+# What each job of `all` took on a fresh clone of the 2-core machine with nothing else running
+# (seconds): `all` starts the longest first, so that the short ones fill the lanes at the end.
+MEASURED = {
+    "the other tests": 330,
+    "tests/ft, debug mode": 290,
+    "gang-mesh, gang-jax": 125,
+    "gang": 105,
+    "sphinx, examples": 90,
+    "examples": 80,
+    "launchers": 55,
+    "typecheck": 45,
+    "plugin project": 5,
+}
+
+
+@nox.session(venv_backend="none", name="all")
+def all_checks(session: nox.Session) -> None:
+    """Typecheck, every test suite, the launchers, the plugin project and the docs: one pool of jobs
+    on :data:`LANES` lanes, the longest first (bare ``nox`` runs it after ``lint``).
+
+    The same jobs as the sessions ``typecheck``, ``packages``, ``tests(target='integration')``,
+    ``launchers``, ``plugin`` and ``docs``, in one environment (the shared one; the plugin project is
+    installed there too, where ``nox -s plugin`` gives it an environment holding gang alone). One
+    pool instead of six sessions in a row: no lane waits for the other's last job of a session.
+    """
+    shared(session)
+    share_jax_compilations(session)
+    jobs: Jobs = {
+        **typecheck_jobs(),
+        **package_jobs([]),
+        **integration_jobs(),
+        **launcher_jobs(session, session.posargs),
+        **plugin_jobs([str(SHARED_BIN / "pytest")]),
+        **docs_jobs(),
+    }
+    order = sorted(jobs, key=lambda name: -MEASURED.get(name, 0))
+    run_side_by_side(session, {name: jobs[name] for name in order})
+
+
 @nox.session(venv_backend="none")
 @nox.parametrize("target", TEST_TARGETS)
 def tests(session: nox.Session, target: str) -> None:
     """Run one package's tests (or the cross-package tests in ``tests/``) on real local processes."""
     shared(session)
     share_jax_compilations(session)
-    pytest = [str(SHARED_BIN / "pytest"), "-p", "no:cacheprovider"]
     if target != "integration":
-        session.run(*pytest, str(ROOT / "packages" / target / "tests"), *session.posargs)
+        session.run(*PYTEST, str(ROOT / "packages" / target / "tests"), *session.posargs)
         return
-    # The `launchers` and `ray` sessions run theirs.
-    tests = [str(ROOT / "tests"), "--ignore", str(LAUNCHER_TESTS), "--ignore", str(RAY_TESTS)]
     if session.posargs:
-        session.run(*pytest, *tests, *session.posargs)
+        tests = [str(ROOT / "tests"), "--ignore", str(LAUNCHER_TESTS), "--ignore", str(RAY_TESTS)]
+        session.run(*PYTEST, *tests, *session.posargs)
         return
-    # Two halves of about equal length, side by side: each keeps about one core busy (its processes
-    # mostly take turns), so together they use the two cores of the CI machine.
-    # Measured alone on an idle machine: tests/ft about 210 s, the rest about 240 s, of which
-    # test_debug_mode.py about 22 s; it runs in the first half.
-    ft, debug = ROOT / "tests" / "ft", ROOT / "tests" / "reliability" / "test_debug_mode.py"
-    halves = {
-        "tests/ft, debug mode": [[*pytest, str(ft), str(debug)]],
-        "the other tests": [[*pytest, *tests, "--ignore", str(ft), "--ignore", str(debug)]],
-    }
-    run_side_by_side(session, halves, env={})
+    # Two halves side by side: each keeps about one core busy (its processes mostly take turns),
+    # so together they use the two cores of the CI machine.
+    run_side_by_side(session, integration_jobs())
 
 
 @nox.session(venv_backend="none")
@@ -140,14 +272,7 @@ def packages(session: nox.Session) -> None:
     """
     shared(session)
     share_jax_compilations(session)
-    pytest = [str(SHARED_BIN / "pytest"), "-p", "no:cacheprovider"]
-    suites = {name: [*pytest, str(ROOT / "packages" / name / "tests"), *session.posargs] for name in PACKAGES}
-    lanes = {"gang": [suites["gang"]], "gang-mesh, gang-jax": [suites["gang-mesh"], suites["gang-jax"]]}
-    run_side_by_side(session, lanes, env={})
-
-
-LAUNCHER_TESTS = ROOT / "tests" / "launchers"
-LAUNCHER_PACKAGES = ("slurm-wlm", "munge", "openmpi-bin")
+    run_side_by_side(session, package_jobs(session.posargs))
 
 
 @nox.session(venv_backend="none")
@@ -158,39 +283,25 @@ def launchers(session: nox.Session) -> None:
     only if asked (``nox -s launchers -- --install``, or ``CI=true``); otherwise the session is
     skipped. The tests start and stop their own SLURM daemons (see ``tests/launchers``).
     """
-    posargs = [arg for arg in session.posargs if arg != "--install"]
-    asked = "--install" in session.posargs or os.environ.get("CI") == "true"
-    sbin = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
-    programs = ("srun", "sbatch", "slurmctld", "slurmd", "munged", "mpirun")
-    missing = [program for program in programs if not shutil.which(program, path=sbin)]
-    if missing and not asked:
-        session.skip(
-            f"{', '.join(missing)} not installed; `nox -s launchers -- --install` (or CI=true) "
-            f"runs `apt-get install {' '.join(LAUNCHER_PACKAGES)}`"
-        )
-    if missing:
-        sudo = [] if os.geteuid() == 0 else ["sudo"]
-        apt = {"DEBIAN_FRONTEND": "noninteractive"}
-        session.run(*sudo, "apt-get", "update", "-q", env=apt)
-        session.run(*sudo, "apt-get", "install", "-y", "-q", *LAUNCHER_PACKAGES, env=apt)
     shared(session)
-    env = {"GANG_REQUIRE_LAUNCHERS": "1", "OMP_NUM_THREADS": "1"}
-    session.run(str(SHARED_BIN / "pytest"), str(LAUNCHER_TESTS), "-p", "no:cacheprovider", *posargs, env=env)
+    jobs = launcher_jobs(session, session.posargs)
+    if not jobs:
+        session.skip("the launchers are not installed (see above)")
+    run_side_by_side(session, jobs)
 
 
 @nox.session
 def plugin(session: nox.Session) -> None:
     """A user's project tested through gang's pytest plugin: ``examples/plugin-project``.
 
-    Installs gang from its folder (which registers the plugin through its ``pytest11`` entry point),
-    then the example project, and runs the project's own pytest from its folder, so that its own
-    ``pyproject.toml`` configures pytest and nothing of this repository's test set-up is loaded.
+    Installs gang alone from its folder (which registers the plugin through its ``pytest11`` entry
+    point), then the example project, and runs the project's own pytest from its folder, so that its
+    own ``pyproject.toml`` configures pytest and nothing of this repository's test set-up is loaded.
     """
-    project = ROOT / "examples" / "plugin-project"
     # One pip call; the project editable, so that no build/ copy of it is left in the tree.
-    install(session, "pytest", "-e", str(project), packages=["gang"])
-    session.chdir(project)
-    session.run("pytest", "tests", "-p", "no:cacheprovider", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    install(session, "pytest", "-e", str(PLUGIN_PROJECT), packages=["gang"])
+    session.chdir(PLUGIN_PROJECT)
+    session.run("pytest", "tests", "-p", "no:cacheprovider", *session.posargs, env=ONE_THREAD)
 
 
 @nox.session
@@ -205,41 +316,18 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict over every package, the examples, the benchmarks and every test folder."""
     shared(session)
-    mypy = str(SHARED_BIN / "mypy")
-    sources = [ROOT / "packages" / name / "src" for name in PACKAGES]
-    session.run(
-        mypy,
-        *map(str, sources),
-        str(ROOT / "examples"),
-        str(ROOT / "benchmarks"),
-        str(ROOT / "noxfile.py"),
-        str(ROOT / "conftest.py"),
-    )
-    # Test folders import their helper modules (`*_workers.py`) by name: pytest finds them through
-    # its `pythonpath` setting and mypy through its `mypy_path` (both in the root pyproject.toml).
-    test_folders = [ROOT / "packages" / name / "tests" for name in PACKAGES] + [ROOT / "tests"]
-    session.run(mypy, *map(str, test_folders))
+    run_side_by_side(session, typecheck_jobs())
 
 
 @nox.session(venv_backend="none")
 def docs(session: nox.Session) -> None:
     """Build the Sphinx site warning-free, run its doctests, and run every example.
 
-    Two lanes side by side (see :func:`run_side_by_side`): the html and doctest builds (the doctest
-    build reads the pages the html build pickled) and then every second example, and the other
-    examples.
+    Two lanes side by side (see :func:`run_side_by_side`): the html and doctest builds and then every
+    second example, and the other examples.
     """
     shared(session)  # sphinx, furo, and pytest (the API reference documents the pytest plugin)
-    build = ROOT / "docs" / "_build"
-    sphinx = [str(SHARED_BIN / "sphinx-build"), "-W", "--keep-going", "-d", str(build / "doctrees")]
-    builds = [[*sphinx, "-b", builder, "docs", str(build / builder)] for builder in ("html", "doctest")]
-    examples = [
-        [str(SHARED_BIN / "python"), str(example)]
-        for example in sorted((ROOT / "examples").glob("*.py"))
-        if not example.name.startswith("_")
-    ]
-    lanes = {"sphinx, examples": builds + examples[1::2], "examples": examples[::2]}
-    run_side_by_side(session, lanes, env={"OMP_NUM_THREADS": "1"})
+    run_side_by_side(session, docs_jobs())
 
 
 LANES = 2
@@ -250,21 +338,25 @@ seconds, measured with ``/usr/bin/time``), so two of them use the machine withou
 """
 
 
-def run_side_by_side(session: nox.Session, jobs: dict[str, list[list[str]]], *, env: dict[str, str]) -> None:
-    """Run ``jobs`` (each a list of commands, run one after another) at most :data:`LANES` at a time.
+def run_side_by_side(session: nox.Session, jobs: Jobs) -> None:
+    """Run ``jobs`` at most :data:`LANES` at a time, in their order: a free lane takes the next job.
 
-    A job's output is printed whole when the job ends, so that outputs never interleave. After every
-    job has ended, the session fails if a command failed (a failing command ends its own job).
+    A job's steps run one after another; its output is printed whole when the job ends, so that
+    outputs never interleave, with each step's time. After every job has ended, the session fails
+    if a step failed (a failing step ends its own job).
     """
-    full_env = {**os.environ, **{k: v for k, v in session.env.items() if v is not None}, **env}
+    base_env = {**os.environ, **{k: v for k, v in session.env.items() if v is not None}}
     lock = threading.Lock()
 
     def run(name: str) -> bool:
         start = time.monotonic()
-        for command in jobs[name]:
-            done = subprocess.run(command, env=full_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for step in jobs[name]:
+            began = time.monotonic()
+            done = subprocess.run(
+                step.argv, env={**base_env, **step.env}, cwd=step.cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
             with lock:
-                session.log(f"[{name}] {shlex.join(command)}")
+                session.log(f"[{name}] {shlex.join(step.argv)} ({time.monotonic() - began:.0f} s)")
                 print(done.stdout.decode(errors="replace"), end="", flush=True)
             if done.returncode != 0:
                 with lock:
@@ -388,8 +480,7 @@ def versions(session: nox.Session, pins: str) -> None:
     if session.posargs:
         session.run(*pytest, *session.posargs)
         return
-    lanes = {name: [[*pytest, *suites]] for name, suites in VERSION_TESTS.items()}
-    run_side_by_side(session, lanes, env={})
+    run_side_by_side(session, {name: [Step([*pytest, *suites])] for name, suites in VERSION_TESTS.items()})
 
 
 @nox.session
