@@ -19,7 +19,7 @@ import pytest
 
 from gang._torch_groups import TCPStore
 from gang.ft.group import wait_until
-from gang.ft.policy import Policy, Quorum
+from gang.ft.policy import Policy, Quorum, SparesPolicy
 from gang.ft.quorum import (
     KEEP_ROUNDS,
     ROOT,
@@ -38,21 +38,24 @@ _T = TypeVar("_T")
 
 
 class InterleavingClient(StoreClient):
-    """A store client that runs ``then()`` once, right after it read ``key`` (a test-only seam).
+    """A store client that runs ``then()`` once, right after it read ``key`` (a test-only seam),
+    the first time the value read satisfies ``when``.
 
     Every request still goes to the real store: the seam only forces an interleaving of two
     processes' requests that is otherwise a matter of luck (another process's writes land between
     two reads of this one).
     """
 
-    def __init__(self, port: int, key: str, then: Callable[[], None]) -> None:
+    def __init__(
+        self, port: int, key: str, then: Callable[[], None], when: Callable[[bytes | None], bool] = lambda _: True
+    ) -> None:
         super().__init__("127.0.0.1", port, retry=1.0, timeout=timedelta(seconds=SECONDS))
-        self._key, self._then = key, then
+        self._key, self._then, self._when = key, then, when
         self.fired = False
 
     def peek(self, key: str) -> bytes | None:
         value = super().peek(key)
-        if key == self._key and not self.fired:
+        if key == self._key and not self.fired and self._when(value):
             self.fired = True
             self._then()
         return value
@@ -484,3 +487,47 @@ def test_an_unchanged_quorum_is_proposed_in_the_vote_and_published_by_the_last_m
         | {"c": lambda: c.form(0, 0)}
     )
     assert third["a"] == third["b"] == third["c"] and third["a"].members == ("a", "b", "c"), third
+
+
+def test_a_spare_leading_the_next_round_waits_for_the_members_step_then_times_out_from_its_end(
+    server: TCPStore,
+) -> None:
+    # SparesPolicy(2) over a, b and the spare s: s joins round 2 at once and leads it while a and
+    # b step, longer than `quorum_timeout`. a joins, and b's join lands right after s read the
+    # joins holding a's only (the seam): the round's wait began when a joined, so b is not timed
+    # out: the quorum is a and b again, s still a spare.
+    timeout = 1.0
+    policy = SparesPolicy(2, timeout, SECONDS)
+    a, b = (QuorumClient(CountingClient(server.port), r, 0, 1, uuid.uuid4().hex[:16], policy) for r in "ab")
+    joined: dict[str, Any] = {}
+
+    def b_joins() -> None:
+        joining = threading.Thread(target=lambda: joined.update(b=b.form(first.round, 1, (first, False))))
+        joining.start()
+        joined["b_thread"] = joining
+        joins = f"{ROOT}r/{first.round + 1}/joins"
+        assert wait_until(lambda: b"\nb|" in b"\n" + server.get(joins), timeout=100.0)
+
+    seam = InterleavingClient(
+        server.port, f"{ROOT}r/2/joins", b_joins, when=lambda value: value is not None and b"\na|" in b"\n" + value
+    )
+    s = QuorumClient(seam, "s", 0, 1, uuid.uuid4().hex[:16], policy)
+    for c in (a, b, s):
+        c.register(0)
+    # s's `form` returns only at the first round that takes it in.
+    waiting = threading.Thread(target=lambda: joined.update(s=s.form(0, 0)))
+    waiting.start()
+    first = _in_threads({c.replica_id: partial(c.form, 0, 0) for c in (a, b)})["a"]
+    assert first.members == ("a", "b") and first.spares == ("s",)
+    assert wait_until(lambda: server.check([f"{ROOT}r/2/joins"]), timeout=100.0)
+    threading.Event().wait(1.5 * timeout)  # the members' step: s has waited longer than `quorum_timeout`
+    assert not server.check([f"{ROOT}r/2/result"])
+    second = a.form(first.round, 1, (first, False))
+    joined["b_thread"].join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
+    assert seam.fired and second.members == ("a", "b") and second.spares == ("s",) and second.timed_out == ()
+    assert joined["b"] == second and second.round == 2
+    # b leaves: the next round takes s in.
+    b.leave()
+    third = a.form(second.round, 2, (second, False))
+    waiting.join(timeout=6 * SECONDS)
+    assert third.members == ("a", "s") and joined["s"] == third and third.heal == {"s": "a"}

@@ -233,6 +233,7 @@ class QuorumClient:
         self._closed: deque[int] = deque()
         self._suspect: tuple[bytes, float] | None = None  # a heartbeat seen silent, and when
         self._others_publish = False  # whether a later member may publish the round this process joined
+        self._step_goes_on = False  # whether the last view `_lead` read saw the previous quorum's step go on
         self._me = f"{replica_id}|{replica_rank}|{token}"
         self._address = address
 
@@ -387,6 +388,8 @@ class QuorumClient:
                     wait = self._lead(n, now - round_start, previous)
                     if wait is None:
                         continue  # published: read it back at the top
+                    if self._step_goes_on:  # the round's wait begins when the previous quorum's step ends
+                        round_start = now
                     due = now + min(_RECHECK, wait)
             poll = _backoff(poll, start)
 
@@ -429,6 +432,7 @@ class QuorumClient:
         """
         prev, committed = self._previous(n, previous)
         view = self._view(n, waited)
+        self._step_goes_on = self.policy.step_goes_on(view, prev)
         # Read after the joins: a member marks `dropped` before it joins this round, so a join in
         # the view comes with its mark.
         if committed and self.client.peek(_key("r", n - 1, "dropped")) is not None:
