@@ -531,3 +531,47 @@ def test_a_spare_leading_the_next_round_waits_for_the_members_step_then_times_ou
     third = a.form(second.round, 2, (second, False))
     waiting.join(timeout=6 * SECONDS)
     assert third.members == ("a", "s") and joined["s"] == third and third.heal == {"s": "a"}
+
+
+@pytest.mark.parametrize("pause_after", ["r/1/next", "closed"])
+def test_a_publisher_paused_until_its_round_was_deleted_does_not_bring_it_back(
+    server: TCPStore, pause_after: str
+) -> None:
+    # Round 1 of a and b commits; b is the last member to join round 2 and publishes its proposal.
+    # It pauses right after reading the proposal (or `closed`, its last read before its
+    # `compare_set`) while a leads round 2, closes rounds 3 and 4 without b (b left meanwhile, and
+    # comes back) and deletes round 2's keys. b must not publish round 2 again nor set `closed`
+    # back: it goes on to the first open round, 5.
+    a, b = _client(server, "a"), _client(server, "b")
+    a.register(0)
+    b.register(0)
+    first = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    votes = _in_threads({"a": lambda: a.vote(first, True, SECONDS), "b": lambda: b.vote(first, True, SECONDS)})
+    assert votes == {"a": True, "b": True} and server.check([f"{ROOT}r/1/next"])
+    got: dict[str, Any] = {}
+
+    def a_closes_rounds_2_to_4() -> None:
+        got["a_thread"].join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
+        b.leave()
+        quorum = got["a"]
+        for step in (2, 3):
+            quorum = a.form(quorum.round, step, (quorum, False))
+        for closed in a.take_closed():
+            collect(a.client, closed)
+        assert quorum.round == 4 and not server.check([f"{ROOT}r/2/result"])
+        b.beat(1)
+
+    seam = InterleavingClient(server.port, ROOT + pause_after, a_closes_rounds_2_to_4)
+    paused = QuorumClient(seam, "b", 0, 1, b.token, b.policy)
+    got["a_thread"] = threading.Thread(target=lambda: got.update(a=a.form(first.round, 1, (first, True))))
+    got["a_thread"].start()  # a joins round 2 first and leads it
+    assert wait_until(lambda: server.check([f"{ROOT}r/2/joins"]), timeout=100.0)
+    b_thread = threading.Thread(target=lambda: got.update(b=paused.form(first.round, 1, (first, True))))
+    b_thread.start()
+    assert wait_until(lambda: seam.fired, timeout=100.0)
+    assert wait_until(lambda: server.check([f"{ROOT}r/5/joins"]), timeout=100.0)
+    assert server.get(f"{ROOT}r/5/joins").startswith(b"b|")
+    assert server.get(f"{ROOT}closed") == b"4" and not server.check([f"{ROOT}r/2/result"])
+    fifth = a.form(4, 4, (first, False))
+    b_thread.join(timeout=6 * SECONDS)
+    assert got["b"] == fifth and fifth.round == 5 and fifth.members == ("a", "b")

@@ -440,16 +440,33 @@ class QuorumClient:
         decision = self.policy.decide(n, view, prev, committed)
         if decision is None:
             return self.policy.due(view, prev)
-        if self._deleted(n):  # never publish a round that closed long ago
-            return _RECHECK
         text = (
             decision.to_json() if isinstance(decision, Quorum) else json.dumps({"round": n, "failed": decision.reason})
         )
-        if self.client.compare_set(_key("r", n, "result"), "", text) == text.encode():
-            self.client.set(_key("closed"), str(n))
-            self.closed_round = n
-            self._closed.append(n)
-        return None
+        return None if self._publish(n, text) else _RECHECK
+
+    def _publish(self, n: int, text: str) -> bool:
+        """Publish ``text`` as round ``n``'s result unless a result is published already; whether
+        the round has one now (``False`` when its keys were deleted: it closed long ago).
+
+        A process paused between its reads and its ``compare_set`` must not bring a deleted round
+        back: the round is checked before, and a result written after its deletion (``closed``
+        had reached ``n + KEEP_ROUNDS`` already) is deleted again. ``closed`` only moves forward.
+        """
+        if self._deleted(n):
+            return False
+        result = _key("r", n, "result")
+        if self.client.compare_set(result, "", text) != text.encode():
+            return True  # another process published it first
+        closed = self.client.peek(_key("closed"))
+        while closed is None or int(closed) < n:
+            closed = self.client.compare_set(_key("closed"), "" if closed is None else closed.decode(), str(n))
+        if int(closed) >= n + KEEP_ROUNDS:  # round `n` closed and was deleted before this `compare_set`
+            self.client.delete(result)
+            return False
+        self.closed_round = n
+        self._closed.append(n)
+        return True
 
     def take_closed(self) -> list[int]:
         """The rounds this process published as leader since the last call: their collection
@@ -529,11 +546,7 @@ class QuorumClient:
         proposed_at, joined, text = proposal.decode().split("|", 2)
         if int(proposed_at) != epoch or int(joined) != others:
             return  # the round's leader decides from the joins
-        n = previous.round + 1
-        if self.client.compare_set(_key("r", n, "result"), "", text) == text.encode():
-            self.client.set(_key("closed"), str(n))
-            self.closed_round = n
-            self._closed.append(n)
+        self._publish(previous.round + 1, text)
 
     # -- during a step ---------------------------------------------------------------------------------
 
