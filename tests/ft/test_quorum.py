@@ -477,6 +477,11 @@ def test_an_unchanged_quorum_is_proposed_in_the_vote_and_published_by_the_last_m
     proposal = server.get(f"{ROOT}r/{first.round}/next").decode().split("|", 2)[2]
     assert server.get(f"{ROOT}r/{second['a'].round}/result").decode() == proposal
     assert [rid for rid, keys in sent.items() if f"read {ROOT}r/{first.round}/next" in keys], sent
+    # The proposal path, not the leader: nobody read the round's joins, and the last to join wrote its result.
+    assert not [rid for rid, keys in sent.items() if f"read {ROOT}r/{second['a'].round}/joins" in keys], sent
+    # Only the last member to join reads the proposal (`_join`): it is the one that wrote the result.
+    publishers = [rid for rid, keys in sent.items() if f"write {ROOT}r/{second['a'].round}/result" in keys]
+    assert publishers == [rid for rid, keys in sent.items() if f"read {ROOT}r/{first.round}/next" in keys], sent
     # A new process registers after the vote: the proposal is void, the leader decides.
     votes = _in_threads({c.replica_id: partial(c.vote, second["a"], True, SECONDS) for c in (a, b)})
     assert votes == {"a": True, "b": True}
@@ -487,6 +492,18 @@ def test_an_unchanged_quorum_is_proposed_in_the_vote_and_published_by_the_last_m
         | {"c": lambda: c.form(0, 0)}
     )
     assert third["a"] == third["b"] == third["c"] and third["a"].members == ("a", "b", "c"), third
+    # The epoch alone voids a proposal: d registers and leaves between the vote and the next round
+    # (it never joins, so the round's join count is the proposal's): the leader decides.
+    votes = _in_threads({x.replica_id: partial(x.vote, third["a"], True, SECONDS) for x in (a, b, c)})
+    assert votes == {"a": True, "b": True, "c": True} and server.check([f"{ROOT}r/{third['a'].round}/next"])
+    d = _client(server, "d", min_replicas=2)
+    d.register(0)
+    d.leave()
+    before = {x.replica_id: len(_requests(x)) for x in (a, b, c)}
+    fourth = _in_threads({x.replica_id: partial(x.form, third["a"].round, 3, (third["a"], True)) for x in (a, b, c)})
+    assert fourth["a"] == fourth["b"] == fourth["c"] and fourth["a"].members == ("a", "b", "c"), fourth
+    sent = {x.replica_id: _requests(x)[before[x.replica_id] :] for x in (a, b, c)}
+    assert [rid for rid, keys in sent.items() if f"read {ROOT}r/{fourth['a'].round}/joins" in keys], sent
 
 
 def test_a_spare_leading_the_next_round_waits_for_the_members_step_then_times_out_from_its_end(

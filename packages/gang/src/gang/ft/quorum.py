@@ -37,14 +37,17 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
   round ``n + 1`` as usual, adding ``2**20`` (not 1) to its ``count``, and the last of them to
   join publishes the proposal as the round's result (``compare_set``; a leader's result
   published first wins) unless ``epoch`` changed or another process joined the round since:
-  so the round closes as soon as every member joined, without a leader's reads and polls (a
-  leader joined at the proposal's count waits ``_RECHECK``, 50 ms, before it reads the round).
-  Otherwise the leader decides from the joins.
+  so the round closes as soon as every member joined, without a leader's reads and polls. A
+  leader that joined as a member of the proposal's quorum, but not as its last one, waits
+  ``_RECHECK``, 50 ms, before it reads the round, whether or not the proposal is still valid (it
+  reads neither the proposal nor ``epoch``). Otherwise the leader decides from the joins.
 - ``epoch``: a counter every registration, ``leave``, death seen and ``dropped`` mark adds one to.
 - ``r/<n>/dropped``: set by a process that dropped the round's group after its vote (a collective
   failed after ``should_commit``); the next round then builds a new group instead of reusing it.
-- Round ``n``'s keys are deleted once round ``n + 2`` closed (by the heartbeat thread of its
-  leader). A process that comes back from a pause to a deleted round joins the next open round;
+- Round ``n``'s keys are deleted once round ``n + 2`` closed (by the heartbeat thread of the
+  process that published round ``n + 2``: its leader or its last member). A result written to a
+  round already deleted (by a process paused before its ``compare_set``) is deleted again, and
+  ``closed`` only moves forward. A process that comes back from a pause to a deleted round joins the next open round;
   the vote of a deleted round is lost for it (see :meth:`QuorumClient.vote`).
 
 :class:`StoreClient` retries a store that stopped answering for ``retry`` seconds, reconnecting
@@ -229,7 +232,7 @@ class QuorumClient:
         self.token = token
         self.policy = policy
         self.closed_round = 0
-        """The last round this process published as leader."""
+        """The last round this process published (as its leader or as the last member to join it)."""
         self._closed: deque[int] = deque()
         self._suspect: tuple[bytes, float] | None = None  # a heartbeat seen silent, and when
         self._others_publish = False  # whether a later member may publish the round this process joined
@@ -469,8 +472,9 @@ class QuorumClient:
         return True
 
     def take_closed(self) -> list[int]:
-        """The rounds this process published as leader since the last call: their collection
-        (:func:`collect`) is due. Each round has one leader, so each is collected once, by it."""
+        """The rounds this process published since the last call: their collection
+        (:func:`collect`) is due. A round's result is written by one ``compare_set`` that succeeds
+        once (its leader's or its last member's), so each round is collected once, by its publisher."""
         rounds: list[int] = []
         while self._closed:
             rounds.append(self._closed.popleft())
