@@ -524,6 +524,7 @@ class QuorumClient:
         round closes as soon as every member joined, without its leader's reads.
         """
         n = quorum.round + 1
+        generation = self.client.generation
         epoch = self.client.add(EPOCH, 0)  # before the view: a later registration, leave or death voids it
         view = self._view(n, 0.0)
         joins = dict(view.joins)
@@ -536,7 +537,12 @@ class QuorumClient:
         decision = self.policy.decide(n, replace(view, joins=joins), quorum, True)
         if isinstance(decision, Quorum):
             text = decision.to_json()
-            self.client.compare_set(_key("r", quorum.round, "next"), "", f"{epoch}|{others}|{text}")
+            key = _key("r", quorum.round, "next")
+            self.client.compare_set(key, "", f"{epoch}|{others}|{text}")
+            if self.client.generation != generation:
+                # The store restarted meanwhile: the proposal may have landed in the new store,
+                # whose `epoch` began again at 0 (it could match later): it is not kept.
+                self.client.delete(key)
 
     def _publish_proposal(self, previous: Quorum, others: int) -> None:
         """Publish the round after ``previous``'s as proposed during its vote, unless it is void
