@@ -481,9 +481,15 @@ def test_fewer_than_min_replicas_raises_naming_the_quorum(cluster: Cluster) -> N
 
 def test_spares_policy_a_spare_steps_in_when_a_member_dies(cluster: Cluster) -> None:
     # `SparesPolicy(2)` over 3 replicas: 0 and 1 step, 2 waits as a spare inside its first
-    # `step()`. Replica 1 is killed inside step 3: the spare steps in, healed by 0, and every
-    # step's average has 2 terms.
-    cluster.start_all({"0": "", "1": "collective:3", "2": ""}, env={"FT_SPARES": "2"})
+    # `step()`, leading the next round while the members step. Their step 2 lasts longer than
+    # `quorum_timeout` (3 s): the spare's round waits for them. Replica 1 is killed inside step 3:
+    # the spare steps in, healed by 0, and every step's average has 2 terms.
+    cluster.start_all({"0": "collective:2", "1": "collective:2,collective:3", "2": ""}, env={"FT_SPARES": "2"})
+    for rid in ("0", "1"):
+        cluster.wait(rid, "paused", 2)
+    time.sleep(4.5)  # the members' long step
+    for rid in ("0", "1"):
+        cluster.release(rid, "collective", 2)
     cluster.wait("1", "paused", 3)
     assert not [e for e in cluster.events(cluster.current("2")[0]) if e["event"] in ("collective", "commit")]
     cluster.signal("1", signal.SIGKILL)

@@ -221,3 +221,27 @@ def test_policies_refuse_bad_values() -> None:
         Policy(1, 1.0, 0.0)
     with pytest.raises(TypeError, match=re.escape("`quorum_timeout` must be a number of seconds, but is '1'")):
         Policy(1, "1", 1.0)  # type: ignore[arg-type]
+
+
+def test_a_round_led_by_a_spare_waits_for_the_members_step_however_long() -> None:
+    # Round 2's members a and b step (fresh heartbeats at step 3, not joined); the spares joined
+    # round 3 at once and lead it. Past `quorum_timeout` the round neither gives up (one spare is
+    # fewer than `min_replicas`) nor publishes a quorum of spares: it waits for the members.
+    spares = SparesPolicy(2, 5.0, 1.0)
+    previous = Quorum(2, ("a", "b"), (3, 3), (1, 1), 2, ("ta0", "tb0"), spares=("s", "t"))
+    stepping = {("a", 0): 3, ("b", 0): 3}
+    one = view({"a": 1, "b": 1, "s": 1}, {("s", 0): 0}, waited=60.0, steps=stepping)
+    two = view({"a": 1, "b": 1, "s": 1, "t": 1}, {("s", 0): 0, ("t", 0): 0}, waited=60.0, steps=stepping)
+    for policy in (spares, POLICY):
+        assert policy.step_goes_on(one, previous) and policy.decide(3, one, previous, True) is None
+        assert policy.decide(3, two, previous, True) is None
+    # The step ended for a (it joined): the round waits `quorum_timeout` from then, as usual.
+    joined = view({"a": 1, "b": 1, "s": 1}, {("s", 0): 0, ("a", 0): 4}, waited=6.0, steps=stepping)
+    assert not spares.step_goes_on(joined, previous)
+    q = spares.decide(3, joined, previous, True)
+    assert isinstance(q, Quorum) and q.members == ("a", "s") and q.timed_out == ("b",) and q.heal == {"s": "a"}
+    # Members that died, or a new incarnation of them, are not a step going on: the round decides.
+    dead = view({"a": 1, "b": 1, "s": 1}, {("s", 0): 0}, waited=6.0, ages={("a", 0): 2.0, ("b", 0): 2.0})
+    assert not spares.step_goes_on(dead, previous) and isinstance(spares.decide(3, dead, previous, True), GiveUp)
+    new = replace(one, beats={**one.beats, ("a", 0): Beat("new", 0.1, 0), ("b", 0): Beat("new", 0.1, 0)})
+    assert not spares.step_goes_on(new, previous) and isinstance(spares.decide(3, new, previous, True), GiveUp)

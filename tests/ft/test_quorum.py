@@ -19,7 +19,7 @@ import pytest
 
 from gang._torch_groups import TCPStore
 from gang.ft.group import wait_until
-from gang.ft.policy import Policy, Quorum
+from gang.ft.policy import Policy, Quorum, SparesPolicy
 from gang.ft.quorum import (
     KEEP_ROUNDS,
     ROOT,
@@ -38,21 +38,24 @@ _T = TypeVar("_T")
 
 
 class InterleavingClient(StoreClient):
-    """A store client that runs ``then()`` once, right after it read ``key`` (a test-only seam).
+    """A store client that runs ``then()`` once, right after it read ``key`` (a test-only seam),
+    the first time the value read satisfies ``when``.
 
     Every request still goes to the real store: the seam only forces an interleaving of two
     processes' requests that is otherwise a matter of luck (another process's writes land between
     two reads of this one).
     """
 
-    def __init__(self, port: int, key: str, then: Callable[[], None]) -> None:
+    def __init__(
+        self, port: int, key: str, then: Callable[[], None], when: Callable[[bytes | None], bool] = lambda _: True
+    ) -> None:
         super().__init__("127.0.0.1", port, retry=1.0, timeout=timedelta(seconds=SECONDS))
-        self._key, self._then = key, then
+        self._key, self._then, self._when = key, then, when
         self.fired = False
 
     def peek(self, key: str) -> bytes | None:
         value = super().peek(key)
-        if key == self._key and not self.fired:
+        if key == self._key and not self.fired and self._when(value):
             self.fired = True
             self._then()
         return value
@@ -474,6 +477,11 @@ def test_an_unchanged_quorum_is_proposed_in_the_vote_and_published_by_the_last_m
     proposal = server.get(f"{ROOT}r/{first.round}/next").decode().split("|", 2)[2]
     assert server.get(f"{ROOT}r/{second['a'].round}/result").decode() == proposal
     assert [rid for rid, keys in sent.items() if f"read {ROOT}r/{first.round}/next" in keys], sent
+    # The proposal path, not the leader: nobody read the round's joins, and the last to join wrote its result.
+    assert not [rid for rid, keys in sent.items() if f"read {ROOT}r/{second['a'].round}/joins" in keys], sent
+    # Only the last member to join reads the proposal (`_join`): it is the one that wrote the result.
+    publishers = [rid for rid, keys in sent.items() if f"write {ROOT}r/{second['a'].round}/result" in keys]
+    assert publishers == [rid for rid, keys in sent.items() if f"read {ROOT}r/{first.round}/next" in keys], sent
     # A new process registers after the vote: the proposal is void, the leader decides.
     votes = _in_threads({c.replica_id: partial(c.vote, second["a"], True, SECONDS) for c in (a, b)})
     assert votes == {"a": True, "b": True}
@@ -484,3 +492,103 @@ def test_an_unchanged_quorum_is_proposed_in_the_vote_and_published_by_the_last_m
         | {"c": lambda: c.form(0, 0)}
     )
     assert third["a"] == third["b"] == third["c"] and third["a"].members == ("a", "b", "c"), third
+    # The epoch alone voids a proposal: d registers and leaves between the vote and the next round
+    # (it never joins, so the round's join count is the proposal's): the leader decides.
+    votes = _in_threads({x.replica_id: partial(x.vote, third["a"], True, SECONDS) for x in (a, b, c)})
+    assert votes == {"a": True, "b": True, "c": True} and server.check([f"{ROOT}r/{third['a'].round}/next"])
+    d = _client(server, "d", min_replicas=2)
+    d.register(0)
+    d.leave()
+    before = {x.replica_id: len(_requests(x)) for x in (a, b, c)}
+    fourth = _in_threads({x.replica_id: partial(x.form, third["a"].round, 3, (third["a"], True)) for x in (a, b, c)})
+    assert fourth["a"] == fourth["b"] == fourth["c"] and fourth["a"].members == ("a", "b", "c"), fourth
+    sent = {x.replica_id: _requests(x)[before[x.replica_id] :] for x in (a, b, c)}
+    assert [rid for rid, keys in sent.items() if f"read {ROOT}r/{fourth['a'].round}/joins" in keys], sent
+
+
+def test_a_spare_leading_the_next_round_waits_for_the_members_step_then_times_out_from_its_end(
+    server: TCPStore,
+) -> None:
+    # SparesPolicy(2) over a, b and the spare s: s joins round 2 at once and leads it while a and
+    # b step, longer than `quorum_timeout`. a joins, and b's join lands right after s read the
+    # joins holding a's only (the seam): the round's wait began when a joined, so b is not timed
+    # out: the quorum is a and b again, s still a spare.
+    timeout = 1.0
+    policy = SparesPolicy(2, timeout, SECONDS)
+    a, b = (QuorumClient(CountingClient(server.port), r, 0, 1, uuid.uuid4().hex[:16], policy) for r in "ab")
+    joined: dict[str, Any] = {}
+
+    def b_joins() -> None:
+        joining = threading.Thread(target=lambda: joined.update(b=b.form(first.round, 1, (first, False))))
+        joining.start()
+        joined["b_thread"] = joining
+        joins = f"{ROOT}r/{first.round + 1}/joins"
+        assert wait_until(lambda: b"\nb|" in b"\n" + server.get(joins), timeout=100.0)
+
+    seam = InterleavingClient(
+        server.port, f"{ROOT}r/2/joins", b_joins, when=lambda value: value is not None and b"\na|" in b"\n" + value
+    )
+    s = QuorumClient(seam, "s", 0, 1, uuid.uuid4().hex[:16], policy)
+    for c in (a, b, s):
+        c.register(0)
+    # s's `form` returns only at the first round that takes it in.
+    waiting = threading.Thread(target=lambda: joined.update(s=s.form(0, 0)))
+    waiting.start()
+    first = _in_threads({c.replica_id: partial(c.form, 0, 0) for c in (a, b)})["a"]
+    assert first.members == ("a", "b") and first.spares == ("s",)
+    assert wait_until(lambda: server.check([f"{ROOT}r/2/joins"]), timeout=100.0)
+    threading.Event().wait(1.5 * timeout)  # the members' step: s has waited longer than `quorum_timeout`
+    assert not server.check([f"{ROOT}r/2/result"])
+    second = a.form(first.round, 1, (first, False))
+    joined["b_thread"].join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
+    assert seam.fired and second.members == ("a", "b") and second.spares == ("s",) and second.timed_out == ()
+    assert joined["b"] == second and second.round == 2
+    # b leaves: the next round takes s in.
+    b.leave()
+    third = a.form(second.round, 2, (second, False))
+    waiting.join(timeout=6 * SECONDS)
+    assert third.members == ("a", "s") and joined["s"] == third and third.heal == {"s": "a"}
+
+
+@pytest.mark.parametrize("pause_after", ["r/1/next", "closed"])
+def test_a_publisher_paused_until_its_round_was_deleted_does_not_bring_it_back(
+    server: TCPStore, pause_after: str
+) -> None:
+    # Round 1 of a and b commits; b is the last member to join round 2 and publishes its proposal.
+    # It pauses right after reading the proposal (or `closed`, its last read before its
+    # `compare_set`) while a leads round 2, closes rounds 3 and 4 without b (b left meanwhile, and
+    # comes back) and deletes round 2's keys. b must not publish round 2 again nor set `closed`
+    # back: it goes on to the first open round, 5.
+    a, b = _client(server, "a"), _client(server, "b")
+    a.register(0)
+    b.register(0)
+    first = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    votes = _in_threads({"a": lambda: a.vote(first, True, SECONDS), "b": lambda: b.vote(first, True, SECONDS)})
+    assert votes == {"a": True, "b": True} and server.check([f"{ROOT}r/1/next"])
+    got: dict[str, Any] = {}
+
+    def a_closes_rounds_2_to_4() -> None:
+        got["a_thread"].join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
+        b.leave()
+        quorum = got["a"]
+        for step in (2, 3):
+            quorum = a.form(quorum.round, step, (quorum, False))
+        for closed in a.take_closed():
+            collect(a.client, closed)
+        assert quorum.round == 4 and not server.check([f"{ROOT}r/2/result"])
+        b.beat(1)
+
+    seam = InterleavingClient(server.port, ROOT + pause_after, a_closes_rounds_2_to_4)
+    paused = QuorumClient(seam, "b", 0, 1, b.token, b.policy)
+    got["a_thread"] = threading.Thread(target=lambda: got.update(a=a.form(first.round, 1, (first, True))))
+    got["a_thread"].start()  # a joins round 2 first and leads it
+    assert wait_until(lambda: server.check([f"{ROOT}r/2/joins"]), timeout=100.0)
+    b_thread = threading.Thread(target=lambda: got.update(b=paused.form(first.round, 1, (first, True))))
+    b_thread.start()
+    assert wait_until(lambda: seam.fired, timeout=100.0)
+    assert wait_until(lambda: server.check([f"{ROOT}r/5/joins"]), timeout=100.0)
+    assert server.get(f"{ROOT}r/5/joins").startswith(b"b|")
+    assert server.get(f"{ROOT}closed") == b"4" and not server.check([f"{ROOT}r/2/result"])
+    fifth = a.form(4, 4, (first, False))
+    b_thread.join(timeout=6 * SECONDS)
+    assert got["b"] == fifth and fifth.round == 5 and fifth.members == ("a", "b")

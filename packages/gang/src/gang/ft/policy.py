@@ -60,7 +60,8 @@ class View:
     :ivar sizes: The number of processes of every registered replica.
     :ivar beats: The heartbeat of every registered process.
     :ivar joins: The joins of the round, by process (a later join of a process replaces its earlier one).
-    :ivar waited: Seconds since the leader began to wait for the round.
+    :ivar waited: Seconds since the leader began to wait for the round, or since the previous
+        quorum's step ended if it saw it go on (:meth:`Policy.step_goes_on`).
     :ivar store_age: Seconds since the store started (``inf`` when it does not say).
     """
 
@@ -297,7 +298,8 @@ class Policy:
 
         Left out of a published round (``left_out_of``; not every process of its replica joined):
         after ``quorum_timeout`` plus ``heartbeat_timeout``. With no round published: after twice
-        ``quorum_timeout`` plus ``heartbeat_timeout`` (a leader gives up within ``quorum_timeout``).
+        ``quorum_timeout`` plus ``heartbeat_timeout`` (a leader gives up within ``quorum_timeout``
+        of the previous quorum's step's end, see :meth:`step_goes_on`).
         """
         if left_out_of is not None:
             return waited > self.quorum_timeout + self.heartbeat_timeout
@@ -335,6 +337,8 @@ class Policy:
             # A store restarted this recently may not know every live process yet (each registers
             # again at its next heartbeat): closing now could form two quorums at one step.
             return None
+        if self.step_goes_on(view, previous):
+            return None  # a spare or a late replica leads: it waits for the members, whatever `waited`
         joined, stalled, waiting = self._waiting(view, previous)
         members = sorted(joined, key=replica_sort_key)
         if not waiting and len(members) >= self.min_replicas:
@@ -355,6 +359,23 @@ class Policy:
                 f"{members} is behind them"
             )
         return self._quorum(n, view, members, joined, previous, committed, stalled | waiting, waiting)
+
+    def step_goes_on(self, view: View, previous: Quorum | None) -> bool:
+        """Whether the step of ``previous`` (round ``n - 1``'s quorum) still goes on: no process of
+        its members joined the round yet and one of them (of the incarnation in ``previous``) is live.
+
+        Until it ends, the round times nobody out and gives up on nothing (:meth:`decide` waits),
+        and its leader's :attr:`View.waited` counts from the end of that step: a process that
+        joined during it (a spare, a replica that came back or started) waits for the members
+        however long their step takes, and does not publish a quorum without them.
+        """
+        if previous is None or any(rid in previous.members for rid, _ in view.joins):
+            return False
+        return any(
+            (beat := view.beats.get((rid, rank))) is not None and beat.token == token and self.alive(beat)
+            for rid, incarnation in zip(previous.members, previous.incarnations, strict=True)
+            for rank, token in enumerate(incarnation.split(","))
+        )
 
     def due(self, view: View, previous: Quorum | None) -> float:
         """Seconds after ``view`` was read until time alone can change what :meth:`decide` answers:
@@ -429,9 +450,12 @@ class SparesPolicy(Policy):
     dies or leaves and a round takes one in; it is healed then (it is behind), so a step's
     average always has ``min_replicas`` terms and the job's numerics do not depend on how many
     replicas are live. (torchft keeps its spares in every step's collectives with zeros; here they
-    take no part until needed.) A spare waits as long as rounds are published without it; it
-    gives up, as a member does, when no round is published for twice ``quorum_timeout`` plus
-    ``heartbeat_timeout`` (a step of the members longer than that ends its wait).
+    take no part until needed.) A spare joins the next round at once and usually leads it: the
+    round waits for the members while their step goes on (:meth:`Policy.step_goes_on`), and times
+    out only ``quorum_timeout`` after the first of them joined. A spare waits as long as rounds are
+    published without it; its ``step()`` raises, as a member's does, when no round is published
+    for twice ``quorum_timeout`` plus ``heartbeat_timeout`` (a step of the members longer than
+    that ends its wait), or when a round it joined gives up.
     """
 
     @override

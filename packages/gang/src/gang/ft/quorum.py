@@ -37,14 +37,17 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
   round ``n + 1`` as usual, adding ``2**20`` (not 1) to its ``count``, and the last of them to
   join publishes the proposal as the round's result (``compare_set``; a leader's result
   published first wins) unless ``epoch`` changed or another process joined the round since:
-  so the round closes as soon as every member joined, without a leader's reads and polls (a
-  leader joined at the proposal's count waits ``_RECHECK``, 50 ms, before it reads the round).
-  Otherwise the leader decides from the joins.
+  so the round closes as soon as every member joined, without a leader's reads and polls. A
+  leader that joined as a member of the proposal's quorum, but not as its last one, waits
+  ``_RECHECK``, 50 ms, before it reads the round, whether or not the proposal is still valid (it
+  reads neither the proposal nor ``epoch``). Otherwise the leader decides from the joins.
 - ``epoch``: a counter every registration, ``leave``, death seen and ``dropped`` mark adds one to.
 - ``r/<n>/dropped``: set by a process that dropped the round's group after its vote (a collective
   failed after ``should_commit``); the next round then builds a new group instead of reusing it.
-- Round ``n``'s keys are deleted once round ``n + 2`` closed (by the heartbeat thread of its
-  leader). A process that comes back from a pause to a deleted round joins the next open round;
+- Round ``n``'s keys are deleted once round ``n + 2`` closed (by the heartbeat thread of the
+  process that published round ``n + 2``: its leader or its last member). A result written to a
+  round already deleted (by a process paused before its ``compare_set``) is deleted again, and
+  ``closed`` only moves forward. A process that comes back from a pause to a deleted round joins the next open round;
   the vote of a deleted round is lost for it (see :meth:`QuorumClient.vote`).
 
 :class:`StoreClient` retries a store that stopped answering for ``retry`` seconds, reconnecting
@@ -229,10 +232,11 @@ class QuorumClient:
         self.token = token
         self.policy = policy
         self.closed_round = 0
-        """The last round this process published as leader."""
+        """The last round this process published (as its leader or as the last member to join it)."""
         self._closed: deque[int] = deque()
         self._suspect: tuple[bytes, float] | None = None  # a heartbeat seen silent, and when
         self._others_publish = False  # whether a later member may publish the round this process joined
+        self._step_goes_on = False  # whether the last view `_lead` read saw the previous quorum's step go on
         self._me = f"{replica_id}|{replica_rank}|{token}"
         self._address = address
 
@@ -387,6 +391,8 @@ class QuorumClient:
                     wait = self._lead(n, now - round_start, previous)
                     if wait is None:
                         continue  # published: read it back at the top
+                    if self._step_goes_on:  # the round's wait begins when the previous quorum's step ends
+                        round_start = now
                     due = now + min(_RECHECK, wait)
             poll = _backoff(poll, start)
 
@@ -429,6 +435,7 @@ class QuorumClient:
         """
         prev, committed = self._previous(n, previous)
         view = self._view(n, waited)
+        self._step_goes_on = self.policy.step_goes_on(view, prev)
         # Read after the joins: a member marks `dropped` before it joins this round, so a join in
         # the view comes with its mark.
         if committed and self.client.peek(_key("r", n - 1, "dropped")) is not None:
@@ -436,20 +443,38 @@ class QuorumClient:
         decision = self.policy.decide(n, view, prev, committed)
         if decision is None:
             return self.policy.due(view, prev)
-        if self._deleted(n):  # never publish a round that closed long ago
-            return _RECHECK
         text = (
             decision.to_json() if isinstance(decision, Quorum) else json.dumps({"round": n, "failed": decision.reason})
         )
-        if self.client.compare_set(_key("r", n, "result"), "", text) == text.encode():
-            self.client.set(_key("closed"), str(n))
-            self.closed_round = n
-            self._closed.append(n)
-        return None
+        return None if self._publish(n, text) else _RECHECK
+
+    def _publish(self, n: int, text: str) -> bool:
+        """Publish ``text`` as round ``n``'s result unless a result is published already; whether
+        the round has one now (``False`` when its keys were deleted: it closed long ago).
+
+        A process paused between its reads and its ``compare_set`` must not bring a deleted round
+        back: the round is checked before, and a result written after its deletion (``closed``
+        had reached ``n + KEEP_ROUNDS`` already) is deleted again. ``closed`` only moves forward.
+        """
+        if self._deleted(n):
+            return False
+        result = _key("r", n, "result")
+        if self.client.compare_set(result, "", text) != text.encode():
+            return True  # another process published it first
+        closed = self.client.peek(_key("closed"))
+        while closed is None or int(closed) < n:
+            closed = self.client.compare_set(_key("closed"), "" if closed is None else closed.decode(), str(n))
+        if int(closed) >= n + KEEP_ROUNDS:  # round `n` closed and was deleted before this `compare_set`
+            self.client.delete(result)
+            return False
+        self.closed_round = n
+        self._closed.append(n)
+        return True
 
     def take_closed(self) -> list[int]:
-        """The rounds this process published as leader since the last call: their collection
-        (:func:`collect`) is due. Each round has one leader, so each is collected once, by it."""
+        """The rounds this process published since the last call: their collection
+        (:func:`collect`) is due. A round's result is written by one ``compare_set`` that succeeds
+        once (its leader's or its last member's), so each round is collected once, by its publisher."""
         rounds: list[int] = []
         while self._closed:
             rounds.append(self._closed.popleft())
@@ -499,6 +524,7 @@ class QuorumClient:
         round closes as soon as every member joined, without its leader's reads.
         """
         n = quorum.round + 1
+        generation = self.client.generation
         epoch = self.client.add(EPOCH, 0)  # before the view: a later registration, leave or death voids it
         view = self._view(n, 0.0)
         joins = dict(view.joins)
@@ -511,7 +537,12 @@ class QuorumClient:
         decision = self.policy.decide(n, replace(view, joins=joins), quorum, True)
         if isinstance(decision, Quorum):
             text = decision.to_json()
-            self.client.compare_set(_key("r", quorum.round, "next"), "", f"{epoch}|{others}|{text}")
+            key = _key("r", quorum.round, "next")
+            self.client.compare_set(key, "", f"{epoch}|{others}|{text}")
+            if self.client.generation != generation:
+                # The store restarted meanwhile: the proposal may have landed in the new store,
+                # whose `epoch` began again at 0 (it could match later): it is not kept.
+                self.client.delete(key)
 
     def _publish_proposal(self, previous: Quorum, others: int) -> None:
         """Publish the round after ``previous``'s as proposed during its vote, unless it is void
@@ -525,11 +556,7 @@ class QuorumClient:
         proposed_at, joined, text = proposal.decode().split("|", 2)
         if int(proposed_at) != epoch or int(joined) != others:
             return  # the round's leader decides from the joins
-        n = previous.round + 1
-        if self.client.compare_set(_key("r", n, "result"), "", text) == text.encode():
-            self.client.set(_key("closed"), str(n))
-            self.closed_round = n
-            self._closed.append(n)
+        self._publish(previous.round + 1, text)
 
     # -- during a step ---------------------------------------------------------------------------------
 
