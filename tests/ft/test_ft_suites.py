@@ -121,14 +121,14 @@ def test_init_sync_and_max_retries_after_a_refused_heal(cluster: tuple[World, st
             assert _released(second["error"]), (rank, second)
 
 
+# With 2 replicas every member waits on the failing one itself, so only 4 can show it: the test
+# is collected for the world of 4 only.
+@pytest.mark.parametrize("cluster", [4], ids=["replicas4"], indirect=True)
 def test_close_after_a_failed_collective_does_not_wait_for_the_timeout(cluster: tuple[World, str]) -> None:
     # The gang timeout is an hour: had a failed collective's error kept its work (and with it the
     # group's connections) alive, a member waiting on that peer in the all_reduce would stay there,
     # and its `close()` would wait for its dropped group the whole hour (the run would time out).
-    # With 2 replicas every member waits on the failing one itself, so only 4 can show it.
     world, _ = cluster
-    if world.world_size < 4:
-        pytest.skip("with 2 replicas every peer waits on the failing member itself")
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     results = world.run(fw.run_close_after_a_failed_collective, f"127.0.0.1:{server.port}")
     last = len(results) - 1
@@ -152,13 +152,12 @@ def test_ddp_averages_every_bucket(cluster: tuple[World, str]) -> None:
         assert r["gathers"] == ["all_gather"] * buckets, (rank, r["gathers"])  # one average per bucket
 
 
+@pytest.mark.parametrize("cluster", [4], ids=["replicas4"], indirect=True)  # two replicas of two processes
 def test_a_stalled_replica_is_logged_once_per_member_replica(cluster: tuple[World, str]) -> None:
     # Replicas a and b of two processes each; b is live but does not join: a's quorum waits
     # `quorum_timeout` for it. Both processes of a learn that quorum; only a's replica rank 0
     # logs the `stalled` record on the `gang.ft` logger, and b (not a member) logs nothing.
     world, _ = cluster
-    if world.world_size < 4:
-        pytest.skip("needs two replicas of two processes")
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     a0, a1, b0, b1 = world.run(fw.run_stalled_log, f"127.0.0.1:{server.port}")
     assert [(r["replica"], r["timed_out"]) for r in a0] == [("a", ["b"])], a0
