@@ -1,0 +1,175 @@
+"""The store protocol of gang.ft when the coordination store restarts in the middle of one call.
+
+A real ``TCPStore`` is killed (every connection to it closes) and a new, empty one starts on the
+same port between two requests of one protocol call (a test-only seam on the caller's store
+client runs the restart right after a given request returned); the clients reconnect to it by
+themselves, as they do to a restarted ``python -m gang.ft.store``. Replicas are threads driving
+:class:`~gang.ft.quorum.QuorumClient` directly, as in ``test_quorum.py``.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from gang._torch_groups import TCPStore
+from gang.ft.group import wait_until
+from gang.ft.policy import Policy
+from gang.ft.quorum import ROOT, STARTED, QuorumClient, StoreClient
+
+SECONDS = 20.0
+"""Heartbeat and quorum timeouts long enough that heartbeats written once stay fresh on a busy machine."""
+
+
+class RestartableStore:
+    """A real ``TCPStore`` server on a fixed port of 127.0.0.1 that :meth:`restart` replaces.
+
+    Only this object holds the server, so dropping it closes the server's socket and every
+    connection to it, as killing ``python -m gang.ft.store`` does.
+    """
+
+    def __init__(self) -> None:
+        self.server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.port = self.server.port
+        self.restarts = 0
+
+    def restart(self) -> None:
+        """Stop the store and start a new, empty one on the same port."""
+        del self.server
+        gc.collect()
+        self.server = TCPStore("127.0.0.1", self.port, is_master=True, wait_for_workers=False)
+        self.restarts += 1
+
+    def has(self, key: str) -> bool:
+        """Whether the current store holds ``gang.ft/<key>``."""
+        return self.server.check([ROOT + key])
+
+
+def _nothing() -> None:
+    pass
+
+
+class SeamClient(StoreClient):
+    """A store client that, once armed, runs ``then()`` once, right after its next ``add`` or
+    ``compare_set`` (which ``peek`` is) on ``key`` returned (a test-only seam: every request goes
+    to the real store).
+
+    :param timeout: The timeout of one request (how long a read of a missing key waits).
+    """
+
+    def __init__(self, port: int, *, timeout: float = SECONDS) -> None:
+        super().__init__("127.0.0.1", port, retry=timeout, timeout=timedelta(seconds=timeout))
+        self._key = ""
+        self._then: Callable[[], None] = _nothing
+        self.fired = False
+
+    def arm(self, key: str, then: Callable[[], None]) -> None:
+        """Run ``then()`` right after the next request on ``key``."""
+        self._key, self._then, self.fired = key, then, False
+
+    def _after(self, key: str) -> None:
+        if key == self._key and not self.fired:
+            self.fired = True
+            self._then()
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        value = super().compare_set(key, expected, desired)
+        self._after(key)
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        value = super().add(key, amount)
+        self._after(key)
+        return value
+
+
+@pytest.fixture
+def store() -> RestartableStore:
+    return RestartableStore()
+
+
+def _client(store: RestartableStore, replica_id: str, *, timeout: float = SECONDS) -> QuorumClient:
+    """Process 0 of replica ``replica_id`` (of one process), its requests sent through a :class:`SeamClient`."""
+    policy = Policy(2, SECONDS, SECONDS)
+    return QuorumClient(SeamClient(store.port, timeout=timeout), replica_id, 0, 1, uuid.uuid4().hex[:16], policy)
+
+
+def _seam(process: QuorumClient) -> SeamClient:
+    assert isinstance(process.client, SeamClient)
+    return process.client
+
+
+def _heartbeat(store: RestartableStore, process: QuorumClient, step: int) -> None:
+    """What ``process``'s heartbeat thread does at its next beat (on its own connection): in a
+    restarted store, register again."""
+    client = StoreClient("127.0.0.1", store.port, retry=SECONDS, timeout=timedelta(seconds=SECONDS))
+    p = process
+    QuorumClient(client, p.replica_id, p.replica_rank, p.replica_size, p.token, p.policy).beat(step)
+
+
+def _in_thread(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> threading.Thread:
+    def run() -> None:
+        try:
+            results[name] = fn()
+        except Exception as ex:
+            results[name] = ex
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def _form_both(
+    store: RestartableStore, a: QuorumClient, b: QuorumClient, last: int, step: int, previous: Any = None
+) -> dict[str, Any]:
+    """a and b form the next quorum, a's join landing first (a leads the round)."""
+    got: dict[str, Any] = {}
+    thread = _in_thread(got, "a", lambda: a.form(last, step, previous))
+    joins = f"{ROOT}r/{last + 1}/joins"
+    assert wait_until(lambda: store.server.check([joins]) and b"a|" in store.server.get(joins), timeout=100.0)
+    got["b"] = b.form(last, step, previous)
+    thread.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
+    return got
+
+
+def test_a_proposal_written_across_a_store_restart_is_not_left_in_the_new_store(store: RestartableStore) -> None:
+    # Replicas a and b step in round 1 and vote. a votes first: it proposes round 2 (`_propose`)
+    # from the store as it is: epoch 2 (a's and b's registrations), then the view. Right after
+    # its last read of the view, b votes last: b's count lands in the store, which is then
+    # killed and restarted empty; b writes the decision `commit` into the new store, where a
+    # reads it. a's proposal (`r/1/next`) lands in the new store too: it must be deleted again.
+    # Once a and b registered again there, the new store's epoch is 2 again: a proposal left
+    # behind would match it and close round 2 from the old store's view.
+    a, b = _client(store, "a"), _client(store, "b")
+    a.register(0)
+    b.register(0)
+    first = _form_both(store, a, b, 0, 0)["a"]
+    assert first.members == ("a", "b") and first.round == 1
+    votes: dict[str, Any] = {}
+
+    def b_votes_last_across_the_restart() -> None:
+        _seam(b).arm(f"{ROOT}r/1/ok", store.restart)
+        votes["b"] = b.vote(first, True, SECONDS)
+        assert _seam(b).fired
+
+    _seam(a).arm(STARTED, b_votes_last_across_the_restart)
+    votes["a"] = a.vote(first, True, SECONDS)
+    assert _seam(a).fired and store.restarts == 1
+    assert votes == {"a": True, "b": True}, votes
+    assert not store.has("r/1/next"), "a proposal written across the restart was left in the new store"
+    # The replicas go on: their heartbeat threads register them again, and they form round 2.
+    for process in (a, b):
+        _heartbeat(store, process, 1)
+    assert store.server.add(ROOT + "epoch", 0) == 2
+    second = _form_both(store, a, b, first.round, 1, (first, True))
+    assert second["a"] == second["b"], second
+    assert second["a"].round == 2 and second["a"].members == ("a", "b") and second["a"].heal == {}
+    # Its leader decided it from the joins in the new store; b, the last member to join, had no
+    # proposal to publish (a proposal left behind: b publishes it, or writes the same text as a).
+    assert a.closed_round == 2 and b.closed_round == 0
