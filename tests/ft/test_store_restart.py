@@ -173,3 +173,34 @@ def test_a_proposal_written_across_a_store_restart_is_not_left_in_the_new_store(
     # Its leader decided it from the joins in the new store; b, the last member to join, had no
     # proposal to publish (a proposal left behind: b publishes it, or writes the same text as a).
     assert a.closed_round == 2 and b.closed_round == 0
+
+
+def test_a_leader_whose_view_spans_a_store_restart_reads_the_new_store_again(store: RestartableStore) -> None:
+    # Replica x registered and left: the registry still lists it. a leads round 1: it reads the
+    # registry, then the store is restarted and a and b register again (their heartbeat threads),
+    # then a reads the heartbeats of the processes in the registry it read, from the new store:
+    # x's is not there and never will be. A read that waits for it waits for the request's
+    # timeout, reconnects and waits again until the store counts as unreachable, and a's `form`
+    # fails; a must read the new store's registry instead, and a and b form round 1.
+    x = _client(store, "x")
+    x.register(0)
+    x.leave()
+    a, b = _client(store, "a", timeout=2.0), _client(store, "b")
+    a.register(0)
+    b.register(0)
+    restarted = threading.Event()
+
+    def restart_and_register_again() -> None:
+        store.restart()
+        for process in (a, b):
+            _heartbeat(store, process, 0)
+        restarted.set()
+
+    _seam(a).arm(f"{ROOT}reg", restart_and_register_again)
+    got: dict[str, Any] = {}
+    thread = _in_thread(got, "a", lambda: a.form(0, 0))
+    assert restarted.wait(timeout=100.0)  # a harness bound against a hang, not a timing claim
+    got["b"] = b.form(0, 0)
+    thread.join(timeout=6 * SECONDS)
+    assert got["a"] == got["b"], got
+    assert got["a"].round == 1 and got["a"].members == ("a", "b") and got["a"].heal == {}

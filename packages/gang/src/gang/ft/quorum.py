@@ -53,7 +53,9 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
 :class:`StoreClient` retries a store that stopped answering for ``retry`` seconds, reconnecting
 to the same address: a store restarted there holds none of the keys above (they are soft state),
 so a process re-registers (its heartbeat thread, on finding its claim gone) and re-joins the round
-it waits in (on seeing :attr:`StoreClient.generation` change); a vote in flight is lost.
+it waits in (on seeing :attr:`StoreClient.generation` change); a vote in flight is lost. A read that
+spans the restart reads the new store again: a view whose registry came from the old store, whose
+heartbeat read would wait for processes that never register again (:class:`StoreRestartedError`).
 
 Heartbeat ages compare wall clocks of different hosts, so the hosts' clocks must agree to well
 within ``heartbeat_timeout`` (NTP does).
@@ -112,6 +114,11 @@ class IdentityError(Exception):
 
 class StoreUnreachableError(RuntimeError):
     """The coordination store did not answer for the whole retry time."""
+
+
+class StoreRestartedError(Exception):
+    """:meth:`StoreClient.multi_get` reconnected to a store that lacks one of the keys: the
+    caller learnt of them from the store before it restarted, and the new one may never hold them."""
 
 
 def _key(*parts: object) -> str:
@@ -197,8 +204,19 @@ class StoreClient:
         return self._call(lambda s: s.add(key, amount))
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        """The values of ``keys``, which must exist (a missing one waits for the timeout)."""
-        return self._call(lambda s: s.multi_get(keys)) if keys else []
+        """The values of ``keys``, which must exist (a missing one waits for the timeout).
+
+        :raises StoreRestartedError: If this call reconnected (a restarted store) and one of the
+            keys is missing there (it is not waited for: a key of a process that is gone never comes).
+        """
+        generation = self.generation
+
+        def request(store: TCPStore) -> list[bytes]:
+            if self.generation != generation and not store.check(keys):
+                raise StoreRestartedError(f"the store was restarted and lacks one of {keys}")
+            return store.multi_get(keys)
+
+        return self._call(request) if keys else []
 
     def delete(self, key: str) -> None:
         """Delete ``key``."""
@@ -481,14 +499,19 @@ class QuorumClient:
         return rounds
 
     def _view(self, n: int, waited: float) -> View:
-        sizes: dict[str, int] = {}
-        registered: set[Process] = set()
-        for rid, rank, size in _lines(self.client.peek(_key("reg"))):
-            sizes[rid] = int(size)  # the latest incarnation's size counts
-            registered.add((rid, int(rank)))
-        processes = sorted(registered)
-        now = time.time()
-        values = self.client.multi_get([_key("hb", rid, rank) for rid, rank in processes])
+        while True:
+            sizes: dict[str, int] = {}
+            registered: set[Process] = set()
+            for rid, rank, size in _lines(self.client.peek(_key("reg"))):
+                sizes[rid] = int(size)  # the latest incarnation's size counts
+                registered.add((rid, int(rank)))
+            processes = sorted(registered)
+            now = time.time()
+            try:
+                values = self.client.multi_get([_key("hb", rid, rank) for rid, rank in processes])
+                break
+            except StoreRestartedError:  # the store restarted after the registry was read: read the new one
+                continue
         beats = {p: b for p, v in zip(processes, values, strict=True) if (b := _parse_beat(v, now)) is not None}
         joins = {
             (rid, int(rank)): Join(token, int(step))
@@ -702,6 +725,7 @@ __all__ = [
     "QuorumClient",
     "QuorumTimeoutError",
     "StoreClient",
+    "StoreRestartedError",
     "StoreUnreachableError",
     "heartbeat_period",
 ]
