@@ -14,6 +14,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -142,10 +143,10 @@ def test_a_proposal_written_across_a_store_restart_is_not_left_in_the_new_store(
     # Replicas a and b step in round 1 and vote. a votes first: it proposes round 2 (`_propose`)
     # from the store as it is: epoch 2 (a's and b's registrations), then the view. Right after
     # its last read of the view, b votes last: b's count lands in the store, which is then
-    # killed and restarted empty; b writes the decision `commit` into the new store, where a
-    # reads it. a's proposal (`r/1/next`) lands in the new store too: it must be deleted again.
-    # Once a and b registered again there, the new store's epoch is 2 again: a proposal left
-    # behind would match it and close round 2 from the old store's view.
+    # killed and restarted empty. b's decision `commit` and a's proposal (`r/1/next`) land in
+    # the new store: neither may stay there. The vote is lost on both (`commit` was never in the
+    # store the vote began in), and a proposal left behind would be checked against an epoch
+    # that began again at 0: once a and b registered again, it is 2 again and would match.
     a, b = _client(store, "a"), _client(store, "b")
     a.register(0)
     b.register(0)
@@ -161,18 +162,16 @@ def test_a_proposal_written_across_a_store_restart_is_not_left_in_the_new_store(
     _seam(a).arm(STARTED, b_votes_last_across_the_restart)
     votes["a"] = a.vote(first, True, SECONDS)
     assert _seam(a).fired and store.restarts == 1
-    assert votes == {"a": True, "b": True}, votes
+    assert votes == {"a": None, "b": None}, votes
     assert not store.has("r/1/next"), "a proposal written across the restart was left in the new store"
-    # The replicas go on: their heartbeat threads register them again, and they form round 2.
+    assert not store.has("r/1/decision")
+    # The replicas go on from step 0: their heartbeat threads register them again, and they form round 2.
     for process in (a, b):
-        _heartbeat(store, process, 1)
+        _heartbeat(store, process, 0)
     assert store.server.add(ROOT + "epoch", 0) == 2
-    second = _form_both(store, a, b, first.round, 1, (first, True))
+    second = _form_both(store, a, b, first.round, 0, (first, False))
     assert second["a"] == second["b"], second
-    assert second["a"].round == 2 and second["a"].members == ("a", "b") and second["a"].heal == {}
-    # Its leader decided it from the joins in the new store; b, the last member to join, had no
-    # proposal to publish (a proposal left behind: b publishes it, or writes the same text as a).
-    assert a.closed_round == 2 and b.closed_round == 0
+    assert second["a"].round == 2 and second["a"].members == ("a", "b") and second["a"].steps == (0, 0)
 
 
 def test_a_leader_whose_view_spans_a_store_restart_reads_the_new_store_again(store: RestartableStore) -> None:
@@ -204,3 +203,70 @@ def test_a_leader_whose_view_spans_a_store_restart_reads_the_new_store_again(sto
     thread.join(timeout=6 * SECONDS)
     assert got["a"] == got["b"], got
     assert got["a"].round == 1 and got["a"].members == ("a", "b") and got["a"].heal == {}
+
+
+def test_a_last_vote_counted_before_a_store_restart_commits_no_step_another_member_aborted(
+    store: RestartableStore,
+) -> None:
+    # a and b step in round 1. a watches b, finds it silent (b's heartbeat is older than a's
+    # `heartbeat_timeout` of 0.05 s) and aborts the step; a votes and reads `abort`. b was only
+    # stalled: it votes ok last, its count completes the vote, and the store is restarted before
+    # b writes the decision, which lands in the new, empty store where nothing says `abort`. b
+    # must not commit the step a aborted: its vote is lost (not committed), and it leaves no
+    # decision in the new store. Then both go on from the same step.
+    a, b = _client(store, "a"), _client(store, "b")
+    a.register(0)
+    b.register(0)
+    first = _form_both(store, a, b, 0, 0)["a"]
+    watcher = QuorumClient(a.client, "a", 0, 1, a.token, Policy(2, SECONDS, 0.05))
+    assert wait_until(lambda: watcher.check_step(first) is not None, timeout=100.0)
+    assert store.server.get(ROOT + "r/1/decision") == b"abort"
+    votes = {"a": a.vote(first, True, SECONDS)}
+    _seam(b).arm(f"{ROOT}r/1/ok", store.restart)
+    votes["b"] = b.vote(first, True, SECONDS)
+    assert _seam(b).fired and store.restarts == 1
+    assert votes == {"a": False, "b": None}, votes
+    assert not store.has("r/1/decision"), "a decision was written for a round the new store does not hold"
+    for process in (a, b):
+        _heartbeat(store, process, 0)
+    second = _form_both(store, a, b, first.round, 0, (first, False))
+    assert second["a"] == second["b"], second
+    assert second["a"].round == 2 and second["a"].members == ("a", "b") and second["a"].steps == (0, 0)
+
+
+def test_no_voter_takes_a_decision_from_a_store_restarted_during_the_vote(store: RestartableStore) -> None:
+    # a, b and c step in round 1; a and c voted ok and wait for the decision. b votes last: its
+    # count completes the vote, then the store restarts, and b's `commit` lands in the new store;
+    # a and c, reconnecting, poll the new store while it is there (the seam holds b until they
+    # returned). The vote is lost on all three: none takes a decision from a store the vote
+    # did not begin in, and b's `commit` does not stay there.
+    clients = {rid: _client(store, rid) for rid in "abc"}
+    for process in clients.values():
+        process.register(0)
+    got: dict[str, Any] = {}
+    threads = [_in_thread(got, rid, partial(p.form, 0, 0)) for rid, p in clients.items()]
+    for thread in threads:
+        thread.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
+    first = got["a"]
+    assert got["b"] == got["c"] == first and first.members == ("a", "b", "c")
+    votes: dict[str, Any] = {}
+    ok = f"{ROOT}r/1/ok"
+    waiting = [_in_thread(votes, "a", partial(clients["a"].vote, first, True, SECONDS))]
+    assert wait_until(lambda: store.server.check([ok]), timeout=100.0)
+    waiting.append(_in_thread(votes, "c", partial(clients["c"].vote, first, True, SECONDS)))
+    assert wait_until(lambda: store.server.add(ok, 0) == 2, timeout=100.0)
+    b = _seam(clients["b"])
+
+    def others_poll_the_new_store() -> None:
+        for thread in waiting:
+            thread.join(timeout=6 * SECONDS)
+
+    def restart() -> None:
+        store.restart()
+        b.arm(f"{ROOT}r/1/decision", others_poll_the_new_store)
+
+    b.arm(ok, restart)
+    votes["b"] = clients["b"].vote(first, True, SECONDS)
+    assert b.fired and store.restarts == 1
+    assert votes == {"a": None, "b": None, "c": None}, votes
+    assert not store.has("r/1/decision")

@@ -53,9 +53,10 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
 :class:`StoreClient` retries a store that stopped answering for ``retry`` seconds, reconnecting
 to the same address: a store restarted there holds none of the keys above (they are soft state),
 so a process re-registers (its heartbeat thread, on finding its claim gone) and re-joins the round
-it waits in (on seeing :attr:`StoreClient.generation` change); a vote in flight is lost. A read that
-spans the restart reads the new store again: a view whose registry came from the old store, whose
-heartbeat read would wait for processes that never register again (:class:`StoreRestartedError`).
+it waits in (on seeing :attr:`StoreClient.generation` change); a vote in flight is lost (a decision
+is taken only from the store the vote began in, and one written into the new store is deleted). A
+view that spans the restart is read again from the new store: its registry came from the old one, and
+the heartbeat read would wait for processes that never register again (:class:`StoreRestartedError`).
 
 Heartbeat ages compare wall clocks of different hosts, so the hosts' clocks must agree to well
 within ``heartbeat_timeout`` (NTP does).
@@ -644,7 +645,9 @@ class QuorumClient:
         ``None`` when the decision is lost: the round's keys are gone (this process was paused
         until they were deleted two rounds later, or the store was restarted) before it read the
         decision. It is then not committed here, whatever the others decided, and nothing is
-        left written for the lost round (a vote counter created in it is deleted again).
+        left written for the lost round (a vote counter created in it is deleted again, and so is
+        a decision written into a restarted store). A decision is taken only from the store the
+        vote began in.
 
         :param deadline: Seconds after which a vote still incomplete is decided ``abort``.
         """
@@ -663,17 +666,24 @@ class QuorumClient:
             self.client.delete(ok_key)  # the counter this vote created in a deleted round
             return None
         if count == sum(quorum.sizes):
-            return self.client.compare_set(decision_key, "", "commit") == b"commit"
+            decided = self.client.compare_set(decision_key, "", "commit")
+            if self.client.generation != generation:  # written into a restarted store (see below)
+                if decided == b"commit":
+                    self.client.delete(decision_key)
+                return None
+            return decided == b"commit"
         if count == 1:  # the first voter waits longest: it proposes the next quorum meanwhile
             self._propose(quorum)
         start = checked = time.monotonic()
         poll = _POLL_MIN
         while True:
             decision = self.client.peek(decision_key)
+            if self.client.generation != generation:
+                # The store restarted since this vote began: a decision in the new one was not
+                # this vote's (the old one may have held `abort`).
+                return None
             if decision is not None:
                 return decision == b"commit"
-            if self.client.generation != generation:
-                return None
             now = time.monotonic()
             if now - start > deadline:
                 return self.client.compare_set(decision_key, "", "abort") == b"commit"
