@@ -57,6 +57,8 @@ it waits in (on seeing :attr:`StoreClient.generation` change); a vote in flight 
 is taken only from the store the vote began in, and one written into the new store is deleted). A
 view that spans the restart is read again from the new store: its registry came from the old one, and
 the heartbeat read would wait for processes that never register again (:class:`StoreRestartedError`).
+A round's result or proposal decided from reads of the old store and written into the new one is
+deleted again: the new store's leader decides the round.
 
 Heartbeat ages compare wall clocks of different hosts, so the hosts' clocks must agree to well
 within ``heartbeat_timeout`` (NTP does).
@@ -452,6 +454,7 @@ class QuorumClient:
         :returns: ``None`` once published (or deleted), else the seconds until time alone can
             change the decision (:meth:`Policy.due`).
         """
+        generation = self.client.generation
         prev, committed = self._previous(n, previous)
         view = self._view(n, waited)
         self._step_goes_on = self.policy.step_goes_on(view, prev)
@@ -465,21 +468,26 @@ class QuorumClient:
         text = (
             decision.to_json() if isinstance(decision, Quorum) else json.dumps({"round": n, "failed": decision.reason})
         )
-        return None if self._publish(n, text) else _RECHECK
+        return None if self._publish(n, text, generation) else _RECHECK
 
-    def _publish(self, n: int, text: str) -> bool:
+    def _publish(self, n: int, text: str, generation: int) -> bool:
         """Publish ``text`` as round ``n``'s result unless a result is published already; whether
         the round has one now (``False`` when its keys were deleted: it closed long ago).
 
         A process paused between its reads and its ``compare_set`` must not bring a deleted round
         back: the round is checked before, and a result written after its deletion (``closed``
         had reached ``n + KEEP_ROUNDS`` already) is deleted again. ``closed`` only moves forward.
+        A result decided from reads of a store that restarted since (:attr:`StoreClient.generation`
+        is no longer ``generation``) is deleted again too: the new store's leader decides the round.
         """
         if self._deleted(n):
             return False
         result = _key("r", n, "result")
         if self.client.compare_set(result, "", text) != text.encode():
             return True  # another process published it first
+        if self.client.generation != generation:
+            self.client.delete(result)
+            return False
         closed = self.client.peek(_key("closed"))
         while closed is None or int(closed) < n:
             closed = self.client.compare_set(_key("closed"), "" if closed is None else closed.decode(), str(n))
@@ -573,6 +581,7 @@ class QuorumClient:
         (a process registered, left, died or dropped its group since, or ``others``, the joins of
         the round by processes not in ``previous``, are not those the proposal saw) or the round
         is published already."""
+        generation = self.client.generation
         epoch = self.client.add(EPOCH, 0)
         proposal = self.client.peek(_key("r", previous.round, "next"))
         if proposal is None:
@@ -580,7 +589,7 @@ class QuorumClient:
         proposed_at, joined, text = proposal.decode().split("|", 2)
         if int(proposed_at) != epoch or int(joined) != others:
             return  # the round's leader decides from the joins
-        self._publish(previous.round + 1, text)
+        self._publish(previous.round + 1, text, generation)
 
     # -- during a step ---------------------------------------------------------------------------------
 
