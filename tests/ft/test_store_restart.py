@@ -117,12 +117,16 @@ def _seam(process: QuorumClient) -> SeamClient:
     return process.client
 
 
-def _heartbeat(store: RestartableStore, process: QuorumClient, step: int) -> None:
-    """What ``process``'s heartbeat thread does at its next beat (on its own connection): in a
-    restarted store, register again."""
+def _beats(store: RestartableStore, process: QuorumClient) -> QuorumClient:
+    """The protocol client of ``process``'s heartbeat thread: the same incarnation, on its own connection."""
     client = StoreClient("127.0.0.1", store.port, retry=SECONDS, timeout=timedelta(seconds=SECONDS))
     p = process
-    QuorumClient(client, p.replica_id, p.replica_rank, p.replica_size, p.token, p.policy).beat(step)
+    return QuorumClient(client, p.replica_id, p.replica_rank, p.replica_size, p.token, p.policy)
+
+
+def _heartbeat(store: RestartableStore, process: QuorumClient, step: int) -> None:
+    """What ``process``'s heartbeat thread does at its next beat: in a restarted store, register again."""
+    _beats(store, process).beat(step)
 
 
 def _in_thread(results: dict[str, Any], name: str, fn: Callable[[], Any]) -> threading.Thread:
@@ -298,8 +302,7 @@ def test_a_round_decided_from_a_store_before_its_restart_is_not_published_in_the
     stop = threading.Event()
 
     def beat(process: QuorumClient) -> None:
-        client = StoreClient("127.0.0.1", store.port, retry=SECONDS, timeout=timedelta(seconds=SECONDS))
-        own = QuorumClient(client, process.replica_id, 0, 1, process.token, process.policy)
+        own = _beats(store, process)
         while not stop.wait(heartbeat / 10):
             own.beat(0)
 
