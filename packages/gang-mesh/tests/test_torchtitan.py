@@ -35,5 +35,6 @@ def test_parallel_dims_meshes(world8: World, config: tuple[int, ...], backend: s
                 continue
             assert result["got"] == result["expected"], (rank, name)
             assert result["sums_ok"], (rank, name)
+            assert result["new_groups"] == [], (rank, name)  # converting a mesh again creates no group
             folded = ["rdp", "sdp"] if "sparse" in name and config[0] > 1 else []
             assert result["round_trip"] == {"same_mesh": True, "differ": folded, "names": True}, (rank, name)
