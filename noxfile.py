@@ -431,6 +431,29 @@ def ray(session: nox.Session) -> None:
     session.run("pytest", str(RAY_TESTS), "-p", "no:cacheprovider", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
+TITAN_TESTS = ROOT / "packages" / "gang-mesh" / "tests" / "test_torchtitan.py"
+
+
+@nox.session
+def titan(session: nox.Session) -> None:
+    """torchtitan's own ``ParallelDims`` meshes through ``gang_mesh``: a real client checks the mesh bridge.
+
+    Not in the default sessions (torchtitan pulls in ``datasets``, ``wandb``, ``tensorboard`` and
+    more); ``.ci/run`` runs it after them. Installs torchtitan 0.3.0 (pinned in ``constraints.txt``
+    with torch 2.13.0) next to gang and gang-mesh, then runs ``test_torchtitan.py``, where
+    ``GANG_REQUIRE_TORCHTITAN=1`` makes a missing torchtitan fail instead of skipping.
+    """
+    install(session, "pytest", "pytest-timeout", "torchtitan", packages=["gang", "gang-mesh"])
+    session.run(
+        "python",
+        "-c",
+        "import torch, importlib.metadata as m; print('torch', torch.__version__, "
+        "'torchtitan', m.version('torchtitan'))",
+    )
+    env = {"GANG_REQUIRE_TORCHTITAN": "1", **ONE_THREAD}
+    session.run("pytest", str(TITAN_TESTS), "-p", "no:cacheprovider", *session.posargs, env=env)
+
+
 # The versions users run (`nox -s versions`, not in CI's run): the newest this machine installs and
 # the lowest the packages declare (their pyproject.toml's lower bounds are exactly these). torch
 # 2.13 is the first with `ProcessGroup.all_gather_single` and `reduce_scatter_single`, which

@@ -326,8 +326,21 @@ def no_layout_not_a_grid(root: Gang) -> tuple[str, str]:
 # -- torchtitan's ParallelDims meshes, built as it builds them ----------------------------------
 
 
+# The dimension names of the global meshes torchtitan 0.3's ``ParallelDims.build_mesh`` builds
+# (``dense`` under ``spmd_backend="full_dtensor"`` and ``"spmd_types"``, ``fwdbwd`` the dense mesh
+# of ``"spmd_types"``'s forward and backward, ``legacy`` the dense mesh of ``"partial_dtensor"``).
+TITAN_DIMS = {
+    "dataloading": ("pp", "batch", "cp", "tp"),
+    "loss": ("loss_mesh",),
+    "dense": ("pp", "dp_replicate", "dp_shard", "cp", "tp"),
+    "fwdbwd": ("pp", "dp", "cp", "tp"),
+    "legacy": ("pp", "dp_replicate", "fsdp", "tp"),
+    "sparse": ("pp", "dp_replicate", "efsdp", "ep"),
+}
+
+
 def titan_meshes(dp_replicate: int, dp_shard: int, cp: int, tp: int, pp: int, ep: int) -> dict[str, DeviceMesh]:
-    """The global meshes torchtitan 0.3's ``ParallelDims.build_mesh`` builds, with torch's own calls.
+    """The global meshes torchtitan 0.3's ``ParallelDims.build_mesh`` builds (:data:`TITAN_DIMS`), by torch's calls.
 
     Unflattened from a 1-D world mesh, each disabled axis (size 1, and ``efsdp`` without expert
     parallel) on torch's ``fake`` backend, as torchtitan does; ``loss_mesh`` flattened from
@@ -348,15 +361,16 @@ def titan_meshes(dp_replicate: int, dp_shard: int, cp: int, tp: int, pp: int, ep
         return world._unflatten(0, sizes, names, backend_override=fake)
 
     batch = dp_replicate * dp_shard
-    dataloading = unflatten(("pp", "batch", "cp", "tp"), (pp, batch, cp, tp))
-    return {
-        "dataloading": dataloading,
-        "loss": dataloading["batch", "cp"]._flatten("loss_mesh"),
-        "dense": unflatten(("pp", "dp_replicate", "dp_shard", "cp", "tp"), (pp, dp_replicate, dp_shard, cp, tp)),
-        "fwdbwd": unflatten(("pp", "dp", "cp", "tp"), (pp, batch, cp, tp)),
-        "legacy": unflatten(("pp", "dp_replicate", "fsdp", "tp"), (pp, dp_replicate, dp_shard * cp, tp)),
-        "sparse": unflatten(("pp", "dp_replicate", "efsdp", "ep"), (pp, dp_replicate, dp_shard * cp * tp // ep, ep)),
+    sizes = {
+        "dataloading": (pp, batch, cp, tp),
+        "dense": (pp, dp_replicate, dp_shard, cp, tp),
+        "fwdbwd": (pp, batch, cp, tp),
+        "legacy": (pp, dp_replicate, dp_shard * cp, tp),
+        "sparse": (pp, dp_replicate, dp_shard * cp * tp // ep, ep),
     }
+    meshes = {name: unflatten(TITAN_DIMS[name], size) for name, size in sizes.items()}
+    meshes["loss"] = meshes["dataloading"]["batch", "cp"]._flatten(TITAN_DIMS["loss"][0])
+    return {name: meshes[name] for name in TITAN_DIMS}
 
 
 def _line(mesh: DeviceMesh, axes: Sequence[str]) -> tuple[int, ...] | int:
@@ -375,9 +389,17 @@ def check_titan_mesh(mesh: DeviceMesh, spans: Mapping[str, Sequence[str]]) -> di
     ``spans[role]`` lists the mesh dimensions the role's gang spans (absent: a size-1 gang). The
     round trip builds the mesh of every dimension, size-1 ones included, back from the gangs (by
     their roles; ``dp_replicate`` left out next to ``efsdp``, which spans it as ``edp``) and
-    converts it again.
+    converts it again. ``new_groups`` lists the roles whose gang a second conversion of ``mesh``
+    puts on another process group than the first (a new communicator each time).
     """
     gangs = from_device_mesh(mesh)
+    twice = from_device_mesh(mesh)
+    new_groups = [
+        role
+        for role in ROLES
+        if isinstance(getattr(gangs, role), ProcessGroupGang)
+        and getattr(twice, role).as_process_group() is not getattr(gangs, role).as_process_group()
+    ]
     got = {role: members(getattr(gangs, role)) for role in ROLES}
     names = mesh.mesh_dim_names or ()
     expected = {role: _line(mesh, names if role == "root" else spans.get(role, ())) for role in ROLES}
@@ -393,7 +415,7 @@ def check_titan_mesh(mesh: DeviceMesh, spans: Mapping[str, Sequence[str]]) -> di
         "differ": [role for role in ROLES if members(getattr(from_device_mesh(again), role)) != got[role]],
         "names": again.mesh_dim_names == tuple(dims),
     }
-    return {"got": got, "expected": expected, "sums_ok": sums_ok, "round_trip": round_trip}
+    return {"got": got, "expected": expected, "sums_ok": sums_ok, "round_trip": round_trip, "new_groups": new_groups}
 
 
 def _role_of(name: str) -> str:
@@ -414,8 +436,8 @@ def torchtitan_layouts(
     ``backend`` is torchtitan's ``spmd_backend`` (``"spmd_types"``, ``"full_dtensor"`` or
     ``"partial_dtensor"``), which decides the names of its dense mesh.
 
-    Every global mesh is checked by :func:`check_titan_mesh` with the spans of the mirror mesh of
-    the same dimension names (:func:`titan_meshes`); every 1-D mesh converts without ``names=``, its
+    Every global mesh is checked by :func:`check_titan_mesh` with the spans of the mirror mesh
+    whose dimension names hold its own (:data:`TITAN_DIMS`); every 1-D mesh converts without ``names=``, its
     role's gang is the mesh's group and it round-trips.
     """
     import importlib
@@ -437,7 +459,6 @@ def torchtitan_layouts(
         spmd_backend=backend,
     )
     dims.build_mesh()
-    by_names = {mesh.mesh_dim_names: name for name, mesh in titan_meshes(*config).items()}
     report: dict[str, Any] = {}
     for name, mesh in dims._global_meshes.items():
         if ep == 1 and "efsdp" in (mesh.mesh_dim_names or ()):
@@ -445,7 +466,7 @@ def torchtitan_layouts(
             # `fake` backend and never uses it: refused, as every `fake` dimension of size > 1.
             report[name] = _error_of(partial(from_device_mesh, mesh))
             continue
-        mirror = next(m for names, m in by_names.items() if set(mesh.mesh_dim_names or ()) <= set(names or ()))
+        mirror = next(m for m, names in TITAN_DIMS.items() if set(mesh.mesh_dim_names or ()) <= set(names))
         report[name] = check_titan_mesh(mesh, spans[mirror])
     for name, mesh in dims._single_axis_meshes.items():
         if ep == 1 and name == "efsdp":

@@ -1,13 +1,18 @@
 """torchtitan's own ``ParallelDims`` meshes convert without ``names=`` and round-trip.
 
-torchtitan is not in the CI test environment (its install pulls in ``datasets``, ``wandb``,
-``tensorboard`` and more); ``test_mesh.py`` builds the same meshes with torch's own calls. This
-file runs where torchtitan is installed: ``pip install -c constraints.txt torchtitan==0.3.0`` (its
-newest release; its unreleased main builds the same meshes). Every mesh of its three
-``spmd_backend`` choices is checked, with experts within and across the tensor parallel ranks.
+torchtitan is not in bare ``nox``'s environment (its install pulls in ``datasets``, ``wandb``,
+``tensorboard`` and more), where this file is skipped; ``test_mesh.py`` builds the same meshes
+with torch's own calls. ``nox -s titan`` installs torchtitan 0.3.0 (pinned in
+``constraints.txt``) and runs this file with ``GANG_REQUIRE_TORCHTITAN=1``, which turns a missing
+torchtitan into a failure instead of a skip. Every mesh of its three ``spmd_backend`` choices is
+checked, with experts within and across the tensor parallel ranks, all in one shared world of
+eight processes: converting a mesh a second time must create no process group.
 """
 
 from __future__ import annotations
+
+import importlib
+import os
 
 import mesh_workers as w
 import pytest
@@ -15,7 +20,10 @@ from test_mesh import TITAN_SPANS
 
 from gang.testing import World
 
-pytest.importorskip("torchtitan.distributed.parallel_dims")
+if os.environ.get("GANG_REQUIRE_TORCHTITAN") == "1":
+    importlib.import_module("torchtitan.distributed.parallel_dims")  # `nox -s titan`: fails, never skips
+else:
+    pytest.importorskip("torchtitan.distributed.parallel_dims")
 
 
 # (dp_replicate, dp_shard, cp, tp, pp, ep): with ep = 8 the experts span the tp ranks too.
@@ -35,5 +43,6 @@ def test_parallel_dims_meshes(world8: World, config: tuple[int, ...], backend: s
                 continue
             assert result["got"] == result["expected"], (rank, name)
             assert result["sums_ok"], (rank, name)
+            assert result["new_groups"] == [], (rank, name)  # converting a mesh again creates no group
             folded = ["rdp", "sdp"] if "sparse" in name and config[0] > 1 else []
             assert result["round_trip"] == {"same_mesh": True, "differ": folded, "names": True}, (rank, name)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 
 import torch
@@ -11,16 +10,12 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from gang import FakeGang, Gang, Gangs, ProcessGroupGang
-from gang.rendezvous import new_named_group, next_call
+from gang.rendezvous import members_group
 from gang.topology import MESH_ALIASES, Grid, mesh_roles, mesh_spans
 
 ALIASES: dict[str, str] = MESH_ALIASES
 """Mesh dimension names other libraries use (torchtitan, Megatron-Core) and the role each plays
 (from :data:`gang.roles.ALIASES`, through :data:`gang.topology.MESH_ALIASES`)."""
-
-
-def _digest(value: object) -> str:
-    return hashlib.sha1(repr(value).encode(), usedforsecurity=False).hexdigest()[:16]
 
 
 def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None) -> Gangs:
@@ -54,10 +49,11 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
       :class:`~gang.FakeGang`. torchtitan builds its disabled axes (size 1) on torch's ``fake``
       backend; those are fine, a ``fake`` dimension of size greater than 1 is refused.
 
-    No group is created when an existing one has the same members. The groups it does create
-    are made by their members alone, under names derived from the mesh (so members agree on them
-    whatever other groups each has), and are released with the default group; closing the
-    returned gangs does not destroy any group. Every process of the mesh must call it with the
+    No group is created when the mesh, the default group or an earlier conversion (of this mesh
+    or any other) has one with the same members: converting a mesh again creates nothing. The
+    groups it does create are made by their members alone, under names derived from the members
+    (so members agree on them whatever other groups each has), and are released with the default
+    group; closing the returned gangs does not destroy any group. Every process of the mesh must call it with the
     same arguments.
 
     :param mesh: A mesh whose dimensions have names (``init_device_mesh(...,
@@ -75,10 +71,6 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     roles = _check_mesh(mesh, names)
     spans = mesh_spans(roles, mesh.mesh_dim_names or ())
     device = _mesh_device(mesh)
-    layout = (tuple(roles), tuple(mesh.mesh.shape), *mesh.mesh.flatten().tolist())
-    signature = "gang_mesh/" + _digest(layout)
-    call = next_call(signature)  # how often this process converted this mesh: part of the group names
-
     # The mesh as a grid whose dimensions are the roles of its axes; `ranks[i]` is at grid rank i.
     grid = Grid(tuple(zip(roles, (int(size) for size in mesh.mesh.shape), strict=True)))
     ranks = [int(r) for r in mesh.mesh.flatten().tolist()]
@@ -101,12 +93,9 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
                 raise AssertionError("the default process group is not initialised")
             wrap(world)
         if key not in wrapped:
-            # Named after the mesh, this call and the members, so every member agrees on the name
-            # whatever other groups it has (see `gang.rendezvous.new_named_group`).
-            pg = new_named_group(list(key), f"{signature}/{call}/{_digest(key)}", None)
-            if not isinstance(pg, ProcessGroup):  # Cannot happen: this process is a member.
-                raise AssertionError(f"rank {dist.get_rank()} is not in the new group {list(key)}")
-            wrapped[key] = ProcessGroupGang.from_process_group(pg, device)
+            # Made by its members alone, once: converting this mesh (or another that needs the
+            # same members) again gets the same group (see `gang.rendezvous.members_group`).
+            wrapped[key] = ProcessGroupGang.from_process_group(members_group(key, "gang_mesh"), device)
         return wrapped[key]
 
     # The mesh's own groups first, so the roles of its axes get exactly those groups. Axes of size

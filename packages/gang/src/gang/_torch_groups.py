@@ -100,6 +100,7 @@ __all__ = [
     "init_fake_process_group",
     "is_fake_backend",
     "is_non_member",
+    "is_registered",
     "new_named_group",
     "new_standalone_group",
     "register_python_group",
@@ -286,6 +287,14 @@ def _registered(world: Any, pg: object) -> bool:
         return pg in world.pg_map
     except (AttributeError, TypeError):  # a renamed or changed private API
         return True
+
+
+def is_registered(pg: ProcessGroup) -> bool:
+    """Whether torch's registry still holds ``pg``: not after it or the default group was destroyed.
+
+    ``True`` where torch's registry changed (``pg`` is then kept).
+    """
+    return _registered(getattr(c10d, "_world", None), pg)
 
 
 def _fake_store() -> Any:

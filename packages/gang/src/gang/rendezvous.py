@@ -4,8 +4,8 @@ Processes find each other through keys in a store and through the names of the g
 create. A key or name must be the same on every process that takes part, and must not be reused
 by a later round (after :meth:`Gang.close <gang.Gang.close>` and a new initialisation, a stale
 key would be read as fresh). This module makes the core's, and holds the rules and tools that
-:mod:`gang_mesh` and :mod:`gang_jax` build theirs with (``gang_mesh`` adds a digest of the mesh and
-of the members to a :func:`next_call` count, then creates the group with :func:`new_named_group`).
+:mod:`gang_mesh` and :mod:`gang_jax` build theirs with (``gang_mesh`` gets the groups a mesh
+does not hold from :func:`members_group`).
 :mod:`gang.ft` is the exception: it names each replica group after the quorum its members agreed
 on, under its own store prefix, since its membership changes at every step:
 
@@ -20,18 +20,26 @@ on, under its own store prefix, since its membership changes at every step:
   process makes in the same order, so a name made from the count is the same everywhere;
 * :func:`new_named_group` creates a torch group of some processes under such a name, and
   :func:`alone_group` the group of one process alone that a size-1 mesh dimension holds (its name
-  never leaves the process).
+  never leaves the process);
+* :func:`members_group` gives the group of some processes that an earlier call of the same kind
+  created, while torch still holds it, and creates it (named after the kind, the members and how
+  often they created it) only the first time.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from datetime import timedelta
 
-from gang._torch_groups import PrefixStore, Store, TCPStore, alone_group, new_named_group
+from torch.distributed import ProcessGroup
+
+from gang._torch_groups import PrefixStore, Store, TCPStore, alone_group, is_registered, new_named_group
 
 __all__ = [
     "alone_group",
     "generation",
+    "members_group",
     "new_named_group",
     "next_call",
     "next_generation",
@@ -46,6 +54,7 @@ __all__ = [
 _stores: dict[tuple[str, int], Store] = {}
 _generation = 0
 _calls: dict[str, int] = {}
+_member_groups: dict[tuple[str, tuple[int, ...]], ProcessGroup] = {}
 
 
 def store(host: str, port: int, world_size: int, *, is_master: bool, timeout: timedelta) -> Store:
@@ -97,6 +106,34 @@ def next_call(kind: str) -> int:
     """
     _calls[kind] = count = _calls.get(kind, 0) + 1
     return count
+
+
+def members_group(global_ranks: Sequence[int], kind: str) -> ProcessGroup:
+    """The torch group of ``global_ranks`` that an earlier call of ``kind`` created, or a new one; only members call it.
+
+    A group is created (with :func:`new_named_group`, on the default group's backend) the first
+    time ``kind`` asks for these members, and again only once torch no longer holds it (after it or
+    the default group was destroyed); every other call returns it, so converting the same mesh
+    again costs no new communicator. Its name is ``kind``, a digest of the members and how often
+    this process created a group of ``kind`` for them. Every member must make the calls of ``kind``
+    that involve it in the same order (then all of them create the group together, under the same
+    name): true of a mesh conversion, which every process of the mesh makes.
+
+    :param global_ranks: The members, as global ranks; the group lists them sorted.
+    :param kind: Who asks (``"gang_mesh"``): groups of different kinds are never shared.
+    :raises AssertionError: If this process is not in ``global_ranks``.
+    """
+    members = tuple(sorted(global_ranks))
+    cached = _member_groups.get((kind, members))
+    if cached is not None and is_registered(cached):
+        return cached
+    digest = hashlib.sha1(repr(members).encode(), usedforsecurity=False).hexdigest()[:16]
+    count = next_call(f"{kind}/{digest}")
+    pg = new_named_group(list(members), f"{kind}/{digest}/{count}", None)
+    if not isinstance(pg, ProcessGroup):
+        raise AssertionError(f"this process is not in the group {list(members)} it creates")
+    _member_groups[(kind, members)] = pg
+    return pg
 
 
 def wrapped_name(group_name: str, size: int) -> str:
