@@ -218,8 +218,9 @@ def plugin_jobs(pytest: list[str]) -> Jobs:
 # What each job of `all` took on a fresh clone of the 2-core machine with nothing else running
 # (seconds): `all` starts the longest first, so that the short ones fill the lanes at the end.
 # `the other tests` and `dead peers` were one job of 330 s there; measured apart on the same
-# machine under a load average of 15 to 25 (other processes), they took 280 s (283 CPU s) and
-# 219 s (51 CPU s). A job of BESIDE starts at once whatever its place here.
+# machine beside other processes, they took 280 s (283 CPU s, load average 15 to 25) and 359 s
+# (317 CPU s, load 10 to 14), and 219 s (51 CPU s, load 15 to 18) and 136 s (49 CPU s, load 8 to
+# 12). A job of BESIDE starts at once whatever its place here.
 MEASURED = {
     "the other tests": 280,
     "dead peers": 219,
@@ -355,9 +356,9 @@ BESIDE = frozenset({"dead peers"})
 """The jobs that mostly wait, which :func:`run_side_by_side` runs from the start beside the lanes.
 
 The dead-peer scenarios (:data:`DEAD_PEER_TESTS`) wait for gang timeouts and JAX's heartbeat:
-measured with ``/usr/bin/time`` on the 2-core machine they used about a quarter of a core (51 CPU
-seconds in 219 s of wall time, under a load average of 15 to 18). In a lane they would hold it
-idle; beside the lanes they use what the other jobs leave.
+measured with ``/usr/bin/time`` on the 2-core machine they used a quarter to a third of a core (51
+CPU seconds in 219 s of wall time under a load average of 15 to 18; 49 in 136 s under 8 to 12). In
+a lane they would hold it idle; beside the lanes they use what the other jobs leave.
 """
 
 
