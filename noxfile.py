@@ -132,14 +132,23 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def integration_jobs() -> Jobs:
-    """The cross-package tests in two halves of about equal length (``tests/launchers`` and
-    ``tests/frameworks`` are the `launchers` and `ray` sessions')."""
+    """The cross-package tests in three jobs (``tests/launchers`` and ``tests/frameworks`` are the
+    `launchers` and `ray` sessions'): two halves of about equal length, and the dead-peer scenarios,
+    which mostly wait (see :data:`BESIDE`)."""
     tests = [str(ROOT / "tests"), "--ignore", str(LAUNCHER_TESTS), "--ignore", str(RAY_TESTS)]
     ft, debug = ROOT / "tests" / "ft", ROOT / "tests" / "reliability" / "test_debug_mode.py"
+    dead_peers = [str(ROOT / "tests" / "reliability" / name) for name in DEAD_PEER_TESTS]
+    others = [arg for path in [ft, debug, *dead_peers] for arg in ("--ignore", str(path))]
     return {
         "tests/ft, debug mode": [Step([*PYTEST, str(ft), str(debug)])],
-        "the other tests": [Step([*PYTEST, *tests, "--ignore", str(ft), "--ignore", str(debug)])],
+        "the other tests": [Step([*PYTEST, *tests, *others])],
+        "dead peers": [Step([*PYTEST, *dead_peers])],
     }
+
+
+# The scenarios in which a peer dies or hangs and the others wait for their gang's timeout (or JAX's
+# heartbeat) to notice: each starts its own processes, which are mostly asleep.
+DEAD_PEER_TESTS = ("test_process_group_faults.py", "test_jax_faults.py")
 
 
 def package_jobs(posargs: list[str]) -> Jobs:
@@ -208,8 +217,13 @@ def plugin_jobs(pytest: list[str]) -> Jobs:
 
 # What each job of `all` took on a fresh clone of the 2-core machine with nothing else running
 # (seconds): `all` starts the longest first, so that the short ones fill the lanes at the end.
+# `the other tests` and `dead peers` were one job of 330 s there; measured apart on the same
+# machine beside other processes, they took 280 s (283 CPU s, load average 15 to 25) and 359 s
+# (317 CPU s, load 10 to 14), and 219 s (51 CPU s, load 15 to 18) and 136 s (49 CPU s, load 8 to
+# 12). A job of BESIDE starts at once whatever its place here.
 MEASURED = {
-    "the other tests": 330,
+    "the other tests": 280,
+    "dead peers": 219,
     "tests/ft, debug mode": 290,
     "gang-mesh, gang-jax": 125,
     "gang": 105,
@@ -224,7 +238,8 @@ MEASURED = {
 @nox.session(venv_backend="none", name="all")
 def all_checks(session: nox.Session) -> None:
     """Typecheck, every test suite, the launchers, the plugin project and the docs: one pool of jobs
-    on :data:`LANES` lanes, the longest first (bare ``nox`` runs it after ``lint``).
+    on :data:`LANES` lanes, the longest first, those of :data:`BESIDE` beside them (bare ``nox`` runs
+    it after ``lint``).
 
     The same jobs as the sessions ``typecheck``, ``packages``, ``tests(target='integration')``,
     ``launchers``, ``plugin`` and ``docs``, in one environment (the shared one; the plugin project is
@@ -259,7 +274,7 @@ def tests(session: nox.Session, target: str) -> None:
         session.run(*PYTEST, *tests, *session.posargs)
         return
     # Two halves side by side: each keeps about one core busy (its processes mostly take turns),
-    # so together they use the two cores of the CI machine.
+    # so together they use the two cores of the CI machine; the dead-peer scenarios beside them.
     run_side_by_side(session, integration_jobs())
 
 
@@ -331,19 +346,29 @@ def docs(session: nox.Session) -> None:
 
 
 LANES = 2
-"""How many jobs :func:`run_side_by_side` runs at once: the cores of the CI machine.
+"""How many jobs :func:`run_side_by_side` runs at once, besides those of :data:`BESIDE`: the cores of the CI machine.
 
 Each job given to it keeps about one core busy on its own (CPU seconds about equal to its wall
 seconds, measured with ``/usr/bin/time``), so two of them use the machine without crowding it.
+"""
+
+BESIDE = frozenset({"dead peers"})
+"""The jobs that mostly wait, which :func:`run_side_by_side` runs from the start beside the lanes.
+
+The dead-peer scenarios (:data:`DEAD_PEER_TESTS`) wait for gang timeouts and JAX's heartbeat:
+measured with ``/usr/bin/time`` on the 2-core machine they used a quarter to a third of a core (51
+CPU seconds in 219 s of wall time under a load average of 15 to 18; 49 in 136 s under 8 to 12). In
+a lane they would hold it idle; beside the lanes they use what the other jobs leave.
 """
 
 
 def run_side_by_side(session: nox.Session, jobs: Jobs) -> None:
     """Run ``jobs`` at most :data:`LANES` at a time, in their order: a free lane takes the next job.
 
-    A job's steps run one after another; its output is printed whole when the job ends, so that
-    outputs never interleave, with each step's time. After every job has ended, the session fails
-    if a step failed (a failing step ends its own job).
+    A job named in :data:`BESIDE` takes no lane: it starts at once, beside them. A job's steps run one
+    after another; its output is printed whole when the job ends, so that outputs never interleave,
+    with each step's time. After every job has ended, the session fails if a step failed (a failing
+    step ends its own job).
     """
     base_env = {**os.environ, **{k: v for k, v in session.env.items() if v is not None}}
     lock = threading.Lock()
@@ -366,8 +391,12 @@ def run_side_by_side(session: nox.Session, jobs: Jobs) -> None:
             session.log(f"[{name}] done in {time.monotonic() - start:.0f} s")
         return True
 
-    with ThreadPoolExecutor(max_workers=LANES) as pool:
-        outcomes = dict(zip(jobs, pool.map(run, jobs), strict=True))
+    beside = [name for name in jobs if name in BESIDE]
+    laned = [name for name in jobs if name not in BESIDE]
+    with ThreadPoolExecutor(max_workers=max(1, len(beside))) as extra, ThreadPoolExecutor(max_workers=LANES) as pool:
+        waiting = {name: extra.submit(run, name) for name in beside}
+        outcomes = dict(zip(laned, pool.map(run, laned), strict=True))
+        outcomes.update((name, future.result()) for name, future in waiting.items())
     failed = [name for name, ok in outcomes.items() if not ok]
     if failed:
         session.error(f"failed: {', '.join(failed)}")
