@@ -31,9 +31,9 @@ How a sync goes (one ``rg.step()``):
    died or hung in the exchange) changes nothing on any survivor: local progress is kept, and the
    sync is retried after the next local step with the survivors (its pseudo-gradient then spans
    one more step). With ``fragment_sync_delay=d`` the exchange runs through async handles while
-   ``d`` more local steps compute (the all-gather starts after the first local step that finds
-   the all-to-all complete, at the latest at the vote), and the vote and the application follow
-   local step ``t + d``.
+   ``d`` more local steps compute (the all-gather starts as soon as the inner optimizer's
+   ``step()`` finds the all-to-all complete, on entering or on leaving it; at the latest at the
+   vote), and the vote and the application follow local step ``t + d``.
 
 Every committed sync is logged on the ``gang.ft`` logger (event ``sync``: ``step``,
 ``local_steps`` when the exchange started, ``applied_after`` local steps, ``fragments``,
@@ -172,7 +172,7 @@ class _SemiSync:
         self._due: list[int] = []  # fragments whose exchange is due (prepared, or failed and retried)
         self._flight: _Exchange | None = None  # an exchange started and not yet finished (a delayed fragment)
         self._buffers: dict[tuple[int, ...], _Buffers] = {}  # per fragment: its last exchange's, reused
-        self._handle: RemovableHandle | None = None
+        self._handles: list[RemovableHandle] = []  # the inner optimizer's step hooks, while entered
         self._restored = False
         self._name = f"gang.ft.{self._kind}"
 
@@ -190,7 +190,7 @@ class _SemiSync:
 
     def __enter__(self) -> _SemiSync:
         check_open(self._rg, f"{self._kind}.__enter__")
-        if self._handle is not None:
+        if self._handles:
             raise InvalidOperationError(f"This `{self._kind}` is already entered.")
         if not self._restored:
             self._reset()
@@ -206,14 +206,17 @@ class _SemiSync:
         except BaseException:
             self._rg._detach_state(self._name)
             raise
-        self._handle = self._optimizer.register_step_post_hook(self._after_step)
+        self._handles = [
+            self._optimizer.register_step_pre_hook(self._before_step),
+            self._optimizer.register_step_post_hook(self._after_step),
+        ]
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
         """Leave: an exchange in flight is finished and applied (or, when leaving on an exception,
-        aborted on every member); the step hook is removed."""
+        aborted on every member); the step hooks are removed."""
         try:
             flight, self._flight = self._flight, None
             if flight is not None and kind is None:
@@ -222,9 +225,9 @@ class _SemiSync:
             elif flight is not None:
                 flight.stack.__exit__(kind, value, traceback)
         finally:
-            if self._handle is not None:
-                self._handle.remove()
-                self._handle = None
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
             self._rg._detach_state(self._name)
 
     def state_dict(self) -> dict[str, Any]:
@@ -254,11 +257,14 @@ class _SemiSync:
 
     # -- the hook and the sync ---------------------------------------------------------------------
 
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        # Before the inner optimizer's step: the second half of a delayed exchange can overlap it.
+        self._gather_if_ready()
+
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         t = self._local_step
         self._local_step += 1
-        if self._flight is not None and not self._flight.gathered and _completed(self._flight.works):
-            self._gather(self._flight, async_op=True)  # the second half of a delayed exchange
+        self._gather_if_ready()
         failed = self._flight is not None and t >= self._flight.apply_after and not self._finish()
         for k, offset in enumerate(self._offsets):
             if t % self._sync_every == offset and k not in self._due:
@@ -354,6 +360,11 @@ class _SemiSync:
             waited=round(now - waiting, 6),
         )
         return True
+
+    def _gather_if_ready(self) -> None:
+        """Start the second half of a delayed exchange (async) if the first half has completed."""
+        if self._flight is not None and not self._flight.gathered and _completed(self._flight.works):
+            self._gather(self._flight, async_op=True)
 
     def _gather(self, flight: _Exchange, *, async_op: bool) -> None:
         """The second half of the exchange (the first is complete): each member averages its chunk, in rank
@@ -572,10 +583,10 @@ class DiLoCo(_SemiSync):
     ``fragment_sync_delay=d`` the exchange (an all-to-all of chunks, each member averaging its
     chunk in rank order, then an all-gather of the averages) starts after local step ``t``
     through async handles (``async_op=True``) and the step of the replica gang stays open while
-    ``d`` more local steps compute (the all-gather starts after the first of them that finds the
-    all-to-all complete); after local step ``t + d`` the handles are waited for, the members vote, and the
-    fragment is applied (to the local values of step ``t + d``). A failed exchange is then
-    retried after the next local step.
+    ``d`` more local steps compute (the all-gather starts as soon as the inner optimizer's
+    ``step()`` finds the all-to-all complete, on entering or on leaving it); after local step
+    ``t + d`` the handles are waited for, the members vote, and the fragment is applied (to the
+    local values of step ``t + d``). A failed exchange is then retried after the next local step.
 
     On entering a job at step 0, the replicas first agree on the starting parameters (the gang's
     ``init_sync``). A replica healed at a sync (restarted, or new) receives the global parameters,
