@@ -223,6 +223,7 @@ class _SemiSync:
                 self._flight = flight
                 self._finish()
             elif flight is not None:
+                self._discard(flight.buffers)
                 flight.stack.__exit__(kind, value, traceback)
         finally:
             for handle in self._handles:
