@@ -20,6 +20,9 @@ How a sync goes (one ``rg.step()``):
    healed in this step (a healed member's contribution would repeat its healer's) and divides;
    an all-gather gives every member every averaged chunk. Each element is summed in the same
    order on every member, so every member, and a replay in one process, gets the same bits.
+   The contribution is written straight into the buffer the all-to-all sends from, and the
+   all-gather writes the averages back into it; a fragment's buffers (about ``2 + 1/n`` times its
+   bytes for ``n`` members) are kept for its next exchange, unless this one failed.
 3. The members vote (:meth:`~gang.ft.ReplicaGang.should_commit`). Only a committed sync changes
    anything: ``LocalSGD`` writes the average into the parameters; ``DiLoCo`` sets the fragment's
    parameters to their global values, puts the average in ``.grad`` and calls
@@ -28,9 +31,9 @@ How a sync goes (one ``rg.step()``):
    died or hung in the exchange) changes nothing on any survivor: local progress is kept, and the
    sync is retried after the next local step with the survivors (its pseudo-gradient then spans
    one more step). With ``fragment_sync_delay=d`` the exchange runs through async handles while
-   ``d`` more local steps compute (the all-gather starts after the first local step that finds
-   the all-to-all complete, at the latest at the vote), and the vote and the application follow
-   local step ``t + d``.
+   ``d`` more local steps compute (the all-gather starts as soon as the inner optimizer's
+   ``step()`` finds the all-to-all complete, on entering or on leaving it; at the latest at the
+   vote), and the vote and the application follow local step ``t + d``.
 
 Every committed sync is logged on the ``gang.ft`` logger (event ``sync``: ``step``,
 ``local_steps`` when the exchange started, ``applied_after`` local steps, ``fragments``,
@@ -47,7 +50,7 @@ import logging
 import time
 from collections.abc import Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, final
 
@@ -168,7 +171,8 @@ class _SemiSync:
         self._local_step = 0
         self._due: list[int] = []  # fragments whose exchange is due (prepared, or failed and retried)
         self._flight: _Exchange | None = None  # an exchange started and not yet finished (a delayed fragment)
-        self._handle: RemovableHandle | None = None
+        self._buffers: dict[tuple[int, ...], _Buffers] = {}  # per fragment: its last exchange's, reused
+        self._handles: list[RemovableHandle] = []  # the inner optimizer's step hooks, while entered
         self._restored = False
         self._name = f"gang.ft.{self._kind}"
 
@@ -186,7 +190,7 @@ class _SemiSync:
 
     def __enter__(self) -> _SemiSync:
         check_open(self._rg, f"{self._kind}.__enter__")
-        if self._handle is not None:
+        if self._handles:
             raise InvalidOperationError(f"This `{self._kind}` is already entered.")
         if not self._restored:
             self._reset()
@@ -202,25 +206,29 @@ class _SemiSync:
         except BaseException:
             self._rg._detach_state(self._name)
             raise
-        self._handle = self._optimizer.register_step_post_hook(self._after_step)
+        self._handles = [
+            self._optimizer.register_step_pre_hook(self._before_step),
+            self._optimizer.register_step_post_hook(self._after_step),
+        ]
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
         """Leave: an exchange in flight is finished and applied (or, when leaving on an exception,
-        aborted on every member); the step hook is removed."""
+        aborted on every member); the step hooks are removed."""
         try:
             flight, self._flight = self._flight, None
             if flight is not None and kind is None:
                 self._flight = flight
                 self._finish()
             elif flight is not None:
+                self._discard(flight.buffers)
                 flight.stack.__exit__(kind, value, traceback)
         finally:
-            if self._handle is not None:
-                self._handle.remove()
-                self._handle = None
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
             self._rg._detach_state(self._name)
 
     def state_dict(self) -> dict[str, Any]:
@@ -250,11 +258,14 @@ class _SemiSync:
 
     # -- the hook and the sync ---------------------------------------------------------------------
 
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        # Before the inner optimizer's step: the second half of a delayed exchange can overlap it.
+        self._gather_if_ready()
+
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         t = self._local_step
         self._local_step += 1
-        if self._flight is not None and self._flight.tables is None and _completed(self._flight.works):
-            self._gather(self._flight, async_op=True)  # the second half of a delayed exchange
+        self._gather_if_ready()
         failed = self._flight is not None and t >= self._flight.apply_after and not self._finish()
         for k, offset in enumerate(self._offsets):
             if t % self._sync_every == offset and k not in self._due:
@@ -280,13 +291,12 @@ class _SemiSync:
             due = sorted(self._due)  # after a heal: the healer's
             healed = {quorum.members.index(m) for m in quorum.heal}
             t = self._local_step - 1  # after a heal: the healer's
-            rows = self._outgoing(due)
+            buffers = self._buffers_for(due, rg.size)
+            self._pack(buffers)
             # The first half of the exchange: chunk j of every member's row goes to member j.
-            chunks = [_chunked(row, rg.size) for row in rows]
-            received = [chunk.new_empty(chunk.shape) for chunk in chunks]
             works = [
                 rg.all_to_all(out, inp, async_op=True) if self._delay > 0 else rg.all_to_all(out, inp)
-                for out, inp in zip(received, chunks, strict=True)
+                for out, inp in zip(buffers.received, buffers.sends, strict=True)
             ]
         except BaseException as ex:
             stack.__exit__(type(ex), ex, ex.__traceback__)
@@ -294,11 +304,8 @@ class _SemiSync:
         self._flight = _Exchange(
             stack=stack,
             due=due,
-            rows=rows,
-            chunks=chunks,
-            received=received,
+            buffers=buffers,
             works=[w for w in works if w is not None],
-            tables=None,
             averaged=[r for r in range(rg.size) if r not in healed],
             members=list(quorum.members),
             healed=dict(quorum.heal),
@@ -314,21 +321,25 @@ class _SemiSync:
         assert flight is not None
         rg = self._rg
         waiting = time.monotonic()
-        with flight.stack:
-            if flight.tables is None:
-                for work in flight.works:
-                    work.wait()  # a failure is recorded by the gang (the vote then fails), not raised
-                self._gather(flight, async_op=False)
-            committed = rg.should_commit()
+        committed = False
+        try:
+            with flight.stack:
+                if not flight.gathered:
+                    for work in flight.works:
+                        work.wait()  # a failure is recorded by the gang (the vote then fails), not raised
+                    self._gather(flight, async_op=False)
+                committed = rg.should_commit()
+        finally:
+            if not committed:
+                self._discard(flight.buffers)
         if not committed:
             return False
         if flight.due:
-            assert flight.tables is not None
-            means = [table.view(-1)[: row.numel()] for table, row in zip(flight.tables, flight.rows, strict=True)]
-            self._land(flight.due, means)
+            self._land(self._split(flight.buffers))
         self._due = [k for k in self._due if k not in flight.due]
         now = time.monotonic()
-        sent = sum(row.numel() * row.element_size() for row in flight.rows)
+        buffers = flight.buffers
+        sent = sum(n * send.element_size() for n, send in zip(buffers.numels, buffers.sends, strict=True))
         averaged = [flight.members[r] for r in flight.averaged]
         log_event(
             "sync",
@@ -351,34 +362,71 @@ class _SemiSync:
         )
         return True
 
+    def _gather_if_ready(self) -> None:
+        """Start the second half of a delayed exchange (async) if the first half has completed."""
+        if self._flight is not None and not self._flight.gathered and _completed(self._flight.works):
+            self._gather(self._flight, async_op=True)
+
     def _gather(self, flight: _Exchange, *, async_op: bool) -> None:
         """The second half of the exchange (the first is complete): each member averages its chunk, in rank
-        order over the members averaged, and all-gathers the averaged chunks (then waited for by the vote)."""
-        flight.tables = [chunk.new_empty(chunk.shape) for chunk in flight.chunks]
-        for table, received in zip(flight.tables, flight.received, strict=True):
-            mine = _ordered_mean(received, flight.averaged)
-            flight.averaged_chunks.append(mine)  # kept alive while the handle runs
+        order over the members averaged, and all-gathers the averaged chunks into the buffer its row
+        was sent from (then waited for by the vote)."""
+        flight.gathered = True
+        buffers = flight.buffers
+        for table, received, mine in zip(buffers.sends, buffers.received, buffers.mine, strict=True):
+            _ordered_mean(received, flight.averaged, out=mine)
             if async_op:
                 self._rg.all_gather(table, mine, async_op=True)
             else:
                 self._rg.all_gather(table, mine)
 
-    def _groups(self, due: list[int]) -> list[list[int]]:
-        """The parameter indices of the due fragments, one list per dtype (in order of first appearance)."""
+    def _buffers_for(self, due: list[int], size: int) -> _Buffers:
+        """The buffers of an exchange of the fragments ``due`` among ``size`` members: those of the last
+        exchange of that one fragment when it committed among as many, else new ones."""
+        key = tuple(due)
+        cached = self._buffers.get(key)
+        if cached is not None and cached.size == size:
+            return cached
         by_dtype: dict[torch.dtype, list[int]] = {}
         for k in due:
             for i in self._fragments[k]:
                 by_dtype.setdefault(self._params[i].dtype, []).append(i)
-        return list(by_dtype.values())
+        groups = list(by_dtype.values())
+        numels, sends, received, mine = [], [], [], []
+        for group in groups:
+            first = _local(self._params[group[0]])
+            numels.append(sum(_local(self._params[i]).numel() for i in group))
+            width = -(-numels[-1] // size)
+            sends.append(first.new_zeros(size, width))
+            received.append(first.new_empty(size, width))
+            mine.append(first.new_empty(width))
+        buffers = _Buffers(key, size, groups, numels, sends, received, mine)
+        if len(due) == 1:  # a retry of several fragments at once is rare: not kept
+            self._buffers[key] = buffers
+        return buffers
 
-    def _outgoing(self, due: list[int]) -> list[Tensor]:
-        """One flat row per dtype group of the due fragments: what this process contributes."""
-        return [torch.cat([self._contribution(i).reshape(-1) for i in group]) for group in self._groups(due)]
+    def _discard(self, buffers: _Buffers) -> None:
+        """Stop reusing ``buffers``: a collective of an exchange that failed may still write them."""
+        if self._buffers.get(buffers.key) is buffers:
+            del self._buffers[buffers.key]
 
-    def _split(self, due: list[int], means: list[Tensor]) -> dict[int, Tensor]:
-        """The averaged rows cut back into one tensor per parameter index (local shapes)."""
+    def _pack(self, buffers: _Buffers) -> None:
+        """Write what this process contributes for ``buffers``' fragments into their rows (zero-padded)."""
+        with torch.no_grad():
+            for group, send in zip(buffers.groups, buffers.sends, strict=True):
+                row = send.view(-1)
+                at = 0
+                for i in group:
+                    local = _local(self._params[i])
+                    self._contribute(i, local, row[at : at + local.numel()].view(local.shape))
+                    at += local.numel()
+                row[at:].zero_()
+
+    def _split(self, buffers: _Buffers) -> dict[int, Tensor]:
+        """The averaged rows (gathered into ``buffers.sends``) as one view per parameter index (local shapes)."""
         out: dict[int, Tensor] = {}
-        for group, mean in zip(self._groups(due), means, strict=True):
+        for group, table in zip(buffers.groups, buffers.sends, strict=True):
+            mean = table.view(-1)
             at = 0
             for i in group:
                 local = _local(self._params[i])
@@ -391,10 +439,12 @@ class _SemiSync:
     def _reset(self) -> None:
         """Take the current parameters as the starting point (on entering, unless restored)."""
 
-    def _contribution(self, i: int) -> Tensor:
+    def _contribute(self, i: int, local: Tensor, out: Tensor) -> None:
+        """Write what this process contributes for parameter ``i`` (whose local tensor is ``local``) into ``out``."""
         raise NotImplementedError
 
-    def _land(self, due: list[int], means: list[Tensor]) -> None:
+    def _land(self, averaged: dict[int, Tensor]) -> None:
+        """Apply a committed exchange: ``averaged`` maps each synced parameter's index to its average."""
         raise NotImplementedError
 
     def _state(self) -> dict[str, Any]:
@@ -409,31 +459,38 @@ class _SemiSync:
 
 
 @dataclass
+class _Buffers:
+    """The tensors of an exchange of some fragments among ``size`` members, one per dtype group.
+
+    ``sends`` holds this process's rows cut into one chunk per member (zero-padded), sent by the
+    all-to-all; once that is complete, the all-gather writes every member's averaged chunk into
+    it. Kept for the next exchange of the same fragment unless the exchange failed.
+    """
+
+    key: tuple[int, ...]  # the fragments
+    size: int
+    groups: list[list[int]]  # the parameter indices of each dtype group
+    numels: list[int]  # the elements of each group's row (without the padding)
+    sends: list[Tensor]  # (size, width): this process's row, then the averaged chunks of every member
+    received: list[Tensor]  # (size, width): chunk `rank` of every member's row
+    mine: list[Tensor]  # (width,): this member's averaged chunk
+
+
+@dataclass
 class _Exchange:
     """An exchange started by :meth:`_SemiSync._start`: its open step of the replica gang and its buffers."""
 
     stack: ExitStack  # holds the open `rg.step()`
     due: list[int]
-    rows: list[Tensor]  # what this process contributes, one flat row per dtype group
-    chunks: list[Tensor]  # the rows cut into one chunk per member (sent by the all-to-all)
-    received: list[Tensor]  # chunk `rank` of every member's row
+    buffers: _Buffers
     works: list[Any]  # the first half's handles (with a delay)
-    tables: list[Tensor] | None  # every member's averaged chunk (the second half), once started
     averaged: list[int]  # the ranks averaged (not healed in this step)
     members: list[str]
     healed: dict[str, str]
     local_steps: int  # the local steps taken when the exchange started
     apply_after: int  # the local step after which it is voted on and applied
     started: float
-    averaged_chunks: list[Tensor] = field(default_factory=list)  # what the second half sends
-
-
-def _chunked(row: Tensor, size: int) -> Tensor:
-    """``row`` zero-padded to a multiple of ``size`` and viewed as ``size`` chunks (one per member)."""
-    width = -(-row.numel() // size)
-    padded = row.new_zeros(size * width)
-    padded[: row.numel()] = row
-    return padded.view(size, width)
+    gathered: bool = False  # whether the second half (the all-gather) started
 
 
 def _completed(works: list[Any]) -> bool:
@@ -441,12 +498,12 @@ def _completed(works: list[Any]) -> bool:
     return all(work.is_completed() for work in works)
 
 
-def _ordered_mean(table: Tensor, ranks: list[int]) -> Tensor:
-    """The mean of rows ``ranks`` of ``table``, summed in rank order."""
-    total = table[ranks[0]].clone()
+def _ordered_mean(table: Tensor, ranks: list[int], *, out: Tensor) -> Tensor:
+    """The mean of rows ``ranks`` of ``table``, summed in rank order, written into ``out``."""
+    out.copy_(table[ranks[0]])
     for r in ranks[1:]:
-        total.add_(table[r])
-    return total.div_(len(ranks))
+        out.add_(table[r])
+    return out.div_(len(ranks))
 
 
 def _copy(state: Any) -> Any:
@@ -501,12 +558,12 @@ class LocalSGD(_SemiSync):
         super().__enter__()
         return self
 
-    def _contribution(self, i: int) -> Tensor:
-        return _local(self._params[i])
+    def _contribute(self, i: int, local: Tensor, out: Tensor) -> None:
+        out.copy_(local)
 
-    def _land(self, due: list[int], means: list[Tensor]) -> None:
+    def _land(self, averaged: dict[int, Tensor]) -> None:
         with torch.no_grad():
-            for i, mean in self._split(due, means).items():
+            for i, mean in averaged.items():
                 _local(self._params[i]).copy_(mean)
 
 
@@ -527,10 +584,10 @@ class DiLoCo(_SemiSync):
     ``fragment_sync_delay=d`` the exchange (an all-to-all of chunks, each member averaging its
     chunk in rank order, then an all-gather of the averages) starts after local step ``t``
     through async handles (``async_op=True``) and the step of the replica gang stays open while
-    ``d`` more local steps compute (the all-gather starts after the first of them that finds the
-    all-to-all complete); after local step ``t + d`` the handles are waited for, the members vote, and the
-    fragment is applied (to the local values of step ``t + d``). A failed exchange is then
-    retried after the next local step.
+    ``d`` more local steps compute (the all-gather starts as soon as the inner optimizer's
+    ``step()`` finds the all-to-all complete, on entering or on leaving it); after local step
+    ``t + d`` the handles are waited for, the members vote, and the fragment is applied (to the
+    local values of step ``t + d``). A failed exchange is then retried after the next local step.
 
     On entering a job at step 0, the replicas first agree on the starting parameters (the gang's
     ``init_sync``). A replica healed at a sync (restarted, or new) receives the global parameters,
@@ -609,39 +666,32 @@ class DiLoCo(_SemiSync):
             for g, p in zip(self._global, self._params, strict=True):
                 g.copy_(_local(p))
 
-    def _contribution(self, i: int) -> Tensor:
-        return self._global[i] - _local(self._params[i])
+    def _contribute(self, i: int, local: Tensor, out: Tensor) -> None:
+        torch.sub(self._global[i], local, out=out)
 
-    def _land(self, due: list[int], means: list[Tensor]) -> None:
-        averaged = self._split(due, means)
+    def _land(self, averaged: dict[int, Tensor]) -> None:
+        # The outer optimizer steps from the global values with the averages as gradients (views of
+        # the exchange's buffer: no optimizer keeps a gradient); its result is the new global
+        # value, and stays the local one when `alpha` is 0.
         saved = [p.grad for p in self._params]
-        local = {i: _local(self._params[i]).clone() for i in averaged}
+        kept = {i: _local(self._params[i]).clone() for i in averaged} if self._alpha else {}
         try:
             with torch.no_grad():
                 for i, p in enumerate(self._params):
                     p.grad = None
                     if i in averaged:
                         _local(p).copy_(self._global[i])
-                        p.grad = _like(p, averaged[i].clone())
+                        p.grad = _like(p, averaged[i])
             self._outer.step()
             with torch.no_grad():
                 for i in averaged:
-                    self._global[i].copy_(_local(self._params[i]))
-                    _local(self._params[i]).copy_(local[i])
+                    local = _local(self._params[i])
+                    self._global[i].copy_(local)
+                    if self._alpha:
+                        torch.mul(kept[i], self._alpha, out=local).add_(self._global[i], alpha=1.0 - self._alpha)
         finally:
             for p, grad in zip(self._params, saved, strict=True):
                 p.grad = grad
-        for k in due:
-            self._apply(k)
-
-    def _apply(self, k: int) -> None:
-        with torch.no_grad():
-            for i in self._fragments[k]:
-                local = _local(self._params[i])
-                if self._alpha == 0.0:
-                    local.copy_(self._global[i])
-                else:
-                    local.mul_(self._alpha).add_(self._global[i], alpha=1.0 - self._alpha)
 
     def _state(self) -> dict[str, Any]:
         outer = self._outer.state_dict()
