@@ -45,7 +45,8 @@ optimizer is SGD with Nesterov momentum. Three measurements:
   ``step()`` (``sync_s``: the dead replica noticed, the exchange, the vote); then replica 2 is
   started again and the time from its launch (``Popen``) to the first committed sync it takes part
   in, with the moments it had imported torch, built its model and joined. Both implementations
-  use a 1 s timeout (gang.ft's ``timeout``, torchft's Lighthouse join and heartbeat timeouts).
+  use a 1 s timeout (gang.ft's ``timeout``, torchft's Lighthouse join and heartbeat timeouts) and
+  wait at least 5 s for a quorum (gang.ft's ``quorum_timeout``, torchft's Manager timeout).
 
 A worker process (``python -m benchmarks.ft_diloco worker ...``) is one replica; the driver prints
 a table and writes ``<out stem>_ft_diloco.json`` (rows as in ``gang.bench.metrics.make_row``).
@@ -211,6 +212,7 @@ def make_gang(
     args: argparse.Namespace, fragments: int, delay: int, kind: str, timeout_s: float, on_built: Callable[[], None]
 ) -> tuple[Impl, Any]:
     """gang.ft's implementation (joined from the environment) and its context manager, not yet entered."""
+    from benchmarks.ft_torchft import MANAGER_TIMEOUT_S
     from gang.ft import DiLoCo, LocalSGD, ReplicaGang
 
     replica = Replica(args.replica)
@@ -221,6 +223,8 @@ def make_gang(
         load_state_dict=replica.load_state_dict,
         min_replicas=args.min_replicas,
         timeout=timedelta(seconds=timeout_s),
+        # torchft's Manager waits at least MANAGER_TIMEOUT_S for its quorum: the same bound here.
+        quorum_timeout=timedelta(seconds=max(timeout_s, MANAGER_TIMEOUT_S)),
     )
     manager: Any
     if kind == "localsgd":
