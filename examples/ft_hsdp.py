@@ -147,17 +147,18 @@ def run_local_job(*, steps: int = 12, kill_at: int = 4, restart_at: int = 7, pac
             args = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={PROCESSES}"]
             args += [__file__, "--steps", str(steps), "--pace", str(pace), "--go", str(go), "--done", str(done)]
 
-            def start(replica: int) -> None:
-                job.start(f"replica {replica}", args, {"GANG_FT_STORE": store, "GANG_FT_REPLICA_ID": str(replica)})
-                for _ in range(PROCESSES):
-                    words = job.expect(matching(rf"replica {replica} rank \d pid")).text.split()
-                    pids[replica, int(words[3])] = int(words[5])
+            def start(*replicas: int) -> None:  # the torchruns start together; wait for each process's pid
+                for replica in replicas:
+                    env = {"GANG_FT_STORE": store, "GANG_FT_REPLICA_ID": str(replica)}
+                    job.start(f"replica {replica}", args, env)
+                for _ in range(len(replicas) * PROCESSES):
+                    words = job.expect(matching(r"replica \d+ rank \d+ pid")).text.split()
+                    pids[int(words[1]), int(words[3])] = int(words[5])
 
             def reached(step: int) -> None:
                 job.expect(lambda line: _step_of(line.text) >= step)
 
-            for replica in range(REPLICAS):
-                start(replica)
+            start(*range(REPLICAS))
             go.touch()  # every replica has built its model: start together
             # All 3 train (two may have started without a slow third: min_replicas=2).
             line = job.expect(matching(r"replica 0 rank 0: quorum \['0', '1', '2'\]")).text
