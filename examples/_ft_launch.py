@@ -8,6 +8,11 @@ does too, and gloo uses the loopback interface), so that an example can kill a r
 stamped with the wall time it was read at, and echoed with the seconds since the job started and
 the process's name), and :meth:`LocalJob.close` kills every process that is still running, so
 nothing outlives the example.
+
+The waits synchronise on events, not on time: :meth:`LocalJob.expect` returns at the line it waits
+for, and fails as soon as a process the job did not stop ends with an error (its output is echoed
+first); their timeouts (:data:`HANG`, 10 minutes) only bound a hang, so a slow machine is slow,
+not failed.
 """
 
 from __future__ import annotations
@@ -56,6 +61,10 @@ class Line:
     """The line, without its newline."""
 
 
+HANG = 600.0
+"""Seconds a wait of :class:`LocalJob` gives up after: a bound on a hang, far above what any step
+of the examples takes even on a loaded machine (the waits end at events, not at a time)."""
+
 STOP_GRACE = 10.0
 """Seconds :meth:`LocalJob.close` gives a process (and a torchrun its workers) after ``SIGTERM``."""
 
@@ -71,6 +80,8 @@ class LocalJob:
         self.echo = echo
         self._procs: dict[str, subprocess.Popen[str]] = {}
         self._readers: list[threading.Thread] = []
+        self._reader_of: dict[str, threading.Thread] = {}  # of the latest process of each name
+        self._stopped: set[str] = set()  # names whose latest process the job killed or waited for
         self._lines: queue.Queue[Line] = queue.Queue()
         self._history: list[Line] = []
         self._old_sigterm: object = None
@@ -85,7 +96,7 @@ class LocalJob:
         self.close()
         signal.signal(signal.SIGTERM, self._old_sigterm)  # type: ignore[arg-type]
 
-    def start_store(self, *, timeout: float = 60) -> str:
+    def start_store(self, *, timeout: float = HANG) -> str:
         """Start ``python -m gang.ft.store --host 127.0.0.1 --port 0``; return the ``host:port`` it
         prints once it listens (on loopback: every process of a local job is on this machine)."""
         self.start("store", ["-m", "gang.ft.store", "--host", LOOPBACK, "--port", "0"])
@@ -114,9 +125,11 @@ class LocalJob:
             text=True,
         )
         self._procs[name] = proc
+        self._stopped.discard(name)
         reader = threading.Thread(target=self._read, args=(name, proc), daemon=True)
         reader.start()
         self._readers.append(reader)
+        self._reader_of[name] = reader
         return launched
 
     def _read(self, name: str, proc: subprocess.Popen[str]) -> None:
@@ -139,25 +152,31 @@ class LocalJob:
     def kill(self, name: str) -> float:
         """Send ``SIGKILL`` to process ``name`` and wait for it; return ``time.time()`` just before the signal."""
         proc = self._procs[name]
+        self._stopped.add(name)
         killed = time.time()
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         return killed
 
-    def wait(self, name: str, timeout: float) -> int:
-        """Wait for process ``name`` to exit; return its exit status.
+    def wait(self, name: str, timeout: float = HANG) -> int:
+        """Wait for process ``name`` to exit (an exit the job then expects: :meth:`expect` does not
+        fail on it); return its exit status.
 
         :raises subprocess.TimeoutExpired: If it is still running after ``timeout`` seconds.
         """
+        self._stopped.add(name)
         return self._procs[name].wait(timeout)
 
     def returncode(self, name: str) -> int | None:
         """Return the exit status of process ``name``, or ``None`` while it runs."""
         return self._procs[name].poll()
 
-    def expect(self, match: Callable[[Line], bool], timeout: float) -> Line:
-        """Return the next line (of any process) for which ``match`` is true.
+    def expect(self, match: Callable[[Line], bool], timeout: float = HANG) -> Line:
+        """Return the next line (of any process) for which ``match`` is true; the lines before it are
+        consumed.
 
+        :raises RuntimeError: If, before it, a process that the job neither killed nor waited for
+            (:meth:`kill`, :meth:`wait`) exits with a status other than 0 (after all its output).
         :raises TimeoutError: If none arrives within ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
@@ -168,15 +187,25 @@ class LocalJob:
             try:
                 line = self._lines.get(timeout=min(left, 0.5))
             except queue.Empty:
+                self._check_failed()  # only once the lines read so far are consumed
                 continue
             if match(line):
                 return line
+
+    def _check_failed(self) -> None:
+        for name, proc in self._procs.items():
+            status = proc.poll()
+            if name in self._stopped or status in (None, 0):
+                continue
+            self._reader_of[name].join(STOP_GRACE)  # its last lines (a traceback) are echoed and queued
+            if self._lines.empty():
+                raise RuntimeError(f"{name} exited with status {status}")
 
     def pid(self, name: str) -> int:
         """Return the pid of the latest process started as ``name``."""
         return self._procs[name].pid
 
-    def expect_same_ending(self, pattern: str, names: Sequence[str], timeout: float = 120) -> str:
+    def expect_same_ending(self, pattern: str, names: Sequence[str], timeout: float = HANG) -> str:
         """Wait for one line starting with ``pattern`` from each process of ``names`` (the last line a
         replica prints), then for each of them to exit; return the line they all printed.
 
@@ -184,7 +213,7 @@ class LocalJob:
         """
         finals = [self.expect(matching(pattern), timeout) for _ in names]
         for name in names:
-            status = self.wait(name, timeout=60)
+            status = self.wait(name, timeout)
             if status != 0:
                 raise RuntimeError(f"{name} exited with status {status}")
         if len({line.text for line in finals}) != 1:

@@ -13,7 +13,9 @@ Run as is (``python examples/diloco.py``): :func:`run_local_job` starts the coor
 3 replicas of this file on this machine, ``SIGKILL``\\ s replica 2 a few syncs after all 3 synced
 together, starts it again a few syncs later (it heals: global parameters, outer momentum and counters, and takes part
 in the sync it arrives at), and checks that every replica finished with bit-identical global
-parameters.
+parameters. Every move waits for an event (a line of a replica, a process's exit), never for a
+time, and the replicas (``--until-recovered``) train on until the job has lost a replica and has
+all of them again: however slow the machine, replica 2 is killed while it trains.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ import argparse
 import hashlib
 import logging
 import os
+import signal
 import sys
 import time
 import zlib
 from collections.abc import Mapping
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from gang.ft import DiLoCo, ReplicaGang
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ft_launch import LocalJob, matching, number_after
+from fault_tolerance import TIMEOUT  # the replicas' timeouts
 
 REPLICAS = 3
 SYNC_EVERY = 8
@@ -82,9 +85,10 @@ class PrintSyncs(logging.Handler):
             print(f"healed from replica {fields['source']!r}: {fields['bytes']} bytes")
 
 
-def train(steps: int, pace: float) -> None:
+def train(steps: int, pace: float, until_recovered: bool = False) -> None:
     """Train inside DiLoCo until ``steps`` local steps are done and every replica took part in the
-    last sync; print the final global parameters' fingerprint."""
+    last sync (with ``until_recovered``: and a sync after all of them had fewer, so the job lost
+    one and has it back); print the final global parameters' fingerprint."""
     replica_id = os.environ["GANG_FT_REPLICA_ID"]
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
@@ -94,16 +98,19 @@ def train(steps: int, pace: float) -> None:
     logger.setLevel(logging.INFO)
     logger.addHandler(PrintSyncs())
 
-    def state_dict() -> dict[str, Any]:  # the user's own state: the model and the inner optimizer
-        return {"model": model.state_dict(), "inner": inner.state_dict()}
+    # Whether a sync had every replica, and whether one after it had fewer: the same on every
+    # member of a sync (they saw the same quorums), and a healed replica receives its peer's.
+    progress = {"full": False, "recovered": not until_recovered}
+
+    def state_dict() -> dict[str, Any]:  # the user's own state: the model, the inner optimizer, `progress`
+        return {"model": model.state_dict(), "inner": inner.state_dict(), "progress": dict(progress)}
 
     def load_state_dict(state: Mapping[str, Any]) -> None:
         model.load_state_dict(state["model"])
         inner.load_state_dict(state["inner"])
+        progress.update(state["progress"])
 
-    gang = ReplicaGang.join(
-        state_dict=state_dict, load_state_dict=load_state_dict, min_replicas=2, timeout=timedelta(seconds=30)
-    )
+    gang = ReplicaGang.join(state_dict=state_dict, load_state_dict=load_state_dict, min_replicas=2, timeout=TIMEOUT)
     with (
         gang,
         DiLoCo(
@@ -112,13 +119,22 @@ def train(steps: int, pace: float) -> None:
     ):
         # Until `steps` local steps are done and the last sync had every replica (the same on
         # every replica: they all took part in it), at the end of a round of fragments.
-        while diloco.local_step < steps or gang.size < REPLICAS or diloco.local_step % SYNC_EVERY:
+        while (
+            diloco.local_step < steps
+            or gang.size < REPLICAS
+            or diloco.local_step % SYNC_EVERY
+            or not progress["recovered"]
+        ):
             x, y = batch(replica_id, diloco.local_step)
             loss = functional.mse_loss(model(x), y)
             inner.zero_grad()
             loss.backward()  # type: ignore[no-untyped-call]
             time.sleep(pace)  # the rest of a real model's forward and backward
             inner.step()  # counts one local step; runs a sync when one is due
+            if gang.size == REPLICAS:
+                progress["full"] = True
+            elif progress["full"]:
+                progress["recovered"] = True
             if diloco.local_step % (4 * SYNC_EVERY) == 0:
                 print(f"local step {diloco.local_step:3d}  loss {loss.item():.4f}")
         final = fingerprint(diloco.state_dict()["global"])
@@ -130,20 +146,23 @@ def run_local_job(*, steps: int = 64, kill_after: int = 4, restart_after: int = 
     syncs later and restart it ``restart_after`` syncs later."""
     with LocalJob() as job:
         store = job.start_store()
-        args = [__file__, "--steps", str(steps), "--pace", str(pace)]
+        args = [__file__, "--steps", str(steps), "--pace", str(pace), "--until-recovered"]
 
         def start(replica: int) -> None:
             job.start(f"replica {replica}", args, {"GANG_FT_STORE": store, "GANG_FT_REPLICA_ID": str(replica)})
 
         def synced(step: int) -> None:
-            job.expect(lambda line: line.name == "replica 0" and _sync_of(line.text) >= step, timeout=120)
+            job.expect(lambda line: line.name == "replica 0" and _sync_of(line.text) >= step)
 
         for replica in range(REPLICAS):
             start(replica)
-        everyone = job.expect(matching(r"sync .* of \['0', '1', '2'\]", "replica 0"), timeout=120)
+        everyone = job.expect(matching(r"sync .* of \['0', '1', '2'\]", "replica 0"))
         synced(_sync_of(everyone.text) + kill_after)
         job.say("=== SIGKILL replica 2")
         job.kill("replica 2")
+        if job.returncode("replica 2") != -signal.SIGKILL:  # it cannot have ended: the job did not recover
+            raise RuntimeError(f"replica 2 ended before the kill, with status {job.returncode('replica 2')}")
+        job.expect(matching(r"sync .* of \['0', '1'\]", "replica 0"))  # the survivors sync without it
         synced(_sync_of(everyone.text) + restart_after)
         job.say("=== starting replica 2 again")
         start(2)
@@ -159,9 +178,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--pace", type=float, default=0.02, help="seconds of simulated compute per local step")
+    parser.add_argument(
+        "--until-recovered", action="store_true", help="train on until the job lost a replica and has all of them again"
+    )
     args = parser.parse_args()
     if "GANG_FT_STORE" in os.environ:
-        train(args.steps, args.pace)
+        train(args.steps, args.pace, args.until_recovered)
     else:
         run_local_job(steps=args.steps, pace=args.pace)
 

@@ -25,7 +25,6 @@ import tempfile
 import time
 from collections.abc import Mapping
 from contextlib import suppress
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from gang_mesh import fsdp_mesh
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ft_launch import LocalJob, matching
-from fault_tolerance import _step_of  # the step number of a loss line
+from fault_tolerance import TIMEOUT, _step_of  # the replicas' timeouts, the step number of a loss line
 
 REPLICAS, PROCESSES = 3, 2
 GLOBAL_BATCH = 48
@@ -92,7 +91,7 @@ def train(steps: int, pace: float, go: Path | None, done: Path | None) -> None:
         state_dict=lambda: local_shards(model),
         load_state_dict=load_state_dict,
         min_replicas=2,
-        timeout=timedelta(seconds=5),
+        timeout=TIMEOUT,
     )
     gang.replicate_fsdp(model)
     quorum: tuple[str, ...] = ()
@@ -135,8 +134,10 @@ def _say(text: str) -> None:
 
 
 def run_local_job(*, steps: int = 12, kill_at: int = 4, restart_at: int = 7, pace: float = 0.02) -> None:
-    """Run the store and 3 replicas of 2 processes; kill one process of replica 2 at step ``kill_at``
-    and start replica 2 again at ``restart_at``."""
+    """Run the store and 3 replicas of 2 processes; kill one process of replica 2 ``kill_at`` steps
+    after all 3 first train together (at step ``kill_at`` when they start together) and start
+    replica 2 again ``restart_at`` steps after that point. Every wait is for an event (a line, a
+    process's exit), and the training ends only once the restarted replica is back in a quorum of 3."""
     go, done = (Path(tempfile.mkdtemp(prefix="ft_hsdp.")) / name for name in ("go", "done"))
     pids: dict[tuple[int, int], int] = {}  # (replica, rank) -> the latest process's pid
     killed: list[int] = []
@@ -146,32 +147,36 @@ def run_local_job(*, steps: int = 12, kill_at: int = 4, restart_at: int = 7, pac
             args = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={PROCESSES}"]
             args += [__file__, "--steps", str(steps), "--pace", str(pace), "--go", str(go), "--done", str(done)]
 
-            def start(replica: int) -> None:
-                job.start(f"replica {replica}", args, {"GANG_FT_STORE": store, "GANG_FT_REPLICA_ID": str(replica)})
-                for _ in range(PROCESSES):
-                    words = job.expect(matching(rf"replica {replica} rank \d pid"), 120).text.split()
-                    pids[replica, int(words[3])] = int(words[5])
+            def start(*replicas: int) -> None:  # the torchruns start together; wait for each process's pid
+                for replica in replicas:
+                    env = {"GANG_FT_STORE": store, "GANG_FT_REPLICA_ID": str(replica)}
+                    job.start(f"replica {replica}", args, env)
+                for _ in range(len(replicas) * PROCESSES):
+                    words = job.expect(matching(r"replica \d+ rank \d+ pid")).text.split()
+                    pids[int(words[1]), int(words[3])] = int(words[5])
 
             def reached(step: int) -> None:
-                job.expect(lambda line: _step_of(line.text) >= step, timeout=120)
+                job.expect(lambda line: _step_of(line.text) >= step)
 
-            for replica in range(REPLICAS):
-                start(replica)
+            start(*range(REPLICAS))
             go.touch()  # every replica has built its model: start together
-            job.expect(matching(r"replica 0 rank 0: quorum \['0', '1', '2'\]"), timeout=120)  # all 3 train
-            reached(kill_at)
+            # All 3 train (two may have started without a slow third: min_replicas=2).
+            line = job.expect(matching(r"replica 0 rank 0: quorum \['0', '1', '2'\]")).text
+            everyone = int(line.rpartition(" ")[2])
+            reached(everyone + kill_at)
             job.say("=== SIGKILL process 1 of replica 2 (its torchrun ends the replica)")
             os.kill(pids[2, 1], signal.SIGKILL)
             killed.append(pids[2, 0])
-            job.wait("replica 2", timeout=60)
-            reached(restart_at)
+            job.wait("replica 2")
+            job.expect(matching(r"replica 0 rank 0: quorum \['0', '1'\]"))  # the survivors go on without it
+            reached(everyone + restart_at)
             job.say("=== starting replica 2 again")
             start(2)
-            job.expect(matching(r"replica 2 rank 0: quorum \['0', '1', '2'\]"), timeout=120)  # healed, back
+            job.expect(matching(r"replica 2 rank 0: quorum \['0', '1', '2'\]"))  # healed, back
             done.touch()
-            finals = [job.expect(matching("final step"), timeout=120).text for _ in range(REPLICAS * PROCESSES)]
+            finals = [job.expect(matching("final step")).text for _ in range(REPLICAS * PROCESSES)]
             for replica in range(REPLICAS):
-                if job.wait(f"replica {replica}", timeout=60) != 0:
+                if job.wait(f"replica {replica}") != 0:
                     raise RuntimeError(f"replica {replica} failed")
     finally:
         for pid in [*pids.values(), *killed]:  # the processes of a killed torchrun may outlive it

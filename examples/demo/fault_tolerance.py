@@ -2,7 +2,8 @@
 
 First, the coordination store (``python -m gang.ft.store``) and 3 replica processes of
 ``examples/fault_tolerance.py`` (each with ``GANG_FT_STORE`` and ``GANG_FT_REPLICA_ID``) train;
-replica 2 is ``SIGKILL``\\ ed at step 10 and started again at step 20. Every replica prints the
+replica 2 is ``SIGKILL``\\ ed at step 10 and started again at step 20 (counted from the step at which
+all 3 first train together, 0 unless one started late). Every replica prints the
 quorum whenever it changes, the lowest rank of the quorum prints the loss of every committed step,
 and the restarted replica prints how it healed (its step number jumps to its peers').
 
@@ -20,7 +21,9 @@ overlapped with the next 2 local steps); replica 2 is ``SIGKILL``\\ ed a few syn
 synced together and started again a few syncs later (it heals at the survivors' next sync).
 
 Each run ends when every replica has finished with the same parameters (shards), and kills every
-process it started.
+process it started. Every move waits for an event (a line, a process's exit), never for a time,
+and no run can end before the killed replica is back: a loaded machine makes the demo slower, not
+failed.
 """
 
 from __future__ import annotations
