@@ -55,9 +55,9 @@ class CountingClient(StoreClient):
         self.requests = 0
         self.polls = 0
 
-    def _call(self, request: Callable[[TCPStore], _T]) -> _T:
+    def _call(self, request: Callable[[TCPStore], _T], since: int | None = None) -> _T:
         self.requests += 1
-        return super()._call(request)
+        return super()._call(request, since)
 
     def peek(self, key: str) -> bytes | None:
         """Count a poll of a result or decision, then read ``key``."""

@@ -69,13 +69,13 @@ class CountingClient(StoreClient):
         self.keys: list[str] = []
         self._current = ""
 
-    def _call(self, request: Callable[[TCPStore], _T]) -> _T:
+    def _call(self, request: Callable[[TCPStore], _T], since: int | None = None) -> _T:
         self.keys.append(self._current)
-        return super()._call(request)
+        return super()._call(request, since)
 
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+    def compare_set(self, key: str, expected: str, desired: str, *, since: int | None = None) -> bytes:
         self._current = f"read {key}" if expected == desired else f"write {key}"
-        return super().compare_set(key, expected, desired)
+        return super().compare_set(key, expected, desired, since=since)
 
     def set(self, key: str, value: str) -> None:
         self._current = f"write {key}"

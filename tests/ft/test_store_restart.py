@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gang._torch_groups import TCPStore
+from gang._torch_groups import TCPStore, serve_store
 from gang.ft.group import wait_until
 from gang.ft.policy import Policy
 from gang.ft.quorum import ROOT, STARTED, QuorumClient, StoreClient
@@ -37,7 +37,7 @@ class RestartableStore:
     """
 
     def __init__(self) -> None:
-        self.server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.server: TCPStore = serve_store("127.0.0.1")  # listens on 127.0.0.1 only
         self.port = self.server.port
         self.restarts = 0
 
@@ -45,7 +45,7 @@ class RestartableStore:
         """Stop the store and start a new, empty one on the same port."""
         del self.server
         gc.collect()
-        self.server = TCPStore("127.0.0.1", self.port, is_master=True, wait_for_workers=False)
+        self.server = serve_store("127.0.0.1", self.port)
         self.restarts += 1
 
     def has(self, key: str) -> bool:
@@ -87,8 +87,8 @@ class SeamClient(StoreClient):
             self.fired = True
             self._then()
 
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        value = super().compare_set(key, expected, desired)
+    def compare_set(self, key: str, expected: str, desired: str, *, since: int | None = None) -> bytes:
+        value = super().compare_set(key, expected, desired, since=since)
         self.values[key] = value
         self._after(key)
         return value
@@ -251,10 +251,10 @@ def test_a_last_vote_counted_before_a_store_restart_commits_no_step_another_memb
 
 def test_no_voter_takes_a_decision_from_a_store_restarted_during_the_vote(store: RestartableStore) -> None:
     # a, b and c step in round 1; a and c voted ok and wait for the decision. b votes last: its
-    # count completes the vote, then the store restarts, and b's `commit` lands in the new store;
-    # a and c, reconnecting, poll the new store while it is there (the seam holds b until they
-    # returned). The vote is lost on all three: none takes a decision from a store the vote
-    # did not begin in, and b's `commit` does not stay there.
+    # count completes the vote, then the store restarts, and the new store holds a `commit` for
+    # round 1 (planted: whatever a new store holds is not the vote's). b's `commit` is never sent
+    # to the new store, and a and c, reconnecting, read the planted one there after b returned.
+    # The vote is lost on all three: none takes a decision from a store the vote did not begin in.
     clients = {rid: _client(store, rid) for rid in "abc"}
     for process in clients.values():
         process.register(0)
@@ -265,26 +265,45 @@ def test_no_voter_takes_a_decision_from_a_store_restarted_during_the_vote(store:
     first = got["a"]
     assert got["b"] == got["c"] == first and first.members == ("a", "b", "c")
     votes: dict[str, Any] = {}
-    ok = f"{ROOT}r/1/ok"
+    ok, decision = f"{ROOT}r/1/ok", f"{ROOT}r/1/decision"
     waiting = [_in_thread(votes, "a", partial(clients["a"].vote, first, True, SECONDS))]
     assert wait_until(lambda: store.server.check([ok]), timeout=100.0)
     waiting.append(_in_thread(votes, "c", partial(clients["c"].vote, first, True, SECONDS)))
     assert wait_until(lambda: store.server.add(ok, 0) == 2, timeout=100.0)
-    b = _seam(clients["b"])
+    counted, b_returned = threading.Event(), threading.Event()
+    held = {"a": threading.Event(), "c": threading.Event()}
 
-    def others_poll_the_new_store() -> None:
-        for thread in waiting:
-            thread.join(timeout=6 * SECONDS)
+    def hold(rid: str) -> Callable[[], None]:
+        # Right after the voter's periodic check read the round's result from the old store (no
+        # decision there yet), until b's vote returned: the voter's next reads (the rest of its
+        # check, then the decision) reconnect, to the new store.
+        def then() -> None:
+            held[rid].set()
+            assert b_returned.wait(timeout=100.0)
+
+        return then
+
+    for rid in "ac":
+        _seam(clients[rid]).arm(f"{ROOT}r/1/result", hold(rid), when=counted.is_set)
 
     def restart() -> None:
+        counted.set()
+        assert all(event.wait(timeout=100.0) for event in held.values())
         store.restart()
-        b.arm(f"{ROOT}r/1/decision", others_poll_the_new_store)
+        store.server.set(decision, "commit")
 
-    b.arm(ok, restart)
-    votes["b"] = clients["b"].vote(first, True, SECONDS)
-    assert b.fired and store.restarts == 1
+    _seam(clients["b"]).arm(ok, restart)
+    try:
+        votes["b"] = clients["b"].vote(first, True, SECONDS)
+    finally:
+        b_returned.set()
+        for thread in waiting:
+            thread.join(timeout=6 * SECONDS)
+    assert _seam(clients["b"]).fired and store.restarts == 1
     assert votes == {"a": None, "b": None, "c": None}, votes
-    assert not store.has("r/1/decision")
+    # The case this test is for: the waiting voters read a `commit` in the new store, and did not take it.
+    read = {rid: _seam(clients[rid]).values.get(decision) for rid in "ac"}
+    assert read == {"a": b"commit", "c": b"commit"}, read
 
 
 def test_a_round_decided_from_a_store_before_its_restart_is_not_published_in_the_new_one(

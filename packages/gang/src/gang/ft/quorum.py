@@ -54,11 +54,11 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
 to the same address: a store restarted there holds none of the keys above (they are soft state),
 so a process re-registers (its heartbeat thread, on finding its claim gone) and re-joins the round
 it waits in (on seeing :attr:`StoreClient.generation` change); a vote in flight is lost (a decision
-is taken only from the store the vote began in, and one written into the new store is deleted). A
-view that spans the restart is read again from the new store: its registry came from the old one, and
-the heartbeat read would wait for processes that never register again (:class:`StoreRestartedError`).
-A round's result or proposal decided from reads of the old store and written into the new one is
-deleted again: the new store's leader decides the round.
+is taken only from the store the vote began in). A view that spans the restart is read again from
+the new store: its registry came from the old one, and the heartbeat read would wait for processes
+that never register again (:class:`StoreRestartedError`). A write decided from reads of the old
+store (a round's result, a proposal, a vote's decision) is never sent to the new one
+(``compare_set(..., since=generation)``): the new store's leader decides the round.
 
 Heartbeat ages compare wall clocks of different hosts, so the hosts' clocks must agree to well
 within ``heartbeat_timeout`` (NTP does).
@@ -66,6 +66,7 @@ within ``heartbeat_timeout`` (NTP does).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -120,8 +121,10 @@ class StoreUnreachableError(RuntimeError):
 
 
 class StoreRestartedError(Exception):
-    """:meth:`StoreClient.multi_get` reconnected to a store that lacks one of the keys: the
-    caller learnt of them from the store before it restarted, and the new one may never hold them."""
+    """The store restarted under a request that depends on what the caller read before: a
+    :meth:`StoreClient.multi_get` that reconnected to a store lacking one of the keys (the caller
+    learnt of them from the store before it restarted, and the new one may never hold them), or a
+    :meth:`StoreClient.compare_set` decided from reads of an earlier connection (never sent to the new store)."""
 
 
 def _key(*parts: object) -> str:
@@ -157,7 +160,14 @@ class StoreClient:
     def _connect(self, timeout: timedelta) -> TCPStore:
         return TCPStore(self.host, self.port, is_master=False, timeout=timeout, wait_for_workers=False)
 
-    def _call(self, request: Callable[[TCPStore], _T]) -> _T:
+    def _call(self, request: Callable[[TCPStore], _T], since: int | None = None) -> _T:
+        """Send ``request``, reconnecting while the store does not answer (for ``retry`` seconds).
+
+        :param since: The :attr:`generation` the request was decided in: it is not sent on any
+            other connection (:class:`StoreRestartedError` instead).
+        """
+        if since is not None and since != self.generation:
+            raise StoreRestartedError(f"the store was restarted since generation {since}")
         try:
             return request(self._store)
         except BACKEND_ERRORS as first:
@@ -170,6 +180,8 @@ class StoreClient:
                     self._store = self._connect(timedelta(seconds=min(1.0, self.timeout.total_seconds())))
                     self._store.set_timeout(self.timeout)
                     self.generation += 1
+                    if since is not None:
+                        raise StoreRestartedError(f"the store was restarted since generation {since}")
                     return request(self._store)
                 except BACKEND_ERRORS as ex:
                     if time.monotonic() > deadline:
@@ -188,10 +200,15 @@ class StoreClient:
         value = self.compare_set(key, _ABSENT, _ABSENT)
         return None if value == _ABSENT.encode() else value
 
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+    def compare_set(self, key: str, expected: str, desired: str, *, since: int | None = None) -> bytes:
         """``TCPStore.compare_set``: set ``key`` to ``desired`` if it holds ``expected`` (or is
-        missing and ``expected`` is empty); return the value it holds afterwards."""
-        return self._call(lambda s: s.compare_set(key, expected, desired))
+        missing and ``expected`` is empty); return the value it holds afterwards.
+
+        :param since: The :attr:`generation` whose reads decided ``desired``: a store restarted
+            since never gets the write.
+        :raises StoreRestartedError: If the store restarted since ``since``.
+        """
+        return self._call(lambda s: s.compare_set(key, expected, desired), since)
 
     def append(self, key: str, value: str) -> None:
         """Append ``value`` to ``key`` atomically (``TCPStore.append``; torch's stubs omit it)."""
@@ -383,6 +400,10 @@ class QuorumClient:
                 generation = self.client.generation
                 (n, leader), round_start, count = self._join(max(n, self.first_round()), step), now, -1
             result = self.client.peek(_key("r", n, "result"))
+            if self.client.generation != generation:
+                # Reconnected during the peek: join the new store's round first (the result read
+                # there, if any, is read again after joining).
+                continue
             if result is not None:
                 quorum = _parse_result(result)
                 if self.replica_id in quorum.members:
@@ -478,15 +499,15 @@ class QuorumClient:
         back: the round is checked before, and a result written after its deletion (``closed``
         had reached ``n + KEEP_ROUNDS`` already) is deleted again. ``closed`` only moves forward.
         A result decided from reads of a store that restarted since (:attr:`StoreClient.generation`
-        is no longer ``generation``) is deleted again too: the new store's leader decides the round.
+        is no longer ``generation``) is never written: the new store's leader decides the round.
         """
         if self._deleted(n):
             return False
         result = _key("r", n, "result")
-        if self.client.compare_set(result, "", text) != text.encode():
-            return True  # another process published it first
-        if self.client.generation != generation:
-            self.client.delete(result)
+        try:
+            if self.client.compare_set(result, "", text, since=generation) != text.encode():
+                return True  # another process published it first
+        except StoreRestartedError:
             return False
         closed = self.client.peek(_key("closed"))
         while closed is None or int(closed) < n:
@@ -570,11 +591,9 @@ class QuorumClient:
         if isinstance(decision, Quorum):
             text = decision.to_json()
             key = _key("r", quorum.round, "next")
-            self.client.compare_set(key, "", f"{epoch}|{others}|{text}")
-            if self.client.generation != generation:
-                # The store restarted meanwhile: the proposal may have landed in the new store,
-                # whose `epoch` began again at 0 (it could match later): it is not kept.
-                self.client.delete(key)
+            # A store restarted meanwhile does not get it: its `epoch` began again at 0 (it could match later).
+            with contextlib.suppress(StoreRestartedError):
+                self.client.compare_set(key, "", f"{epoch}|{others}|{text}", since=generation)
 
     def _publish_proposal(self, previous: Quorum, others: int) -> None:
         """Publish the round after ``previous``'s as proposed during its vote, unless it is void
@@ -669,18 +688,13 @@ class QuorumClient:
         if not ok:
             if self.client.peek(result_key) is None:
                 return None
-            return self.client.compare_set(decision_key, "", "abort") == b"commit"
+            return self._decide(decision_key, "abort", generation)
         count = self.client.add(ok_key, 1)
         if count == 1 and self.client.peek(result_key) is None:
             self.client.delete(ok_key)  # the counter this vote created in a deleted round
             return None
         if count == sum(quorum.sizes):
-            decided = self.client.compare_set(decision_key, "", "commit")
-            if self.client.generation != generation:  # written into a restarted store (see below)
-                if decided == b"commit":
-                    self.client.delete(decision_key)
-                return None
-            return decided == b"commit"
+            return self._decide(decision_key, "commit", generation)
         if count == 1:  # the first voter waits longest: it proposes the next quorum meanwhile
             self._propose(quorum)
         start = checked = time.monotonic()
@@ -695,13 +709,24 @@ class QuorumClient:
                 return decision == b"commit"
             now = time.monotonic()
             if now - start > deadline:
-                return self.client.compare_set(decision_key, "", "abort") == b"commit"
+                return self._decide(decision_key, "abort", generation)
             if now - checked > self.watch_interval:  # a silent member never votes: abort on its silence
                 checked = now
                 if self.client.peek(result_key) is None:  # the round's keys were deleted meanwhile
                     return None
                 self.check_step(quorum)
             poll = _backoff(poll, start)
+
+    def _decide(self, key: str, decision: str, generation: int) -> bool | None:
+        """Write ``decision`` as the vote's unless one is written; whether the step commits.
+
+        ``None`` when the store restarted since the vote began (``generation``): the new store is
+        not the vote's, and gets nothing.
+        """
+        try:
+            return self.client.compare_set(key, "", decision, since=generation) == b"commit"
+        except StoreRestartedError:
+            return None
 
 
 def collect(client: StoreClient, closed_round: int) -> None:
