@@ -49,8 +49,8 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
       :class:`~gang.FakeGang`. torchtitan builds its disabled axes (size 1) on torch's ``fake``
       backend; those are fine, a ``fake`` dimension of size greater than 1 is refused.
 
-    No group is created when the mesh, the default group or an earlier conversion (of this mesh
-    or any other) has one with the same members: converting a mesh again creates nothing. The
+    No group is created when the mesh or the default group has one with the same members, or an
+    earlier conversion (of this mesh or any other) created one: converting a mesh again creates nothing. The
     groups it does create are made by their members alone, under names derived from the members
     (so members agree on them whatever other groups each has), and are released with the default
     group; closing the returned gangs does not destroy any group. Every process of the mesh must call it with the

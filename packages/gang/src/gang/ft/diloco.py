@@ -285,6 +285,7 @@ class _SemiSync:
         rg = self._rg
         stack = ExitStack()
         stack.enter_context(rg.step())  # forms the quorum; heals this replica if it is behind
+        buffers = None
         try:
             quorum = rg.current_quorum
             assert quorum is not None
@@ -299,6 +300,8 @@ class _SemiSync:
                 for out, inp in zip(buffers.received, buffers.sends, strict=True)
             ]
         except BaseException as ex:
+            if buffers is not None:  # a collective started before the failure may still write them
+                self._discard(buffers)
             stack.__exit__(type(ex), ex, ex.__traceback__)
             raise
         self._flight = _Exchange(
