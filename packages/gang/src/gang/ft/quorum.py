@@ -400,10 +400,6 @@ class QuorumClient:
                 generation = self.client.generation
                 (n, leader), round_start, count = self._join(max(n, self.first_round()), step), now, -1
             result = self.client.peek(_key("r", n, "result"))
-            if self.client.generation != generation:
-                # Reconnected during the peek: join the new store's round first (the result read
-                # there, if any, is read again after joining).
-                continue
             if result is not None:
                 quorum = _parse_result(result)
                 if self.replica_id in quorum.members:
