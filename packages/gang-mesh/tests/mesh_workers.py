@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from gang import Gang, Gangs, ProcessGroupGang, ReduceOperation, create_fsdp_gangs, create_parallel_gangs
+from gang.rendezvous import members_group
 from gang.roles import ROLES
 from gang_mesh import ALIASES, from_device_mesh, fsdp_mesh, to_device_mesh
 
@@ -415,7 +416,21 @@ def check_titan_mesh(mesh: DeviceMesh, spans: Mapping[str, Sequence[str]]) -> di
         "differ": [role for role in ROLES if members(getattr(from_device_mesh(again), role)) != got[role]],
         "names": again.mesh_dim_names == tuple(dims),
     }
-    return {"got": got, "expected": expected, "sums_ok": sums_ok, "round_trip": round_trip, "new_groups": new_groups}
+    # A group of members that leave this process out is refused before any communication.
+    others = [rank for rank in range(dist.get_world_size()) if rank != dist.get_rank()]
+    try:
+        members_group(others, "gang_mesh/refused")
+        refused = ""
+    except ValueError as ex:
+        refused = str(ex)
+    return {
+        "got": got,
+        "expected": expected,
+        "sums_ok": sums_ok,
+        "round_trip": round_trip,
+        "new_groups": new_groups,
+        "refused": refused,
+    }
 
 
 def _role_of(name: str) -> str:

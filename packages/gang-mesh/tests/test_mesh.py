@@ -418,6 +418,7 @@ def test_torchtitan_meshes_convert_and_round_trip(world8: World, config: tuple[i
             assert result["got"] == result["expected"], (rank, name)
             assert result["sums_ok"], (rank, name)
             assert result["new_groups"] == [], (rank, name)  # converting a mesh again creates no group
+            assert result["refused"].startswith("`global_ranks` must hold this process"), (rank, result["refused"])
             # A sparse mesh with dp_replicate comes back as (edp, ep): edp spans dp_replicate x efsdp,
             # and the (edp, ep) mesh no longer says which part of dp is replicated.
             folded = ["rdp", "sdp"] if name == "sparse" and config[0] > 1 else []

@@ -32,6 +32,7 @@ import hashlib
 from collections.abc import Sequence
 from datetime import timedelta
 
+import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from gang._torch_groups import PrefixStore, Store, TCPStore, alone_group, is_registered, new_named_group
@@ -121,17 +122,19 @@ def members_group(global_ranks: Sequence[int], kind: str) -> ProcessGroup:
 
     :param global_ranks: The members, as global ranks; the group lists them sorted.
     :param kind: Who asks (``"gang_mesh"``): groups of different kinds are never shared.
-    :raises AssertionError: If this process is not in ``global_ranks``.
+    :raises ValueError: If this process is not in ``global_ranks`` (before any communication).
     """
     members = tuple(sorted(global_ranks))
+    if (me := dist.get_rank()) not in members:
+        raise ValueError(f"`global_ranks` must hold this process (rank {me}), but is {list(members)} instead.")
     cached = _member_groups.get((kind, members))
     if cached is not None and is_registered(cached):
         return cached
     digest = hashlib.sha1(repr(members).encode(), usedforsecurity=False).hexdigest()[:16]
     count = next_call(f"{kind}/{digest}")
     pg = new_named_group(list(members), f"{kind}/{digest}/{count}", None)
-    if not isinstance(pg, ProcessGroup):
-        raise AssertionError(f"this process is not in the group {list(members)} it creates")
+    if not isinstance(pg, ProcessGroup):  # cannot happen: this process is a member
+        raise AssertionError(f"rank {me} got no group of {list(members)}")
     _member_groups[(kind, members)] = pg
     return pg
 
