@@ -89,9 +89,9 @@ class CountingClient(StoreClient):
         self._current = f"write {key}"
         return super().add(key, amount)
 
-    def multi_get(self, keys: list[str]) -> list[bytes]:
+    def multi_get(self, keys: list[str], *, since: int | None = None) -> list[bytes]:
         self._current = "read " + " ".join(keys)
-        return super().multi_get(keys)
+        return super().multi_get(keys, since=since)
 
 
 @pytest.fixture

@@ -121,10 +121,10 @@ class StoreUnreachableError(RuntimeError):
 
 
 class StoreRestartedError(Exception):
-    """The store restarted under a request that depends on what the caller read before: a
-    :meth:`StoreClient.multi_get` that reconnected to a store lacking one of the keys (the caller
-    learnt of them from the store before it restarted, and the new one may never hold them), or a
-    :meth:`StoreClient.compare_set` decided from reads of an earlier connection (never sent to the new store)."""
+    """The store restarted under a request that depends on what the caller read before it (a
+    ``since`` generation): the request is not sent to the new store. A
+    :meth:`StoreClient.multi_get` of keys learnt from the old store (the new one may never hold
+    them), or a :meth:`StoreClient.compare_set` decided from reads of the old store."""
 
 
 def _key(*parts: object) -> str:
@@ -223,20 +223,14 @@ class StoreClient:
         """Add ``amount`` to the counter ``key``; return its new value."""
         return self._call(lambda s: s.add(key, amount))
 
-    def multi_get(self, keys: list[str]) -> list[bytes]:
+    def multi_get(self, keys: list[str], *, since: int | None = None) -> list[bytes]:
         """The values of ``keys``, which must exist (a missing one waits for the timeout).
 
-        :raises StoreRestartedError: If this call reconnected (a restarted store) and one of the
-            keys is missing there (it is not waited for: a key of a process that is gone never comes).
+        :param since: The :attr:`generation` whose reads named ``keys``: a store restarted since
+            is not asked (it may never hold them: a key of a process that is gone never comes).
+        :raises StoreRestartedError: If the store restarted since ``since``.
         """
-        generation = self.generation
-
-        def request(store: TCPStore) -> list[bytes]:
-            if self.generation != generation and not store.check(keys):
-                raise StoreRestartedError(f"the store was restarted and lacks one of {keys}")
-            return store.multi_get(keys)
-
-        return self._call(request) if keys else []
+        return self._call(lambda s: s.multi_get(keys), since) if keys else []
 
     def delete(self, key: str) -> None:
         """Delete ``key``."""
@@ -526,6 +520,7 @@ class QuorumClient:
 
     def _view(self, n: int, waited: float) -> View:
         while True:
+            generation = self.client.generation
             sizes: dict[str, int] = {}
             registered: set[Process] = set()
             for rid, rank, size in _lines(self.client.peek(_key("reg"))):
@@ -534,7 +529,8 @@ class QuorumClient:
             processes = sorted(registered)
             now = time.time()
             try:
-                values = self.client.multi_get([_key("hb", rid, rank) for rid, rank in processes])
+                keys = [_key("hb", rid, rank) for rid, rank in processes]
+                values = self.client.multi_get(keys, since=generation)
                 break
             except StoreRestartedError:  # the store restarted after the registry was read: read the new one
                 continue
@@ -669,9 +665,9 @@ class QuorumClient:
         ``None`` when the decision is lost: the round's keys are gone (this process was paused
         until they were deleted two rounds later, or the store was restarted) before it read the
         decision. It is then not committed here, whatever the others decided, and nothing is
-        left written for the lost round (a vote counter created in it is deleted again, and so is
-        a decision written into a restarted store). A decision is taken only from the store the
-        vote began in.
+        left written for the lost round (a vote counter created in it is deleted again, and no
+        decision is sent to a restarted store). A decision is taken only from the store the vote
+        began in.
 
         :param deadline: Seconds after which a vote still incomplete is decided ``abort``.
         """
