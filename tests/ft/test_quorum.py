@@ -455,12 +455,41 @@ def test_a_heartbeat_that_looks_silent_once_is_confirmed_before_the_step_aborts(
     assert reason is not None and "replica 'a' rank 0 of the quorum was silent for" in reason, reason
 
 
-def test_an_unchanged_quorum_is_proposed_in_the_vote_and_published_by_the_last_member_to_join(
+def _reads(sent: dict[str, list[str]], key: str) -> dict[str, int]:
+    """How many times each client in ``sent`` (its requests) read ``key``, for those that did."""
+    return {rid: n for rid, keys in sent.items() if (n := keys.count(f"read {key}"))}
+
+
+def _votes_in_order(server: TCPStore, quorum: Quorum, voters: tuple[QuorumClient, ...]) -> dict[str, Any]:
+    """Every voter of ``voters`` votes ok on ``quorum``'s step, in that order (each in a thread
+    once the previous one's vote is counted); their decisions by replica id."""
+    got: dict[str, Any] = {}
+    threads = []
+    for count, voter in enumerate(voters, 1):
+        threads.append(
+            threading.Thread(target=lambda v=voter: got.update({v.replica_id: v.vote(quorum, True, SECONDS)}))
+        )
+        threads[-1].start()
+        assert wait_until(lambda n=count: server.add(f"{ROOT}r/{quorum.round}/ok", 0) >= n, timeout=100.0)
+    for thread in threads:
+        thread.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
+    return got
+
+
+def _decider(clients: tuple[QuorumClient, ...], quorum: Quorum) -> QuorumClient:
+    """The client whose vote completed ``quorum``'s count: the one that wrote its decision."""
+    deciders = [c for c in clients if f"write {ROOT}r/{quorum.round}/decision" in _requests(c)]
+    assert len(deciders) == 1, [c.replica_id for c in deciders]
+    return deciders[0]
+
+
+def test_an_unchanged_quorum_is_proposed_by_the_last_voter_and_published_by_the_last_member_to_join(
     server: TCPStore,
 ) -> None:
-    # After a committed step, the next round is the one the first voter proposed, published by
-    # the last member to join it (no leader reads the joins, the registry or the heartbeats);
-    # a registration since the proposal voids it, and the leader decides from the joins.
+    # After a committed step, the next round is the one the step's last voter proposed when it
+    # entered the next step (the vote itself writes no proposal), published by the last member
+    # to join it (no leader reads the joins, the registry or the heartbeats); a registration
+    # after the proposal voids it, and the leader decides from the joins.
     a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
     a.register(0)
     b.register(0)
@@ -469,41 +498,57 @@ def test_an_unchanged_quorum_is_proposed_in_the_vote_and_published_by_the_last_m
         "a": True,
         "b": True,
     }
-    assert server.check([f"{ROOT}r/{first.round}/next"])
+    assert not server.check([f"{ROOT}r/{first.round}/next"]), "the vote wrote a proposal"
+    proposer = _decider((a, b), first).replica_id
     before = {c.replica_id: len(_requests(c)) for c in (a, b)}
     second = _in_threads({c.replica_id: partial(c.form, first.round, 1, (first, True)) for c in (a, b)})
     assert second["a"] == second["b"] and second["a"].members == ("a", "b") and second["a"].group == first.group
     sent = {c.replica_id: _requests(c)[before[c.replica_id] :] for c in (a, b)}
+    assert [rid for rid, keys in sent.items() if f"write {ROOT}r/{first.round}/next" in keys] == [proposer], sent
     proposal = server.get(f"{ROOT}r/{first.round}/next").decode().split("|", 2)[2]
     assert server.get(f"{ROOT}r/{second['a'].round}/result").decode() == proposal
     assert [rid for rid, keys in sent.items() if f"read {ROOT}r/{first.round}/next" in keys], sent
-    # The proposal path, not the leader: nobody read the round's joins, and the last to join wrote its result.
-    assert not [rid for rid, keys in sent.items() if f"read {ROOT}r/{second['a'].round}/joins" in keys], sent
+    # The proposal path, not the leader: only the proposal's view read the round's joins, and the
+    # last to join wrote its result.
+    assert _reads(sent, f"{ROOT}r/{second['a'].round}/joins") == {proposer: 1}, sent
     # Only the last member to join reads the proposal (`_join`): it is the one that wrote the result.
     publishers = [rid for rid, keys in sent.items() if f"write {ROOT}r/{second['a'].round}/result" in keys]
     assert publishers == [rid for rid, keys in sent.items() if f"read {ROOT}r/{first.round}/next" in keys], sent
-    # A new process registers after the vote: the proposal is void, the leader decides.
-    votes = _in_threads({c.replica_id: partial(c.vote, second["a"], True, SECONDS) for c in (a, b)})
-    assert votes == {"a": True, "b": True}
+    # A step that was not committed leaves nothing to propose: the leader decides.
+    votes = _in_threads({c.replica_id: partial(c.vote, second["a"], c.replica_id == "a", SECONDS) for c in (a, b)})
+    assert votes == {"a": False, "b": False}
     c = _client(server, "c", min_replicas=2)
     c.register(0)
     third = _in_threads(
-        {x.replica_id: partial(x.form, second["a"].round, 2, (second["a"], True)) for x in (a, b)}
+        {x.replica_id: partial(x.form, second["a"].round, 1, (second["a"], False)) for x in (a, b)}
         | {"c": lambda: c.form(0, 0)}
     )
     assert third["a"] == third["b"] == third["c"] and third["a"].members == ("a", "b", "c"), third
-    # The epoch alone voids a proposal: d registers and leaves between the vote and the next round
-    # (it never joins, so the round's join count is the proposal's): the leader decides.
+    assert not server.check([f"{ROOT}r/{second['a'].round}/next"])
+    # The epoch alone voids a proposal: the last voter proposes and joins, then d registers and
+    # leaves before the others join (d never joins, so the round's join count is the
+    # proposal's): the leader decides.
     votes = _in_threads({x.replica_id: partial(x.vote, third["a"], True, SECONDS) for x in (a, b, c)})
-    assert votes == {"a": True, "b": True, "c": True} and server.check([f"{ROOT}r/{third['a'].round}/next"])
+    assert votes == {"a": True, "b": True, "c": True}
+    last = _decider((a, b, c), third["a"])
+    before = {x.replica_id: len(_requests(x)) for x in (a, b, c)}
+    fourth: dict[str, Any] = {}
+    first_in = threading.Thread(
+        target=lambda: fourth.update({last.replica_id: last.form(third["a"].round, 2, (third["a"], True))})
+    )
+    first_in.start()
+    joins = f"{ROOT}r/{third['a'].round + 1}/joins"
+    assert wait_until(lambda: server.check([joins]), timeout=100.0)
+    assert server.check([f"{ROOT}r/{third['a'].round}/next"]), "the last voter joined before it proposed"
     d = _client(server, "d", min_replicas=2)
     d.register(0)
     d.leave()
-    before = {x.replica_id: len(_requests(x)) for x in (a, b, c)}
-    fourth = _in_threads({x.replica_id: partial(x.form, third["a"].round, 3, (third["a"], True)) for x in (a, b, c)})
+    others = tuple(x for x in (a, b, c) if x is not last)
+    fourth |= _in_threads({x.replica_id: partial(x.form, third["a"].round, 2, (third["a"], True)) for x in others})
+    first_in.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
     assert fourth["a"] == fourth["b"] == fourth["c"] and fourth["a"].members == ("a", "b", "c"), fourth
     sent = {x.replica_id: _requests(x)[before[x.replica_id] :] for x in (a, b, c)}
-    assert [rid for rid, keys in sent.items() if f"read {ROOT}r/{fourth['a'].round}/joins" in keys], sent
+    assert sum(_reads(sent, f"{ROOT}r/{fourth['a'].round}/joins").values()) > 1, sent  # the proposal's and a leader's
 
 
 def test_a_spare_leading_the_next_round_waits_for_the_members_step_then_times_out_from_its_end(
@@ -554,17 +599,18 @@ def test_a_spare_leading_the_next_round_waits_for_the_members_step_then_times_ou
 def test_a_publisher_paused_until_its_round_was_deleted_does_not_bring_it_back(
     server: TCPStore, pause_after: str
 ) -> None:
-    # Round 1 of a and b commits; b is the last member to join round 2 and publishes its proposal.
-    # It pauses right after reading the proposal (or `closed`, its last read before its
-    # `compare_set`) while a leads round 2, closes rounds 3 and 4 without b (b left meanwhile, and
-    # comes back) and deletes round 2's keys. b must not publish round 2 again nor set `closed`
-    # back: it goes on to the first open round, 5.
+    # Round 1 of a and b commits, a voting last: a proposes round 2 as it enters it. b is the
+    # last member to join round 2 and publishes the proposal. It pauses right after reading the
+    # proposal (or `closed`, its last read before its `compare_set`) while a leads round 2,
+    # closes rounds 3 and 4 without b (b left meanwhile, and comes back) and deletes round 2's
+    # keys. b must not publish round 2 again nor set `closed` back: it goes on to the first open
+    # round, 5.
     a, b = _client(server, "a"), _client(server, "b")
     a.register(0)
     b.register(0)
     first = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
-    votes = _in_threads({"a": lambda: a.vote(first, True, SECONDS), "b": lambda: b.vote(first, True, SECONDS)})
-    assert votes == {"a": True, "b": True} and server.check([f"{ROOT}r/1/next"])
+    votes = _votes_in_order(server, first, (b, a))
+    assert votes == {"a": True, "b": True}
     got: dict[str, Any] = {}
 
     def a_closes_rounds_2_to_4() -> None:
@@ -581,8 +627,9 @@ def test_a_publisher_paused_until_its_round_was_deleted_does_not_bring_it_back(
     seam = InterleavingClient(server.port, ROOT + pause_after, a_closes_rounds_2_to_4)
     paused = QuorumClient(seam, "b", 0, 1, b.token, b.policy)
     got["a_thread"] = threading.Thread(target=lambda: got.update(a=a.form(first.round, 1, (first, True))))
-    got["a_thread"].start()  # a joins round 2 first and leads it
+    got["a_thread"].start()  # a proposes round 2, then joins it first and leads it
     assert wait_until(lambda: server.check([f"{ROOT}r/2/joins"]), timeout=100.0)
+    assert server.check([f"{ROOT}r/1/next"])
     b_thread = threading.Thread(target=lambda: got.update(b=paused.form(first.round, 1, (first, True))))
     b_thread.start()
     assert wait_until(lambda: seam.fired, timeout=100.0)

@@ -155,38 +155,37 @@ def _form_both(
 
 
 def test_a_proposal_written_across_a_store_restart_is_not_left_in_the_new_store(store: RestartableStore) -> None:
-    # Replicas a and b step in round 1 and vote. a votes first: it proposes round 2 (`_propose`)
-    # from the store as it is: epoch 2 (a's and b's registrations), then the view. Right after
-    # its last read of the view, b votes last: b's count lands in the store, which is then
-    # killed and restarted empty. b's decision `commit` and a's proposal (`r/1/next`) land in
-    # the new store: neither may stay there. The vote is lost on both (`commit` was never in the
-    # store the vote began in), and a proposal left behind would be checked against an epoch
-    # that began again at 0: once a and b registered again, it is 2 again and would match.
+    # Replicas a and b step in round 1 and vote, b last: the step commits, and b proposes round 2
+    # (`_propose`) as it enters the next step, from the store as it is: epoch 2 (a's and b's
+    # registrations), then the view. Right after its last read of the view, the store is killed
+    # and restarted empty. b's proposal (`r/1/next`) may not land in the new store: it would be
+    # checked against an epoch that began again at 0, and once a and b registered again, it is 2
+    # again and would match. a and b form round 2 in the new store from their joins.
     a, b = _client(store, "a"), _client(store, "b")
     a.register(0)
     b.register(0)
     first = _form_both(store, a, b, 0, 0)["a"]
     assert first.members == ("a", "b") and first.round == 1
     votes: dict[str, Any] = {}
-
-    def b_votes_last_across_the_restart() -> None:
-        _seam(b).arm(f"{ROOT}r/1/ok", store.restart)
-        votes["b"] = b.vote(first, True, SECONDS)
-        assert _seam(b).fired
-
-    _seam(a).arm(STARTED, b_votes_last_across_the_restart)
-    votes["a"] = a.vote(first, True, SECONDS)
-    assert _seam(a).fired and store.restarts == 1
-    assert votes == {"a": None, "b": None}, votes
-    assert not store.has("r/1/next"), "a proposal written across the restart was left in the new store"
-    assert not store.has("r/1/decision")
-    # The replicas go on from step 0: their heartbeat threads register them again, and they form round 2.
+    a_votes = _in_thread(votes, "a", lambda: a.vote(first, True, SECONDS))
+    assert wait_until(lambda: store.server.add(f"{ROOT}r/1/ok", 0) == 1, timeout=100.0)
+    votes["b"] = b.vote(first, True, SECONDS)
+    a_votes.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
+    assert votes == {"a": True, "b": True}, votes
+    assert not store.has("r/1/next")  # the vote proposes nothing: b proposes as it enters step 2
+    _seam(b).arm(STARTED, store.restart)
+    got: dict[str, Any] = {}
+    b_forms = _in_thread(got, "b", lambda: b.form(first.round, 1, (first, True)))
+    assert wait_until(lambda: store.restarts == 1, timeout=100.0)  # the seam ran in b's thread
+    # The replicas go on from step 1: their heartbeat threads register them again, and they form round 2.
     for process in (a, b):
-        _heartbeat(store, process, 0)
+        _heartbeat(store, process, 1)
     assert store.server.add(ROOT + "epoch", 0) == 2
-    second = _form_both(store, a, b, first.round, 0, (first, False))
-    assert second["a"] == second["b"], second
-    assert second["a"].round == 2 and second["a"].members == ("a", "b") and second["a"].steps == (0, 0)
+    got["a"] = a.form(first.round, 1, (first, True))
+    b_forms.join(timeout=6 * SECONDS)
+    assert not store.has("r/1/next"), "a proposal written across the restart was left in the new store"
+    assert got["a"] == got["b"], got
+    assert got["a"].round == 2 and got["a"].members == ("a", "b") and got["a"].steps == (1, 1)
 
 
 def test_a_leader_whose_view_spans_a_store_restart_reads_the_new_store_again(store: RestartableStore) -> None:

@@ -30,10 +30,11 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
   completes the count writes ``commit`` (and reads the decision back from that one request).
   Everyone else polls ``decision`` until the vote's deadline. During a step, a process that
   sees the member it watches go silent writes ``abort`` too.
-- ``r/<n>/next``: the next round as proposed by the first "ok" voter of round ``n`` while it
-  waits for the others (``"<epoch>|<joins>|<quorum>"``, with the joins of the next round by
-  other processes it saw): the policy's decision from the store as it is
-  then, every member taken as joined at the next step. When the step commits, the members join
+- ``r/<n>/next``: the next round as proposed by the last "ok" voter of round ``n`` (the one
+  whose vote completed the count) when it enters the next step, before it joins round ``n + 1``
+  (``"<epoch>|<joins>|<quorum>"``, with the joins of the next round by other processes it
+  saw): the policy's decision from the store as it is then, every member taken as joined at
+  the next step (none if a member marked ``dropped`` first). When the step commits, the members join
   round ``n + 1`` as usual, adding ``2**20`` (not 1) to its ``count``, and the last of them to
   join publishes the proposal as the round's result (``compare_set``; a leader's result
   published first wins) unless ``epoch`` changed or another process joined the round since:
@@ -271,6 +272,7 @@ class QuorumClient:
         self._suspect: tuple[bytes, float] | None = None  # a heartbeat seen silent, and when
         self._others_publish = False  # whether a later member may publish the round this process joined
         self._step_goes_on = False  # whether the last view `_lead` read saw the previous quorum's step go on
+        self._proposes: int | None = None  # the round whose vote this process completed: it proposes the next
         self._me = f"{replica_id}|{replica_rank}|{token}"
         self._address = address
 
@@ -379,13 +381,17 @@ class QuorumClient:
             replica was left out of every round for ``quorum_timeout`` (one of its processes did
             not join), or no round was published for twice ``quorum_timeout`` plus ``heartbeat_timeout``.
         """
+        # After a committed step, the last of its members to join publishes the round proposed by
+        # the step's last voter before it joined (`_propose`), unless a process registered, left,
+        # died or dropped its group since.
+        proposed = previous[0] if previous is not None and previous[1] and previous[0].round == last_round else None
+        if proposed is not None and self._proposes == proposed.round:
+            self._propose(proposed)
+        self._proposes = None
         start = time.monotonic()
         # `append` is not acknowledged: one sent to a store that just died is lost unnoticed, and
         # the reconnect of the next request tells it. So the generation is read before joining.
         generation, poll = self.client.generation, _POLL_MIN
-        # After a committed step, the last of its members to join publishes the round proposed
-        # during the vote (`_propose`), unless a process registered, left, died or dropped its group since.
-        proposed = previous[0] if previous is not None and previous[1] and previous[0].round == last_round else None
         n, leader = self._join(last_round + 1 if last_round > 0 else self.first_round(), step, proposed)
         round_start, count, due, checked = start, -1, 0.0, start
         # A leader of a proposed round leaves its last member `_RECHECK` to publish the proposal.
@@ -573,6 +579,10 @@ class QuorumClient:
         n = quorum.round + 1
         generation = self.client.generation
         epoch = self.client.add(EPOCH, 0)  # before the view: a later registration, leave or death voids it
+        # A member that dropped the group after the vote marks `dropped` before it adds to the
+        # epoch: a mark not seen here comes with an epoch that voids the proposal.
+        if self.client.peek(_key("r", quorum.round, "dropped")) is not None:
+            return  # the next round builds a new group: its leader decides it
         view = self._view(n, 0.0)
         joins = dict(view.joins)
         # Joins of the round by other processes (spares, stalled or new replicas): another one
@@ -590,7 +600,7 @@ class QuorumClient:
                 self.client.compare_set(key, "", f"{epoch}|{others}|{text}", since=generation)
 
     def _publish_proposal(self, previous: Quorum, others: int) -> None:
-        """Publish the round after ``previous``'s as proposed during its vote, unless it is void
+        """Publish the round after ``previous``'s as its last voter proposed it, unless it is void
         (a process registered, left, died or dropped its group since, or ``others``, the joins of
         the round by processes not in ``previous``, are not those the proposal saw) or the round
         is published already."""
@@ -652,7 +662,7 @@ class QuorumClient:
         round's keys are deleted)."""
         if self.client.peek(_key("r", quorum.round, "result")) is not None:
             self.client.set(_key("r", quorum.round, "dropped"), "1")
-            self.client.add(EPOCH, 1)  # the next round proposed during the vote reuses the group: void it
+            self.client.add(EPOCH, 1)  # a proposal of the next round reuses the group: void it
 
     def _abort(self, quorum: Quorum) -> None:
         """Set the decision of ``quorum``'s step to ``abort`` unless it is decided or its keys are deleted."""
@@ -688,9 +698,11 @@ class QuorumClient:
             self.client.delete(ok_key)  # the counter this vote created in a deleted round
             return None
         if count == sum(quorum.sizes):
-            return self._decide(decision_key, "commit", generation)
-        if count == 1:  # the first voter waits longest: it proposes the next quorum meanwhile
-            self._propose(quorum)
+            decided = self._decide(decision_key, "commit", generation)
+            # The last voter learns the decision first: it proposes the next round when it
+            # enters the next step (`form`), inside the step's own time, not during the vote.
+            self._proposes = quorum.round if decided else None
+            return decided
         start = checked = time.monotonic()
         poll = _POLL_MIN
         while True:
