@@ -194,7 +194,10 @@ def test_a_leader_whose_view_spans_a_store_restart_reads_the_new_store_again(sto
     # then a reads the heartbeats of the processes in the registry it read, from the new store:
     # x's is not there and never will be. A read that waits for it waits for the request's
     # timeout, reconnects and waits again until the store counts as unreachable, and a's `form`
-    # fails; a must read the new store's registry instead, and a and b form round 1.
+    # fails; a must read the new store's registry instead, and a and b form round 1. b's first
+    # request after the restart (reading `closed`) reconnects, and b joins round 1 in the new
+    # store; a leads it and publishes it before b looks for its result (the seam): b must take
+    # that round, not join round 2 as if its join had been lost with the old store.
     x = _client(store, "x")
     x.register(0)
     x.leave()
@@ -213,8 +216,12 @@ def test_a_leader_whose_view_spans_a_store_restart_reads_the_new_store_again(sto
     got: dict[str, Any] = {}
     thread = _in_thread(got, "a", lambda: a.form(0, 0))
     assert restarted.wait(timeout=100.0)  # a harness bound against a hang, not a timing claim
+    joins = f"{ROOT}r/1/joins"
+    assert wait_until(lambda: store.has("r/1/joins") and store.server.get(joins).startswith(b"a|"), timeout=100.0)
+    _seam(b).arm(f"{ROOT}r/1/count", lambda: wait_until(lambda: store.has("r/1/result"), timeout=100.0))
     got["b"] = b.form(0, 0)
     thread.join(timeout=6 * SECONDS)
+    assert _seam(b).fired and b.client.generation == 1
     assert got["a"] == got["b"], got
     assert got["a"].round == 1 and got["a"].members == ("a", "b") and got["a"].heal == {}
 

@@ -389,19 +389,25 @@ class QuorumClient:
             self._propose(proposed)
         self._proposes = None
         start = time.monotonic()
+        first = last_round + 1 if last_round > 0 else self.first_round()
         # `append` is not acknowledged: one sent to a store that just died is lost unnoticed, and
-        # the reconnect of the next request tells it. So the generation is read before joining.
+        # the reconnect of the next request tells it. So the generation is read right before
+        # joining (after reading `closed`, which may itself have reconnected to a restarted store).
         generation, poll = self.client.generation, _POLL_MIN
-        n, leader = self._join(last_round + 1 if last_round > 0 else self.first_round(), step, proposed)
+        n, leader = self._join(first, step, proposed)
         round_start, count, due, checked = start, -1, 0.0, start
         # A leader of a proposed round leaves its last member `_RECHECK` to publish the proposal.
         defer = start + _RECHECK if self._others_publish else 0.0
         while True:
             now = time.monotonic()
+            result = self.client.peek(_key("r", n, "result"))
             if self.client.generation != generation:  # the store was restarted: its rounds are gone
                 generation = self.client.generation
-                (n, leader), round_start, count = self._join(max(n, self.first_round()), step), now, -1
-            result = self.client.peek(_key("r", n, "result"))
+                # Unless the new store published the round already (a join replayed there by the
+                # reconnect was taken in, or not: read below), join it (or a later one) there.
+                if result is None:
+                    (n, leader), round_start, count = self._join(max(n, self.first_round()), step), now, -1
+                    continue
             if result is not None:
                 quorum = _parse_result(result)
                 if self.replica_id in quorum.members:
