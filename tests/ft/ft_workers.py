@@ -11,7 +11,8 @@ step, ``abort`` with the recorded error after an uncommitted one, ``healed`` whe
 state, ``ft_log`` with the fields of every record of the ``gang.ft`` logger, ``error`` when the
 gang raised, and ``done`` at the end. ``FT_PAUSE=<point>:<step>`` makes it
 log ``paused`` at that point (``start:0`` before ``ReplicaGang.join``, ``enter`` before ``with
-gang.step()``, ``collective`` inside the step, ``heal`` inside ``state_dict()`` while healing
+gang.step()``, ``collective`` inside the step, ``vote`` after its collectives, before
+``should_commit()``, ``heal`` inside ``state_dict()`` while healing
 another replica at that step) and wait until the file ``LOG.release.<point>.<step>`` exists (the
 harness kills or stops it there). Several pauses are separated by commas; ``<point>:<step>@<k>``
 pauses replica rank ``k`` only; ``fork:<step>`` is no pause: at the ``collective`` point of that
@@ -243,6 +244,7 @@ def main() -> None:
                 gang.all_gather(table, grad)
                 count = torch.tensor([1], dtype=torch.int64)
                 gang.all_reduce(count, ReduceOperation.SUM)
+                replica.maybe_pause("vote", step)
                 if gang.should_commit():
                     assert int(count) == gang.size, (int(count), gang.size)
                     replica.params = update(replica.params, table)

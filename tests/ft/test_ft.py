@@ -341,7 +341,7 @@ def _members_after(schedule: dict[int, list[str]], step: int) -> set[tuple[str, 
     return {tuple(m) for s, m in schedule.items() if s >= step}
 
 
-@pytest.mark.parametrize("point", ["collective", "enter"])
+@pytest.mark.parametrize("point", ["collective", "enter", "vote"])
 def test_one_of_four_killed(cluster: Cluster, point: str) -> None:
     # The gang timeout is 10 minutes: the dead replica must be dropped on its death signal or its
     # heartbeat silence, not on the gang timeout (the harness would give up first).
@@ -349,9 +349,11 @@ def test_one_of_four_killed(cluster: Cluster, point: str) -> None:
     # worker), then is killed inside step 3, before the gradient exchange: the others block in it
     # with no error from gloo. The child closed its copy of the death signal's sockets at the fork,
     # so replica 1, which watches replica 2, sees it die and aborts the step. `enter`: it is
-    # killed before step 3, while the others wait for it in the quorum. Either way step 3 commits
-    # without it.
-    pause = "fork:3,collective:3" if point == "collective" else "enter:3"
+    # killed before step 3, while the others wait for it in the quorum. `vote`: it is killed after
+    # step 3's collectives, before its vote, while the others wait for the decision (each in one
+    # blocking request): the heartbeat thread of replica 1, watching the vote, sees it die and
+    # writes `abort`, which ends their waits. Each way step 3 commits without it.
+    pause = {"collective": "fork:3,collective:3", "enter": "enter:3", "vote": "vote:3"}[point]
     cluster.start_all({"0": "", "1": "", "2": pause, "3": ""}, timeout="600")
     cluster.wait("2", "paused", 3)
     cluster.signal("2", signal.SIGKILL)
@@ -372,6 +374,8 @@ def test_one_of_four_killed(cluster: Cluster, point: str) -> None:
     schedule = cluster.check_training(["0", "1", "3"])
     assert schedule[1] == ALL and schedule[2] == ALL
     assert _members_after(schedule, 3) == {("0", "1", "3")}
+    if point == "vote":  # the step replica 2 died in was aborted on every survivor, then retried without it
+        assert all(len(_aborted(cluster, rid, 3)) == 1 for rid in ("0", "1", "3"))
 
 
 def _aborted(cluster: Cluster, rid: str, step: int) -> list[str]:

@@ -93,6 +93,10 @@ class CountingClient(StoreClient):
         self._current = "read " + " ".join(keys)
         return super().multi_get(keys, since=since)
 
+    def wait(self, key: str, seconds: float, *, since: int | None = None) -> bool:
+        self._current = f"wait {key}"
+        return super().wait(key, seconds, since=since)
+
 
 @pytest.fixture
 def server() -> TCPStore:
@@ -397,6 +401,89 @@ def test_a_member_silent_during_a_step_aborts_it_and_ends_the_vote(server: TCPSt
     assert clients["a"].check_step(quorum) == "a member of the quorum aborted the step"
 
 
+def _watching(watcher: QuorumClient, quorum: Quorum, deadline: float, until: threading.Event) -> threading.Thread:
+    """What a process's heartbeat thread does while its training thread blocks in a vote: watch
+    the vote (:meth:`QuorumClient.watch_vote`) every heartbeat period, on its own connection."""
+
+    def run() -> None:
+        while not until.wait(watcher.watch_interval):
+            watcher.watch_vote(quorum, deadline)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_a_blocked_vote_learns_the_decision_in_one_request_and_its_watcher_ends_it(server: TCPStore) -> None:
+    # a, b and c vote on round 1, a and b blocking for the decision (`block`): each learns it
+    # from one blocking request and one read, without polling.
+    clients = {rid: _client(server, rid) for rid in "abc"}
+    for client in clients.values():
+        client.register(0)
+    quorum = _in_threads({rid: partial(c.form, 0, 0) for rid, c in clients.items()})["a"]
+    assert quorum.members == ("a", "b", "c")
+    before = {rid: len(_requests(c)) for rid, c in clients.items()}
+    ok, decision = f"{ROOT}r/{quorum.round}/ok", f"{ROOT}r/{quorum.round}/decision"
+    votes: dict[str, Any] = {}
+    blocked = []
+    for n, rid in enumerate("ab", 1):
+        blocked.append(threading.Thread(target=partial(_record_vote, votes, clients[rid], quorum, block=True)))
+        blocked[-1].start()
+        assert wait_until(partial(_counted, server, ok, n), timeout=100.0)
+    assert wait_until(lambda: sum(f"wait {decision}" in _requests(clients[r]) for r in "ab") == 2, timeout=100.0)
+    votes["c"] = clients["c"].vote(quorum, True, SECONDS)
+    for thread in blocked:
+        thread.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
+    assert votes == {"a": True, "b": True, "c": True}
+    sent = {rid: _requests(c)[before[rid] :] for rid, c in clients.items()}
+    assert sent["b"] == [f"write {ok}", f"wait {decision}", f"read {decision}"], sent["b"]
+    assert sent["a"] == [f"write {ok}", f"read {ROOT}r/{quorum.round}/result", f"wait {decision}", f"read {decision}"]
+    # Round 2: c goes silent. a and b block for the decision with a 60 s deadline; b's other
+    # thread watches the vote, sees c silent (its policy's `heartbeat_timeout` is 1 s) and writes
+    # `abort`, which ends both waits (without it, a and b would abort at their deadline).
+    second = _in_threads({rid: partial(c.form, quorum.round, 1, (quorum, True)) for rid, c in clients.items()})["a"]
+    assert second.members == ("a", "b", "c") and second.round == 2
+    b = clients["b"]
+    watcher = QuorumClient(CountingClient(server.port), "b", 0, 1, b.token, Policy(1, SECONDS, 1.0))
+    done = threading.Event()
+    watching = _watching(watcher, second, time.monotonic() + 600.0, done)  # not its deadline: c's silence
+    votes = _in_threads({rid: partial(clients[rid].vote, second, True, 60.0, block=True) for rid in "ab"})
+    done.set()
+    watching.join(timeout=6 * SECONDS)
+    assert votes == {"a": False, "b": False}
+    assert server.get(f"{ROOT}r/{second.round}/decision") == b"abort"
+    assert f"write {ROOT}r/{second.round}/decision" in _requests(watcher)  # the watcher's abort ended the waits
+
+
+def test_a_blocked_vote_ends_at_its_deadline_and_writes_nothing_in_a_deleted_round(server: TCPStore) -> None:
+    # a and b form round 1; b never votes but stays live. a blocks for the decision; its watcher
+    # writes `abort` once the vote's deadline passed. Then, in round 2, a blocks again and the
+    # round's keys are deleted under it (as if a had been paused until two more rounds closed,
+    # before its wait reached the store): at its deadline a loses the vote and writes no decision.
+    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
+    a.register(0)
+    b.register(0)
+    first = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    watcher = QuorumClient(CountingClient(server.port), "a", 0, 1, a.token, a.policy)
+    done = threading.Event()
+    watching = _watching(watcher, first, time.monotonic() + 0.5, done)
+    assert a.vote(first, True, SECONDS, block=True) is False
+    done.set()
+    watching.join(timeout=6 * SECONDS)
+    assert f"write {ROOT}r/{first.round}/decision" in _requests(watcher)
+    second = _in_threads(
+        {"a": lambda: a.form(first.round, 0, (first, False)), "b": lambda: b.form(first.round, 0, (first, False))}
+    )["a"]
+    votes: dict[str, Any] = {}
+    voting = threading.Thread(target=lambda: votes.update(a=a.vote(second, True, 1.0, block=True)))
+    voting.start()
+    assert wait_until(lambda: f"wait {ROOT}r/{second.round}/decision" in _requests(a), timeout=100.0)
+    collect(b.client, second.round + KEEP_ROUNDS)
+    voting.join(timeout=6 * SECONDS)
+    assert votes == {"a": None}
+    assert not server.check([f"{ROOT}r/{second.round}/decision"]), "a decision was written in a deleted round"
+
+
 def test_a_dropped_mark_written_between_the_leaders_reads_is_not_missed(server: TCPStore) -> None:
     # Replicas a and b commit round 1 on one group. b then drops that group after its vote (a
     # collective failed after `should_commit`): it marks round 1 `dropped`, then joins round 2. a
@@ -460,17 +547,25 @@ def _reads(sent: dict[str, list[str]], key: str) -> dict[str, int]:
     return {rid: n for rid, keys in sent.items() if (n := keys.count(f"read {key}"))}
 
 
+def _record_vote(votes: dict[str, Any], voter: QuorumClient, quorum: Quorum, *, block: bool = False) -> None:
+    """``voter`` votes ok on ``quorum``'s step; its decision goes into ``votes`` under its replica id."""
+    votes[voter.replica_id] = voter.vote(quorum, True, SECONDS, block=block)
+
+
+def _counted(server: TCPStore, ok: str, n: int) -> bool:
+    """Whether at least ``n`` votes are counted in the counter ``ok``."""
+    return server.check([ok]) and server.add(ok, 0) >= n
+
+
 def _votes_in_order(server: TCPStore, quorum: Quorum, voters: tuple[QuorumClient, ...]) -> dict[str, Any]:
     """Every voter of ``voters`` votes ok on ``quorum``'s step, in that order (each in a thread
     once the previous one's vote is counted); their decisions by replica id."""
     got: dict[str, Any] = {}
     threads = []
     for count, voter in enumerate(voters, 1):
-        threads.append(
-            threading.Thread(target=lambda v=voter: got.update({v.replica_id: v.vote(quorum, True, SECONDS)}))
-        )
+        threads.append(threading.Thread(target=partial(_record_vote, got, voter, quorum)))
         threads[-1].start()
-        assert wait_until(lambda n=count: server.add(f"{ROOT}r/{quorum.round}/ok", 0) >= n, timeout=100.0)
+        assert wait_until(partial(_counted, server, f"{ROOT}r/{quorum.round}/ok", count), timeout=100.0)
     for thread in threads:
         thread.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
     return got

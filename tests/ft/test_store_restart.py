@@ -218,7 +218,11 @@ def test_a_leader_whose_view_spans_a_store_restart_reads_the_new_store_again(sto
     assert restarted.wait(timeout=100.0)  # a harness bound against a hang, not a timing claim
     joins = f"{ROOT}r/1/joins"
     assert wait_until(lambda: store.has("r/1/joins") and store.server.get(joins).startswith(b"a|"), timeout=100.0)
-    _seam(b).arm(f"{ROOT}r/1/count", lambda: wait_until(lambda: store.has("r/1/result"), timeout=100.0))
+
+    def until_a_published() -> None:
+        assert wait_until(lambda: store.has("r/1/result"), timeout=100.0)
+
+    _seam(b).arm(f"{ROOT}r/1/count", until_a_published)
     got["b"] = b.form(0, 0)
     thread.join(timeout=6 * SECONDS)
     assert _seam(b).fired and b.client.generation == 1

@@ -3,7 +3,10 @@
 The keys it writes are described in :mod:`gang.ft.quorum`. The thread has its own store
 connection, so a training thread blocked in a request never delays a heartbeat. It also serves
 this process's death signal and watches that of the process this one watches
-(:mod:`gang.ft.liveness`): when that process dies, it marks it dead in the store at once. Internal
+(:mod:`gang.ft.liveness`): when that process dies, it marks it dead in the store at once. While
+the training thread blocks for a vote's decision, it watches the vote at every beat
+(:meth:`~gang.ft.quorum.QuorumClient.watch_vote`: ``abort`` on a silent member or a passed
+deadline, which ends the wait). Internal
 to :mod:`gang.ft` (its names may change); not part of the public API.
 """
 
@@ -16,7 +19,7 @@ from contextlib import suppress
 from gang.errors import BACKEND_ERRORS
 from gang.ft.liveness import Liveness
 from gang.ft.log import log_event
-from gang.ft.policy import Process
+from gang.ft.policy import Process, Quorum
 from gang.ft.quorum import IdentityError, QuorumClient, collect, heartbeat_period
 
 _BEAT_ERRORS: tuple[type[Exception], ...] = (IdentityError, *BACKEND_ERRORS)
@@ -54,6 +57,7 @@ class Heartbeat:
         self._interval = heartbeat_period(heartbeat_timeout)
         self._liveness = liveness
         self._target: tuple[Process, str] | None = None  # set by the training thread
+        self._vote: tuple[Quorum, float] | None = None  # set by the training thread while it waits in a vote
         self._watching: tuple[Process, str] | None = None
         self._dead: tuple[Process, str] | None = None  # seen dead, not marked in the store yet
         self._stop = threading.Event()
@@ -65,6 +69,17 @@ class Heartbeat:
     def watch(self, target: tuple[Process, str] | None) -> None:
         """Watch the death signal of process ``target`` (with its incarnation) from the next beat on."""
         self._target = target
+
+    def watch_vote(self, vote: tuple[Quorum, float] | None) -> None:
+        """Watch the vote of a quorum, until a monotonic deadline, from the next beat on
+        (:meth:`~gang.ft.quorum.QuorumClient.watch_vote`) while the training thread waits for its
+        decision in a blocking request; ``None`` when the wait is over."""
+        self._vote = vote
+
+    @property
+    def running(self) -> bool:
+        """Whether the thread still beats (it stops on a store error or a lost identity)."""
+        return self.error is None and self._thread.is_alive()
 
     def stop(self, timeout: float) -> None:
         """Stop the thread and wait up to ``timeout`` seconds for it to end."""
@@ -99,6 +114,9 @@ class Heartbeat:
                 return
             with suppress(*BACKEND_ERRORS, OSError):  # a lost store shows at the next beat
                 self._watch()
+                vote = self._vote
+                if vote is not None:
+                    self._protocol.watch_vote(*vote)
             # Delete the keys of the rounds before those this process closed as leader: a few
             # requests per round it led, so a beat is never late behind a long clean-up (a failure
             # here only leaves keys behind, and a lost store shows at the next beat).

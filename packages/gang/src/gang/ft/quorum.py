@@ -28,8 +28,11 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
 - ``r/<n>/ok`` and ``r/<n>/decision``: the commit vote. A process votes "fail" by writing the
   decision ``abort`` with ``compare_set``, "ok" by adding one to ``ok``; the process whose add
   completes the count writes ``commit`` (and reads the decision back from that one request).
-  Everyone else polls ``decision`` until the vote's deadline. During a step, a process that
-  sees the member it watches go silent writes ``abort`` too.
+  Everyone else waits for ``decision`` until the vote's deadline: a :class:`~gang.ft.ReplicaGang`
+  in one blocking request (``TCPStore.wait``: the store answers it the moment the decision is
+  written) while its heartbeat thread watches the vote (:meth:`QuorumClient.watch_vote`),
+  otherwise by polling. During a step, a process that sees the member it watches go silent
+  writes ``abort`` too; so does the watching heartbeat thread once the vote's deadline passed.
 - ``r/<n>/next``: the next round as proposed by the last "ok" voter of round ``n`` (the one
   whose vote completed the count) when it enters the next step, before it joins round ``n + 1``
   (``"<epoch>|<joins>|<quorum>"``, with the joins of the next round by other processes it
@@ -77,6 +80,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any, TypeVar
+
+from torch.distributed import DistNetworkError, DistStoreError
 
 from gang._torch_groups import TCPStore
 from gang.errors import BACKEND_ERRORS
@@ -238,6 +243,25 @@ class StoreClient:
     def delete(self, key: str) -> None:
         """Delete ``key``."""
         self._call(lambda s: s.delete_key(key))
+
+    def wait(self, key: str, seconds: float, *, since: int | None = None) -> bool:
+        """Block until ``key`` exists (the store tells the waiting connection at once); whether it
+        does, ``False`` after ``seconds`` without it (torch then logs a timeout warning).
+
+        :param since: As for :meth:`multi_get`: a store restarted since is not asked.
+        :raises StoreRestartedError: If the store restarted since ``since``.
+        """
+
+        def request(store: TCPStore) -> bool:
+            try:
+                store.wait([key], timedelta(seconds=seconds))
+            except DistStoreError as ex:  # the wait's own timeout (a lost connection is a DistNetworkError)
+                if isinstance(ex, DistNetworkError):
+                    raise
+                return False
+            return True
+
+        return self._call(request, since)
 
 
 class QuorumClient:
@@ -677,7 +701,7 @@ class QuorumClient:
 
     # -- the commit vote ------------------------------------------------------------------------------
 
-    def vote(self, quorum: Quorum, ok: bool, deadline: float) -> bool | None:
+    def vote(self, quorum: Quorum, ok: bool, deadline: float, *, block: bool = False) -> bool | None:
         """Vote on committing the step of ``quorum``; return the decision shared by every member.
 
         ``None`` when the decision is lost: the round's keys are gone (this process was paused
@@ -688,6 +712,12 @@ class QuorumClient:
         began in.
 
         :param deadline: Seconds after which a vote still incomplete is decided ``abort``.
+        :param block: Wait for the decision in one blocking request (the store answers the moment
+            it is written) instead of polling it; only for a caller whose other thread watches
+            the quorum meanwhile (:meth:`watch_vote`: it writes ``abort`` when a member goes
+            silent or the deadline passes, which ends the wait). After ``deadline`` without a
+            decision (the round's keys were deleted before the wait reached the store: this
+            process was paused), the vote goes on as without ``block``.
         """
         result_key, decision_key = _key("r", quorum.round, "result"), _key("r", quorum.round, "decision")
         ok_key = _key("r", quorum.round, "ok")
@@ -711,6 +741,13 @@ class QuorumClient:
             return decided
         start = checked = time.monotonic()
         poll = _POLL_MIN
+        if block:
+            try:
+                decided = self.client.wait(decision_key, deadline + self.watch_interval, since=generation)
+            except StoreRestartedError:
+                return None
+            if not decided and self.client.peek(result_key) is None:  # the round's keys were deleted
+                return None
         while True:
             decision = self.client.peek(decision_key)
             if self.client.generation != generation:
@@ -733,6 +770,15 @@ class QuorumClient:
                 time.sleep(_POLL_VOTE)
             else:
                 poll = _backoff(poll, start)
+
+    def watch_vote(self, quorum: Quorum, deadline: float) -> None:
+        """Watch the vote of ``quorum``'s step while a member waits for it in one blocking request
+        (:meth:`vote` with ``block``): :meth:`check_step` (``abort`` when the member this process
+        watches went silent or died), and ``abort`` once the monotonic time ``deadline`` passed.
+        Called by another thread of the waiting process, on its own connection, once per
+        heartbeat; nothing is written once the round's keys are deleted."""
+        if self.check_step(quorum) is None and time.monotonic() > deadline:
+            self._abort(quorum)
 
     def _decide(self, key: str, decision: str, generation: int) -> bool | None:
         """Write ``decision`` as the vote's unless one is written; whether the step commits.

@@ -710,7 +710,15 @@ class ReplicaGang(Gang):
     def _vote(self, ok: bool) -> None:
         assert self._quorum is not None
         try:
-            decision = self._protocol.vote(self._quorum, ok, self._timeout.total_seconds())
+            deadline = self._timeout.total_seconds()
+            # While this thread blocks for the decision, the heartbeat thread watches the vote.
+            block = ok and self._heartbeat.running
+            if block:
+                self._heartbeat.watch_vote((self._quorum, time.monotonic() + deadline))
+            try:
+                decision = self._protocol.vote(self._quorum, ok, deadline, block=block)
+            finally:
+                self._heartbeat.watch_vote(None)
         except BACKEND_ERRORS as ex:
             self._commit = False
             raise self._store_error("should_commit", ex) from ex
