@@ -107,8 +107,6 @@ dropped after the vote; :func:`collect` deletes it too)."""
 _POLL_MIN = 0.0001
 _POLL_MAX = 0.001  # while a wait is young (`_FAST` seconds): a step's members arrive close together
 _POLL_SLOW = 0.01  # afterwards: waiting for a slow or dead replica should not load the store
-_POLL_VOTE = 0.0002  # the most a voter sleeps while its vote is `_VOTE_FAST` seconds young
-_VOTE_FAST = 0.005  # a step's members vote within this of each other when nothing is wrong
 _FAST = 0.05
 _RECHECK = 0.05  # the most seconds between the leader's reads of the round while its count does not change
 _MEMBER = 1 << 20  # what a member of a proposed round adds to its join count (see `_join`)
@@ -764,12 +762,7 @@ class QuorumClient:
                 if self.client.peek(result_key) is None:  # the round's keys were deleted meanwhile
                     return None
                 self.check_step(quorum)
-            # The members learn the decision as soon as it is written: each one's next step starts
-            # from here, and a late one keeps the others waiting at the next vote.
-            if now - start < _VOTE_FAST:
-                time.sleep(_POLL_VOTE)
-            else:
-                poll = _backoff(poll, start)
+            poll = _backoff(poll, start)
 
     def watch_vote(self, quorum: Quorum, deadline: float) -> None:
         """Watch the vote of ``quorum``'s step while a member waits for it in one blocking request
