@@ -93,7 +93,7 @@ class CountingClient(StoreClient):
         self._current = "read " + " ".join(keys)
         return super().multi_get(keys, since=since)
 
-    def wait(self, key: str, seconds: float, *, since: int | None = None) -> bool:
+    def wait(self, key: str, seconds: float, *, since: int | None = None) -> bytes | None:
         self._current = f"wait {key}"
         return super().wait(key, seconds, since=since)
 
@@ -416,7 +416,7 @@ def _watching(watcher: QuorumClient, quorum: Quorum, deadline: float, until: thr
 
 def test_a_blocked_vote_learns_the_decision_in_one_request_and_its_watcher_ends_it(server: TCPStore) -> None:
     # a, b and c vote on round 1, a and b blocking for the decision (`block`): each learns it
-    # from one blocking request and one read, without polling.
+    # from one blocking request, without polling.
     clients = {rid: _client(server, rid) for rid in "abc"}
     for client in clients.values():
         client.register(0)
@@ -436,8 +436,8 @@ def test_a_blocked_vote_learns_the_decision_in_one_request_and_its_watcher_ends_
         thread.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
     assert votes == {"a": True, "b": True, "c": True}
     sent = {rid: _requests(c)[before[rid] :] for rid, c in clients.items()}
-    assert sent["b"] == [f"write {ok}", f"wait {decision}", f"read {decision}"], sent["b"]
-    assert sent["a"] == [f"write {ok}", f"read {ROOT}r/{quorum.round}/result", f"wait {decision}", f"read {decision}"]
+    assert sent["b"] == [f"write {ok}", f"wait {decision}"], sent["b"]
+    assert sent["a"] == [f"write {ok}", f"read {ROOT}r/{quorum.round}/result", f"wait {decision}"], sent["a"]
     # Round 2: c goes silent. a and b block for the decision with a 60 s deadline; b's other
     # thread watches the vote, sees c silent (its policy's `heartbeat_timeout` is 1 s) and writes
     # `abort`, which ends both waits (without it, a and b would abort at their deadline).
@@ -453,6 +453,24 @@ def test_a_blocked_vote_learns_the_decision_in_one_request_and_its_watcher_ends_
     assert votes == {"a": False, "b": False}
     assert server.get(f"{ROOT}r/{second.round}/decision") == b"abort"
     assert f"write {ROOT}r/{second.round}/decision" in _requests(watcher)  # the watcher's abort ended the waits
+
+
+def test_a_blocking_wait_outlasts_reads_of_its_missing_key(server: TCPStore) -> None:
+    # torch's store wakes a waiting request when another client's `compare_set` finds the key
+    # missing (every `peek`), answering an empty value: the wait must go on until the key is set.
+    waiter, reader = CountingClient(server.port), CountingClient(server.port)
+    key = f"{ROOT}r/1/decision"
+    got: dict[str, Any] = {}
+    waiting = threading.Thread(target=lambda: got.update(value=waiter.wait(key, 600.0)))
+    waiting.start()
+    assert wait_until(lambda: f"wait {key}" in waiter.keys, timeout=100.0)
+    for _ in range(50):  # reads while the waiter blocks (the first one after it blocked woke it)
+        assert reader.peek(key) is None
+        time.sleep(0.01)
+    assert waiting.is_alive(), got
+    reader.compare_set(key, "", "commit")
+    waiting.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
+    assert got == {"value": b"commit"}
 
 
 def test_a_blocked_vote_ends_at_its_deadline_and_writes_nothing_in_a_deleted_round(server: TCPStore) -> None:

@@ -147,8 +147,8 @@ def _form_both(
     """a and b form the next quorum, a's join landing first (a leads the round)."""
     got: dict[str, Any] = {}
     thread = _in_thread(got, "a", lambda: a.form(last, step, previous))
-    joins = f"{ROOT}r/{last + 1}/joins"
-    assert wait_until(lambda: store.server.check([joins]) and b"a|" in store.server.get(joins), timeout=100.0)
+    # a's count landed (after its join): b's join counts second, so a leads.
+    assert wait_until(lambda: store.server.check([f"{ROOT}r/{last + 1}/count"]), timeout=100.0)
     got["b"] = b.form(last, step, previous)
     thread.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
     return got
@@ -216,8 +216,7 @@ def test_a_leader_whose_view_spans_a_store_restart_reads_the_new_store_again(sto
     got: dict[str, Any] = {}
     thread = _in_thread(got, "a", lambda: a.form(0, 0))
     assert restarted.wait(timeout=100.0)  # a harness bound against a hang, not a timing claim
-    joins = f"{ROOT}r/1/joins"
-    assert wait_until(lambda: store.has("r/1/joins") and store.server.get(joins).startswith(b"a|"), timeout=100.0)
+    assert wait_until(lambda: store.has("r/1/count"), timeout=100.0)  # a joined the new store's round first
 
     def until_a_published() -> None:
         assert wait_until(lambda: store.has("r/1/result"), timeout=100.0)
@@ -348,7 +347,7 @@ def test_a_round_decided_from_a_store_before_its_restart_is_not_published_in_the
     got: dict[str, Any] = {}
     thread = _in_thread(got, "a", partial(a.form, 0, 0))
     joins = f"{ROOT}r/1/joins"
-    assert wait_until(lambda: store.server.check([joins]), timeout=100.0)
+    assert wait_until(lambda: store.server.check([f"{ROOT}r/1/count"]), timeout=100.0)  # a joined first: it leads
     seam = _seam(a)
     seam.arm(STARTED, restart, when=lambda: b"b|" in seam.values.get(joins, b""))  # after a's view held b's join
     try:

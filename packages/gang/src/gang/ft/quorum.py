@@ -242,22 +242,34 @@ class StoreClient:
         """Delete ``key``."""
         self._call(lambda s: s.delete_key(key))
 
-    def wait(self, key: str, seconds: float, *, since: int | None = None) -> bool:
-        """Block until ``key`` exists (the store tells the waiting connection at once); whether it
-        does, ``False`` after ``seconds`` without it (torch then logs a timeout warning).
+    def wait(self, key: str, seconds: float, *, since: int | None = None) -> bytes | None:
+        """The value of ``key`` once it exists, in one blocking request (the store answers the
+        moment it is written); ``None`` after ``seconds`` without it (torch then logs a timeout
+        warning).
+
+        torch's store also wakes a waiting request when another client's ``compare_set`` finds
+        the key missing (every :meth:`peek` of it): it then answers an empty value, and the key
+        is checked and waited for again.
 
         :param since: As for :meth:`multi_get`: a store restarted since is not asked.
         :raises StoreRestartedError: If the store restarted since ``since``.
         """
+        end = time.monotonic() + seconds
 
-        def request(store: TCPStore) -> bool:
-            try:
-                store.wait([key], timedelta(seconds=seconds))
-            except DistStoreError as ex:  # the wait's own timeout (a lost connection is a DistNetworkError)
-                if isinstance(ex, DistNetworkError):
-                    raise
-                return False
-            return True
+        def request(store: TCPStore) -> bytes | None:
+            while (left := end - time.monotonic()) > 0:
+                store.set_timeout(timedelta(seconds=left))
+                try:
+                    value = store.get(key)
+                except DistStoreError as ex:  # the request's own timeout (a lost connection is a DistNetworkError)
+                    if isinstance(ex, DistNetworkError):
+                        raise
+                    return None
+                finally:
+                    store.set_timeout(self.timeout)
+                if value or store.check([key]):
+                    return value
+            return None
 
         return self._call(request, since)
 
@@ -741,10 +753,12 @@ class QuorumClient:
         poll = _POLL_MIN
         if block:
             try:
-                decided = self.client.wait(decision_key, deadline + self.watch_interval, since=generation)
+                decision = self.client.wait(decision_key, deadline + self.watch_interval, since=generation)
             except StoreRestartedError:
                 return None
-            if not decided and self.client.peek(result_key) is None:  # the round's keys were deleted
+            if decision is not None:
+                return decision == b"commit"
+            if self.client.peek(result_key) is None:  # the round's keys were deleted
                 return None
         while True:
             decision = self.client.peek(decision_key)
