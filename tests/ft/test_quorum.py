@@ -61,6 +61,25 @@ class InterleavingClient(StoreClient):
         return value
 
 
+class WokenClient(StoreClient):
+    """A store client that runs ``then()`` once, when a blocking wait of it was woken with an
+    empty answer, before it checks the key (a test-only seam over :meth:`StoreClient._woken`)."""
+
+    def __init__(self, port: int, then: Callable[[], object]) -> None:
+        super().__init__("127.0.0.1", port, retry=1.0, timeout=timedelta(seconds=SECONDS))
+        self._then = then
+        self.waiting = self.fired = False
+
+    def wait(self, key: str, seconds: float, *, since: int | None = None) -> bytes | None:
+        self.waiting = True
+        return super().wait(key, seconds, since=since)
+
+    def _woken(self, key: str) -> None:
+        if not self.fired:
+            self.fired = True
+            self._then()
+
+
 class CountingClient(StoreClient):
     """A store client that records every request it sends: ``read <keys>`` or ``write <key>``."""
 
@@ -471,6 +490,18 @@ def test_a_blocking_wait_outlasts_reads_of_its_missing_key(server: TCPStore) -> 
     reader.compare_set(key, "", "commit")
     waiting.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
     assert got == {"value": b"commit"}
+    # The decision is written right after such a wake-up, before the waiter checks the key: it
+    # reads the decision, not the empty answer of the wake-up.
+    other = f"{ROOT}r/2/decision"
+    woken = WokenClient(server.port, lambda: reader.compare_set(other, "", "commit"))
+    waiting = threading.Thread(target=lambda: got.update(value=woken.wait(other, 600.0)))
+    waiting.start()
+    assert wait_until(lambda: woken.waiting, timeout=100.0)
+    while waiting.is_alive() and not woken.fired:
+        reader.peek(other)
+        time.sleep(0.01)
+    waiting.join(timeout=6 * SECONDS)
+    assert woken.fired and got == {"value": b"commit"}, got
 
 
 def test_a_blocked_vote_ends_at_its_deadline_and_writes_nothing_in_a_deleted_round(server: TCPStore) -> None:

@@ -238,6 +238,10 @@ class StoreClient:
         """
         return self._call(lambda s: s.multi_get(keys), since) if keys else []
 
+    def _woken(self, key: str) -> None:
+        """Called when a :meth:`wait` for ``key`` was answered an empty value, before the key is
+        checked (a test-only seam; does nothing)."""
+
     def delete(self, key: str) -> None:
         """Delete ``key``."""
         self._call(lambda s: s.delete_key(key))
@@ -249,7 +253,7 @@ class StoreClient:
 
         torch's store also wakes a waiting request when another client's ``compare_set`` finds
         the key missing (every :meth:`peek` of it): it then answers an empty value, and the key
-        is checked and waited for again.
+        is checked: read again if it was written since, else waited for again.
 
         :param since: As for :meth:`multi_get`: a store restarted since is not asked.
         :raises StoreRestartedError: If the store restarted since ``since``.
@@ -267,8 +271,11 @@ class StoreClient:
                     return None
                 finally:
                     store.set_timeout(self.timeout)
-                if value or store.check([key]):
+                if value:
                     return value
+                self._woken(key)
+                if store.check([key]):  # written since the wake-up (or empty): its value now
+                    return store.get(key)
             return None
 
         return self._call(request, since)
