@@ -29,7 +29,7 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
   decision ``abort`` with ``compare_set``, "ok" by adding one to ``ok``; the process whose add
   completes the count writes ``commit`` (and reads the decision back from that one request).
   Everyone else waits for ``decision`` until the vote's deadline: a :class:`~gang.ft.ReplicaGang`
-  in one blocking request (``TCPStore.wait``: the store answers it the moment the decision is
+  in one blocking request (``TCPStore.get``: the store answers it the moment the decision is
   written) while its heartbeat thread watches the vote (:meth:`QuorumClient.watch_vote`),
   otherwise by polling. During a step, a process that sees the member it watches go silent
   writes ``abort`` too; so does the watching heartbeat thread once the vote's deadline passed.
@@ -238,10 +238,6 @@ class StoreClient:
         """
         return self._call(lambda s: s.multi_get(keys), since) if keys else []
 
-    def _woken(self, key: str) -> None:
-        """Called when a :meth:`wait` for ``key`` was answered an empty value, before the key is
-        checked (a test-only seam; does nothing)."""
-
     def delete(self, key: str) -> None:
         """Delete ``key``."""
         self._call(lambda s: s.delete_key(key))
@@ -279,6 +275,10 @@ class StoreClient:
             return None
 
         return self._call(request, since)
+
+    def _woken(self, key: str) -> None:
+        """Called when a :meth:`wait` for ``key`` was answered an empty value, before the key is
+        checked (a test-only seam; does nothing)."""
 
 
 class QuorumClient:
