@@ -10,8 +10,10 @@ the process's name), and :meth:`LocalJob.close` kills every process that is stil
 nothing outlives the example.
 
 The waits synchronise on events, not on time: :meth:`LocalJob.expect` returns at the line it waits
-for, and fails as soon as a process the job did not stop ends with an error (its output is echoed
-first); their timeouts (:data:`HANG`, 10 minutes) only bound a hang, so a slow machine is slow,
+for, and fails as soon as a process the job did not stop ends with an error, right after that
+process's last line, however busily the other processes print (a process whose output a child of
+its own still holds open, such as a torchrun's worker, is caught within :data:`STOP_GRACE`
+seconds); their timeouts (:data:`HANG`, 10 minutes) only bound a hang, so a slow machine is slow,
 not failed.
 """
 
@@ -61,6 +63,14 @@ class Line:
     """The line, without its newline."""
 
 
+@dataclass(frozen=True)
+class _Ended:
+    """Queued by a process's reader after its last line: the process closed its output."""
+
+    name: str
+    proc: subprocess.Popen[str]
+
+
 HANG = 600.0
 """Seconds a wait of :class:`LocalJob` gives up after: a bound on a hang, far above what any step
 of the examples takes even on a loaded machine (the waits end at events, not at a time)."""
@@ -81,8 +91,10 @@ class LocalJob:
         self._procs: dict[str, subprocess.Popen[str]] = {}
         self._readers: list[threading.Thread] = []
         self._reader_of: dict[str, threading.Thread] = {}  # of the latest process of each name
-        self._stopped: set[str] = set()  # names whose latest process the job killed or waited for
-        self._lines: queue.Queue[Line] = queue.Queue()
+        self._stopped: set[subprocess.Popen[str]] = set()  # the processes the job killed or waited for
+        self._drained: set[subprocess.Popen[str]] = set()  # the processes whose last line was consumed
+        self._failed_at: dict[subprocess.Popen[str], float] = {}  # when each failed one was first seen
+        self._lines: queue.Queue[Line | _Ended] = queue.Queue()
         self._history: list[Line] = []
         self._old_sigterm: object = None
         self._started = time.time()
@@ -125,7 +137,6 @@ class LocalJob:
             text=True,
         )
         self._procs[name] = proc
-        self._stopped.discard(name)
         reader = threading.Thread(target=self._read, args=(name, proc), daemon=True)
         reader.start()
         self._readers.append(reader)
@@ -140,6 +151,7 @@ class LocalJob:
                 self._print(f"{line.time - self._started:6.2f}s [{name}] {line.text}")
             self._history.append(line)
             self._lines.put(line)
+        self._lines.put(_Ended(name, proc))
 
     def say(self, text: str) -> None:
         """Print ``text`` stamped like the processes' lines (seconds since the job started)."""
@@ -152,7 +164,7 @@ class LocalJob:
     def kill(self, name: str) -> float:
         """Send ``SIGKILL`` to process ``name`` and wait for it; return ``time.time()`` just before the signal."""
         proc = self._procs[name]
-        self._stopped.add(name)
+        self._stopped.add(proc)
         killed = time.time()
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -164,7 +176,7 @@ class LocalJob:
 
         :raises subprocess.TimeoutExpired: If it is still running after ``timeout`` seconds.
         """
-        self._stopped.add(name)
+        self._stopped.add(self._procs[name])
         return self._procs[name].wait(timeout)
 
     def returncode(self, name: str) -> int | None:
@@ -176,7 +188,9 @@ class LocalJob:
         consumed.
 
         :raises RuntimeError: If, before it, a process that the job neither killed nor waited for
-            (:meth:`kill`, :meth:`wait`) exits with a status other than 0 (after all its output).
+            (:meth:`kill`, :meth:`wait`) exits with a status other than 0: right after its last
+            line, or :data:`STOP_GRACE` seconds after its exit while a child of its own still holds
+            its output open.
         :raises TimeoutError: If none arrives within ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
@@ -185,20 +199,30 @@ class LocalJob:
             if left <= 0:
                 raise TimeoutError(f"no expected line within {timeout} s")
             try:
-                line = self._lines.get(timeout=min(left, 0.5))
+                item = self._lines.get(timeout=min(left, 0.5))
             except queue.Empty:
-                self._check_failed()  # only once the lines read so far are consumed
-                continue
-            if match(line):
-                return line
+                item = None
+            if isinstance(item, Line):
+                if match(item):
+                    return item
+            elif isinstance(item, _Ended):
+                self._drained.add(item.proc)
+                if item.proc not in self._stopped:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        item.proc.wait(STOP_GRACE)  # an output closed at exit: the status follows at once
+            self._check_exited()
 
-    def _check_failed(self) -> None:
+    def _check_exited(self) -> None:
+        """Raise if a process the job did not stop exited with an error and its last line was
+        consumed, or it exited :data:`STOP_GRACE` seconds ago and a child of its own still holds
+        its output open (its end is then never queued)."""
+        now = time.monotonic()
         for name, proc in self._procs.items():
             status = proc.poll()
-            if name in self._stopped or status in (None, 0):
+            if proc in self._stopped or status in (None, 0):
                 continue
-            self._reader_of[name].join(STOP_GRACE)  # its last lines (a traceback) are echoed and queued
-            if self._lines.empty():
+            held = self._reader_of[name].is_alive() and now - self._failed_at.setdefault(proc, now) >= STOP_GRACE
+            if proc in self._drained or held:
                 raise RuntimeError(f"{name} exited with status {status}")
 
     def pid(self, name: str) -> int:
