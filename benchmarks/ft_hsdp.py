@@ -29,7 +29,10 @@ shortest this machine runs, without a sleep.
   implementations alternating in order (gang.ft first, then torchft first, ...), and prints the
   median of each implementation's ratios and paired ratios over the N runs with the load average
   of each run: the one command to compare on a quiet machine is ``python -m benchmarks.ft_hsdp
-  --hsdp-skip recovery --repeat 3 --torchft-python PATH``.
+  --hsdp-skip recovery --repeat 3 --torchft-python PATH``. ``--no-update`` is a diagnostic: no
+  implementation takes its optimizer step (ops ``hsdp_step_50ms_no_update`` and
+  ``hsdp_step_10ms_no_update``), which shows the cost of the commit vote alone, without the
+  optimizer steps that the vote's decision sets off on every process at once.
 * **Recovery** (ops ``hsdp_kill_to_commit`` and ``hsdp_restart_to_commit``, 50 ms step): one
   ``torchrun`` of 2 processes per replica (gang.ft: ``fully_shard`` on ``gang_mesh.fsdp_mesh``
   of the replica's own gangs). One process of replica 1 is ``SIGKILL``\\ ed (its torchrun ends
@@ -179,21 +182,22 @@ Step = Callable[[_Clock, int, float], bool]
 """One training step: ``(clock, data index, step seconds) -> committed``."""
 
 
-def _static_step(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int) -> Step:
+def _static_step(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, update: bool) -> Step:
     def step(clock: _Clock, index: int, step_s: float) -> bool:
         started = clock.start()
         optimizer.zero_grad()
         _compute(model, index, rank)
         clock.mark("compute")
         _pace(clock, started, step_s)
-        optimizer.step()
-        clock.mark("update")
+        if update:
+            optimizer.step()
+            clock.mark("update")
         return True
 
     return step
 
 
-def _gang_step(model: nn.Module, optimizer: torch.optim.Optimizer, gang: Any, rank: int) -> Step:
+def _gang_step(model: nn.Module, optimizer: torch.optim.Optimizer, gang: Any, rank: int, update: bool) -> Step:
     def step(clock: _Clock, index: int, step_s: float) -> bool:
         started = clock.start()
         with gang.step():
@@ -204,7 +208,7 @@ def _gang_step(model: nn.Module, optimizer: torch.optim.Optimizer, gang: Any, ra
             _pace(clock, started, step_s)
             committed = bool(gang.should_commit())
             clock.mark("commit")
-            if committed:
+            if committed and update:
                 optimizer.step()
                 clock.mark("update")
         clock.mark("exit")
@@ -213,7 +217,7 @@ def _gang_step(model: nn.Module, optimizer: torch.optim.Optimizer, gang: Any, ra
     return step
 
 
-def _torchft_step(model: nn.Module, optimizer: torch.optim.Optimizer, manager: Any, rank: int) -> Step:
+def _torchft_step(model: nn.Module, optimizer: torch.optim.Optimizer, manager: Any, rank: int, update: bool) -> Step:
     def step(clock: _Clock, index: int, step_s: float) -> bool:
         started = clock.start()
         manager.start_quorum()
@@ -224,7 +228,7 @@ def _torchft_step(model: nn.Module, optimizer: torch.optim.Optimizer, manager: A
         _pace(clock, started, step_s)
         committed = bool(manager.should_commit())
         clock.mark("commit")
-        if committed:
+        if committed and update:
             optimizer.step()
             clock.mark("update")
         return committed
@@ -335,14 +339,14 @@ def worker_overhead(args: argparse.Namespace) -> None:
     closer: Callable[[], None]
     if args.impl == "gang":
         gang = _join_gang(ft_model, clock, replica, replica_rank, REPLICAS)
-        ft_step = _gang_step(ft_model, ft_optimizer, gang, rank)
+        ft_step = _gang_step(ft_model, ft_optimizer, gang, rank, not args.no_update)
         closer = gang.close
     else:
         group = mesh["sdp"].get_group()
         manager = _join_torchft(ft_model, clock, replica, replica_rank, REPLICAS, args.lighthouse, group)
-        ft_step = _torchft_step(ft_model, ft_optimizer, manager, rank)
+        ft_step = _torchft_step(ft_model, ft_optimizer, manager, rank, not args.no_update)
         closer = lambda: manager.shutdown(wait=False)  # noqa: E731
-    steps = {"static": _static_step(static_model, static_optimizer, rank), "ft": ft_step}
+    steps = {"static": _static_step(static_model, static_optimizer, rank, not args.no_update), "ft": ft_step}
     step_s, index = args.step_ms / 1000, 0
     for name in steps:  # warm-up (the first fault-tolerant step forms the first quorum)
         for _ in range(3):
@@ -384,7 +388,7 @@ def worker_recovery(args: argparse.Namespace) -> None:
         mesh = fsdp_mesh(create_fsdp_gangs(create_parallel_gangs(create_default_gang(torch.device("cpu")))))
         model, optimizer = _model(mesh, *SHAPES[50])
         gang = _join_gang(model, clock, replica, rank, 1, RECOVERY_TIMEOUT_S)
-        step = _gang_step(model, optimizer, gang, replica * PROCESSES + rank)
+        step = _gang_step(model, optimizer, gang, replica * PROCESSES + rank, True)
 
         def number() -> int:
             return int(gang.step_number)
@@ -398,7 +402,7 @@ def worker_recovery(args: argparse.Namespace) -> None:
         mesh = init_device_mesh("cpu", (PROCESSES,), mesh_dim_names=("sdp",))
         model, optimizer = _model(mesh, *SHAPES[50])
         manager = _join_torchft(model, clock, replica, rank, 1, args.lighthouse, mesh.get_group())
-        step = _torchft_step(model, optimizer, manager, replica * PROCESSES + rank)
+        step = _torchft_step(model, optimizer, manager, replica * PROCESSES + rank, True)
 
         def number() -> int:
             return int(manager.current_step())
@@ -460,11 +464,12 @@ def _expect(job: LocalJob, match: Callable[[Line], bool], timeout: float) -> Lin
         raise _fail(job, error) from None
 
 
-def per_step(runner: _Runner, step_ms: int, rounds: int) -> dict[str, list[list[float]]]:
-    """Run the interleaved static and fault-tolerant rounds; return each step's slowest time and phases."""
+def per_step(runner: _Runner, step_ms: int, rounds: int, update: bool = True) -> dict[str, list[list[float]]]:
+    """Run the interleaved static and fault-tolerant rounds; return each step's slowest time and phases
+    (without optimizer steps unless ``update``)."""
     with LocalJob(echo=False) as job:
         env = runner.coordinator(job, REPLICAS, MANAGER_TIMEOUT_S)
-        args = ["overhead", f"--step-ms={step_ms}", f"--rounds={rounds}"]
+        args = ["overhead", f"--step-ms={step_ms}", f"--rounds={rounds}", *([] if update else ["--no-update"])]
         if "BENCH_LIGHTHOUSE" in env:
             args.append(f"--lighthouse={env.pop('BENCH_LIGHTHOUSE')}")
         runner.torchrun(job, "world", REPLICAS * PROCESSES, args, env)
@@ -585,6 +590,11 @@ def main() -> None:
     parser.add_argument("--hsdp-impls", nargs="*", default=["gang", "torchft"], choices=["gang", "torchft"])
     parser.add_argument("--hsdp-skip", nargs="*", default=[], choices=["overhead", "recovery"])
     parser.add_argument("--repeat", type=int, default=1, help="runs of each per-step measurement, alternating impls")
+    parser.add_argument(
+        "--no-update",
+        action="store_true",
+        help="a diagnostic: no optimizer step in any implementation (ops *_no_update)",
+    )
     args, _ = parser.parse_known_args()
     if args.mode is not None:
         (worker_overhead if args.mode == "overhead" else worker_recovery)(args)
@@ -597,16 +607,17 @@ def main() -> None:
     rows: list[Row] = []
     print(f"\n# HSDP across fault-tolerant replicas: {REPLICAS} replicas of {PROCESSES} processes, gloo", flush=True)
     for step_ms in (50, 10) if "overhead" not in args.hsdp_skip else ():
+        op = f"hsdp_step_{step_ms}ms" + ("_no_update" if args.no_update else "")
         ratios: dict[str, list[tuple[float, float, float]]] = {}
         for run in range(args.repeat):
             for impl in impls if run % 2 == 0 else impls[::-1]:
                 try:
-                    result = per_step(_Runner(impl, args.torchft_python), step_ms, rounds)
+                    result = per_step(_Runner(impl, args.torchft_python), step_ms, rounds, not args.no_update)
                 except (RuntimeError, TimeoutError) as error:  # a coordinator that did not start (load)
                     print(f"# {impl} HSDP per-step cost ({step_ms} ms) failed: {error}", flush=True)
                     continue
                 name = "gang.ft" if impl == "gang" else "torchft"
-                new = step_rows(name, f"hsdp_step_{step_ms}ms", result, rounds)
+                new = step_rows(name, op, result, rounds)
                 load = os.getloadavg()[0]
                 for row in new:
                     row.update(run=run, load=round(load, 1))
@@ -617,7 +628,7 @@ def main() -> None:
             for name, found in ratios.items():
                 listed = ", ".join(f"{r:.3f}/{p:.3f}@{load:.0f}" for r, p, load in found)
                 print(
-                    f"{'hsdp_step_' + str(step_ms) + 'ms':>16} {name:>15} median ratio "
+                    f"{op:>16} {name:>15} median ratio "
                     f"{_median([r for r, _, _ in found]):.3f} paired {_median([p for _, p, _ in found]):.3f} "
                     f"(runs ratio/paired@load: {listed})",
                     flush=True,

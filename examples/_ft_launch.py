@@ -12,9 +12,9 @@ nothing outlives the example.
 The waits synchronise on events, not on time: :meth:`LocalJob.expect` returns at the line it waits
 for, and fails as soon as a process the job did not stop ends with an error, right after that
 process's last line, however busily the other processes print (a process whose output a child of
-its own still holds open, such as a torchrun's worker, is caught within :data:`STOP_GRACE`
-seconds); their timeouts (:data:`HANG`, 10 minutes) only bound a hang, so a slow machine is slow,
-not failed.
+its own still holds open, such as a torchrun's worker, is caught :data:`STOP_GRACE` seconds
+after a wait first sees it exited); their timeouts (:data:`HANG`, 10 minutes) only bound a hang,
+so a slow machine is slow, not failed.
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ class LocalJob:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            errors="replace",  # a byte that is not UTF-8 must not end the reader before the process's end
         )
         self._procs[name] = proc
         reader = threading.Thread(target=self._read, args=(name, proc), daemon=True)
@@ -145,13 +146,15 @@ class LocalJob:
 
     def _read(self, name: str, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = Line(name, time.time(), raw.rstrip("\n"))
-            if self.echo:
-                self._print(f"{line.time - self._started:6.2f}s [{name}] {line.text}")
-            self._history.append(line)
-            self._lines.put(line)
-        self._lines.put(_Ended(name, proc))
+        try:
+            for raw in proc.stdout:
+                line = Line(name, time.time(), raw.rstrip("\n"))
+                if self.echo:
+                    self._print(f"{line.time - self._started:6.2f}s [{name}] {line.text}")
+                self._history.append(line)
+                self._lines.put(line)
+        finally:
+            self._lines.put(_Ended(name, proc))
 
     def say(self, text: str) -> None:
         """Print ``text`` stamped like the processes' lines (seconds since the job started)."""
@@ -189,8 +192,8 @@ class LocalJob:
 
         :raises RuntimeError: If, before it, a process that the job neither killed nor waited for
             (:meth:`kill`, :meth:`wait`) exits with a status other than 0: right after its last
-            line, or :data:`STOP_GRACE` seconds after its exit while a child of its own still holds
-            its output open.
+            line, or, while a child of its own still holds its output open, :data:`STOP_GRACE`
+            seconds after a wait first saw it exited.
         :raises TimeoutError: If none arrives within ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
@@ -208,14 +211,14 @@ class LocalJob:
             elif isinstance(item, _Ended):
                 self._drained.add(item.proc)
                 if item.proc not in self._stopped:
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        item.proc.wait(STOP_GRACE)  # an output closed at exit: the status follows at once
+                    with contextlib.suppress(subprocess.TimeoutExpired):  # an output closed at exit: its status follows
+                        item.proc.wait(max(0.0, min(STOP_GRACE, deadline - time.monotonic())))
             self._check_exited()
 
     def _check_exited(self) -> None:
         """Raise if a process the job did not stop exited with an error and its last line was
-        consumed, or it exited :data:`STOP_GRACE` seconds ago and a child of its own still holds
-        its output open (its end is then never queued)."""
+        consumed, or a wait first saw it exited :data:`STOP_GRACE` seconds ago and a child of its
+        own still holds its output open (its end is then never queued)."""
         now = time.monotonic()
         for name, proc in self._procs.items():
             status = proc.poll()

@@ -86,6 +86,7 @@ class CountingClient(StoreClient):
     def __init__(self, port: int) -> None:
         super().__init__("127.0.0.1", port, retry=1.0, timeout=timedelta(seconds=SECONDS))
         self.keys: list[str] = []
+        self.woken = 0  # how often a blocking wait was woken with an empty answer
         self._current = ""
 
     def _call(self, request: Callable[[TCPStore], _T], since: int | None = None) -> _T:
@@ -112,9 +113,16 @@ class CountingClient(StoreClient):
         self._current = "read " + " ".join(keys)
         return super().multi_get(keys, since=since)
 
+    def read(self, key: str) -> bytes | None:
+        self._current = f"check {key}"
+        return super().read(key)
+
     def wait(self, key: str, seconds: float, *, since: int | None = None) -> bytes | None:
         self._current = f"wait {key}"
         return super().wait(key, seconds, since=since)
+
+    def _woken(self, key: str) -> None:
+        self.woken += 1
 
 
 @pytest.fixture
@@ -255,7 +263,9 @@ def test_the_last_voter_decides_in_two_requests_and_a_middle_one_in_one_before_p
     decision = f"{ROOT}r/{quorum.round}/decision"
     assert sent[2] == [f"write {ok}", f"write {decision}"], sent[2]
     assert sent[0][:2] == [f"write {ok}", f"read {ROOT}r/{quorum.round}/result"], sent[0]
-    assert sent[1][0] == f"write {ok}" and set(sent[1][1:]) == {f"read {decision}"}, sent[1]
+    # The middle one polls the decision: `check` (waking no waiting request) until it exists, then reads it.
+    assert sent[1][0] == f"write {ok}" and sent[1][-1] == f"read {decision}", sent[1]
+    assert set(sent[1][1:]) <= {f"check {decision}", f"read {decision}"}, sent[1]
 
 
 def test_a_failed_vote_aborts_for_everyone(server: TCPStore) -> None:
@@ -472,6 +482,29 @@ def test_a_blocked_vote_learns_the_decision_in_one_request_and_its_watcher_ends_
     assert votes == {"a": False, "b": False}
     assert server.get(f"{ROOT}r/{second.round}/decision") == b"abort"
     assert f"write {ROOT}r/{second.round}/decision" in _requests(watcher)  # the watcher's abort ended the waits
+
+
+def test_checking_a_step_wakes_no_member_blocked_in_its_vote(server: TCPStore) -> None:
+    # a blocks for the decision while b checks the step (as a member still in a collective does,
+    # and every heartbeat thread watching a vote, every 0.1 s): b reads the decision without
+    # waking a's wait (a read by `compare_set` of the missing key would, and a would ask again:
+    # requests growing with the square of the members).
+    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
+    a.register(0)
+    b.register(0)
+    quorum = _in_threads({"a": partial(a.form, 0, 0), "b": partial(b.form, 0, 0)})["a"]
+    decision = f"{ROOT}r/{quorum.round}/decision"
+    votes: dict[str, Any] = {}
+    voting = threading.Thread(target=partial(_record_vote, votes, a, quorum, block=True))
+    voting.start()
+    assert wait_until(lambda: f"wait {decision}" in _requests(a), timeout=100.0)
+    for _ in range(20):
+        assert b.check_step(quorum) is None
+    votes["b"] = b.vote(quorum, True, SECONDS)
+    voting.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
+    assert votes == {"a": True, "b": True}
+    assert isinstance(a.client, CountingClient) and a.client.woken == 0
+    assert f"check {decision}" in _requests(b) and f"read {decision}" not in _requests(b)
 
 
 def test_a_blocking_wait_outlasts_reads_of_its_missing_key(server: TCPStore) -> None:

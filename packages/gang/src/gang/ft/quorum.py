@@ -81,7 +81,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from torch.distributed import DistNetworkError, DistStoreError
+from torch.distributed import DistStoreError
 
 from gang._torch_groups import TCPStore
 from gang.errors import BACKEND_ERRORS
@@ -206,6 +206,13 @@ class StoreClient:
         value = self.compare_set(key, _ABSENT, _ABSENT)
         return None if value == _ABSENT.encode() else value
 
+    def read(self, key: str) -> bytes | None:
+        """The value of ``key``, or ``None`` if it does not exist, without waking a :meth:`wait` for
+        it: one request while it is missing (``TCPStore.check``), two once it exists (then
+        :meth:`peek`). For a key that processes wait for (a vote's decision): :meth:`peek` of a
+        missing key wakes every request waiting for it (see :meth:`wait`)."""
+        return self.peek(key) if self._call(lambda s: s.check([key])) else None
+
     def compare_set(self, key: str, expected: str, desired: str, *, since: int | None = None) -> bytes:
         """``TCPStore.compare_set``: set ``key`` to ``desired`` if it holds ``expected`` (or is
         missing and ``expected`` is empty); return the value it holds afterwards.
@@ -248,8 +255,9 @@ class StoreClient:
         warning).
 
         torch's store also wakes a waiting request when another client's ``compare_set`` finds
-        the key missing (every :meth:`peek` of it): it then answers an empty value, and the key
-        is checked: read again if it was written since, else waited for again.
+        the key missing (every :meth:`peek` of it; :meth:`read` does not): it then answers an
+        empty value, and the key is checked: read again if it was written since, else waited for
+        again. The protocol reads the keys that processes wait for with :meth:`read`.
 
         :param since: As for :meth:`multi_get`: a store restarted since is not asked.
         :raises StoreRestartedError: If the store restarted since ``since``.
@@ -261,9 +269,7 @@ class StoreClient:
                 store.set_timeout(timedelta(seconds=left))
                 try:
                     value = store.get(key)
-                except DistStoreError as ex:  # the request's own timeout (a lost connection is a DistNetworkError)
-                    if isinstance(ex, DistNetworkError):
-                        raise
+                except DistStoreError:  # the request's own timeout (a lost connection is a DistNetworkError)
                     return None
                 finally:
                     store.set_timeout(self.timeout)
@@ -600,7 +606,7 @@ class QuorumClient:
     def _previous(self, n: int, previous: tuple[Quorum, bool] | None) -> tuple[Quorum | None, bool]:
         if previous is not None and previous[0].round == n - 1:
             return previous
-        result, decision = self.client.peek(_key("r", n - 1, "result")), self.client.peek(_key("r", n - 1, "decision"))
+        result, decision = self.client.peek(_key("r", n - 1, "result")), self.client.read(_key("r", n - 1, "decision"))
         if result is None:
             return None, False
         try:
@@ -697,7 +703,7 @@ class QuorumClient:
                 self._suspect = None
             elif silent_for is None:
                 self._suspect = (raw, now)
-        if self.client.peek(decision_key) == b"abort":
+        if self.client.read(decision_key) == b"abort":  # `read`: members may be waiting for it
             return "a member of the quorum aborted the step"
         if self.client.peek(_key("r", quorum.round, "dropped")) is not None:
             return "a member of the quorum dropped the step's group after the vote"
@@ -768,7 +774,7 @@ class QuorumClient:
             if self.client.peek(result_key) is None:  # the round's keys were deleted
                 return None
         while True:
-            decision = self.client.peek(decision_key)
+            decision = self.client.read(decision_key)
             if self.client.generation != generation:
                 # The store restarted since this vote began: a decision in the new one was not
                 # this vote's (the old one may have held `abort`).

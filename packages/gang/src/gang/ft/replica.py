@@ -525,10 +525,11 @@ class ReplicaGang(Gang):
 
         ``True`` only when every member of the quorum finished the step without error. On
         ``True``, :attr:`step_number` grows by one on every member. Calling it again in the same
-        step returns the same answer. The one exception: a process paused from its vote until the
-        others had closed two more rounds (its round's keys were then deleted) cannot learn the
-        decision; it gets ``False`` whatever the others decided, :meth:`errored` says so, and the
-        replica heals from a peer at its next step.
+        step returns the same answer. The exceptions: a process paused from its vote until the
+        others had closed two more rounds (its round's keys were then deleted), or whose store was
+        restarted during the vote, cannot learn the decision; it gets ``False`` whatever the
+        others decided, :meth:`errored` says so, and the replica heals from a peer at its next
+        step if the others committed it.
 
         :raises InvalidOperationError: Outside ``with gang.step():``.
         :raises GangError: If the coordination store is unreachable.
@@ -726,8 +727,9 @@ class ReplicaGang(Gang):
             self._record(
                 "should_commit",
                 RuntimeError(
-                    "this process was paused until the round's keys were deleted, so the decision is lost; "
-                    "the step is not committed here and the replica heals at its next step"
+                    "the decision is lost (this process was paused until the round's keys were deleted, or "
+                    "the store was restarted during the vote); the step is not committed here and the replica "
+                    "heals at its next step"
                 ),
                 abort=False,
             )
