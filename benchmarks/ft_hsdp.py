@@ -519,6 +519,7 @@ def recovery(runner: _Runner, cycles: int) -> dict[str, list[float]]:
                 start(r)
             for _ in range(cycles):
                 commit(1, time.time() + 3)  # a few steps in, both replicas training
+                job.ending("replica 1")
                 killed = time.time()
                 os.kill(pids("replica 1")[-1], signal.SIGKILL)  # one process: its torchrun ends the replica
                 # torchft's vote is per replica: a step the dead replica took part in may still commit

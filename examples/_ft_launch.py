@@ -173,6 +173,12 @@ class LocalJob:
         proc.wait()
         return killed
 
+    def ending(self, name: str) -> None:
+        """Take the exit of process ``name`` as expected from now on (:meth:`expect` does not fail
+        on it): before ending it from outside the job, such as a signal to one of a torchrun's
+        workers, which ends the torchrun with an error."""
+        self._stopped.add(self._procs[name])
+
     def wait(self, name: str, timeout: float = HANG) -> int:
         """Wait for process ``name`` to exit (an exit the job then expects: :meth:`expect` does not
         fail on it); return its exit status.
@@ -191,7 +197,7 @@ class LocalJob:
         consumed.
 
         :raises RuntimeError: If, before it, a process that the job neither killed nor waited for
-            (:meth:`kill`, :meth:`wait`) exits with a status other than 0: right after its last
+            (:meth:`kill`, :meth:`wait`, :meth:`ending`) exits with a status other than 0: right after its last
             line, or, while a child of its own still holds its output open, :data:`STOP_GRACE`
             seconds after a wait first saw it exited.
         :raises TimeoutError: If none arrives within ``timeout`` seconds.

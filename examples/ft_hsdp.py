@@ -165,6 +165,7 @@ def run_local_job(*, steps: int = 12, kill_at: int = 4, restart_at: int = 7, pac
             everyone = int(line.rpartition(" ")[2])
             reached(everyone + kill_at)
             job.say("=== SIGKILL process 1 of replica 2 (its torchrun ends the replica)")
+            job.ending("replica 2")
             os.kill(pids[2, 1], signal.SIGKILL)
             killed.append(pids[2, 0])
             job.wait("replica 2")

@@ -3,6 +3,8 @@ exits with an error right after its last line, even while the other processes ke
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -60,12 +62,17 @@ def test_a_failed_process_is_reported_after_its_last_line_while_others_print(tmp
 def test_a_stopped_or_successful_process_does_not_fail_a_wait() -> None:
     with LocalJob(echo=False) as job:
         job.start("killed", ["-c", CHATTY.format(n=100_000)])
+        job.start("signalled", ["-c", CHATTY.format(n=100_000)])
         job.start("done", ["-c", "print('bye', flush=True)"])
         job.expect(matching("tick", "killed"))
         job.kill("killed")
+        job.expect(matching("tick", "signalled"))
+        job.ending("signalled")  # ended from outside the job (one of a torchrun's workers, say)
+        os.kill(job.pid("signalled"), signal.SIGKILL)
         job.start("last", ["-c", "import time; time.sleep(0.5); print('last', flush=True)"])
-        assert job.expect(matching("last")).name == "last"  # past the ends of `killed` and `done`
+        assert job.expect(matching("last")).name == "last"  # past the ends of the other three
         assert job.returncode("killed") == -9 and job.returncode("done") == 0
+        assert job.wait("signalled") == -9
 
 
 def test_a_failed_process_whose_child_holds_its_output_is_reported(
