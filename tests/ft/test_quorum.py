@@ -660,6 +660,22 @@ def _decider(clients: tuple[QuorumClient, ...], quorum: Quorum) -> QuorumClient:
     return deciders[0]
 
 
+def test_no_proposal_is_written_into_a_round_whose_keys_were_deleted(server: TCPStore) -> None:
+    # The last voter proposes when it enters the next step. Paused until the round's keys were
+    # deleted (as when the others closed two more rounds meanwhile), it writes no proposal there:
+    # nothing would ever delete it. The next round is then decided by its leader.
+    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
+    a.register(0)
+    b.register(0)
+    first = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    votes = _in_threads({"a": lambda: a.vote(first, True, SECONDS), "b": lambda: b.vote(first, True, SECONDS)})
+    assert votes == {"a": True, "b": True}
+    collect(a.client, first.round + KEEP_ROUNDS)  # round 1's keys are gone
+    second = _in_threads({c.replica_id: partial(c.form, first.round, 1, (first, True)) for c in (a, b)})
+    assert second["a"] == second["b"] and second["a"].members == ("a", "b"), second
+    assert not server.check([f"{ROOT}r/{first.round}/next"]), "a proposal was written into a deleted round"
+
+
 def test_an_unchanged_quorum_is_proposed_by_the_last_voter_and_published_by_the_last_member_to_join(
     server: TCPStore,
 ) -> None:
