@@ -144,6 +144,14 @@ def _client(
     return QuorumClient(CountingClient(server.port), replica_id, rank, size, uuid.uuid4().hex[:16], policy)
 
 
+def _pair(server: TCPStore) -> tuple[QuorumClient, QuorumClient, Quorum]:
+    """Replicas ``a`` and ``b`` (``min_replicas=2``), registered, and the first quorum they formed."""
+    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
+    a.register(0)
+    b.register(0)
+    return a, b, _in_threads({"a": partial(a.form, 0, 0), "b": partial(b.form, 0, 0)})["a"]
+
+
 def _requests(client: QuorumClient) -> list[str]:
     """The requests ``client`` sent so far (see :class:`CountingClient`)."""
     assert isinstance(client.client, CountingClient)
@@ -269,10 +277,7 @@ def test_the_last_voter_decides_in_two_requests_and_a_middle_one_in_one_before_p
 
 
 def test_a_failed_vote_aborts_for_everyone(server: TCPStore) -> None:
-    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
-    a.register(0)
-    b.register(0)
-    quorum = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    a, b, quorum = _pair(server)
     votes = _in_threads({"a": lambda: a.vote(quorum, True, SECONDS), "b": lambda: b.vote(quorum, False, SECONDS)})
     assert votes == {"a": False, "b": False}
 
@@ -489,10 +494,7 @@ def test_checking_a_step_wakes_no_member_blocked_in_its_vote(server: TCPStore) -
     # and every heartbeat thread watching a vote, every 0.1 s): b reads the decision without
     # waking a's wait (a read by `compare_set` of the missing key would, and a would ask again:
     # requests growing with the square of the members).
-    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
-    a.register(0)
-    b.register(0)
-    quorum = _in_threads({"a": partial(a.form, 0, 0), "b": partial(b.form, 0, 0)})["a"]
+    a, b, quorum = _pair(server)
     decision = f"{ROOT}r/{quorum.round}/decision"
     votes: dict[str, Any] = {}
     voting = threading.Thread(target=partial(_record_vote, votes, a, quorum, block=True))
@@ -542,10 +544,7 @@ def test_a_blocked_vote_ends_at_its_deadline_and_writes_nothing_in_a_deleted_rou
     # writes `abort` once the vote's deadline passed. Then, in round 2, a blocks again and the
     # round's keys are deleted under it (as if a had been paused until two more rounds closed,
     # before its wait reached the store): at its deadline a loses the vote and writes no decision.
-    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
-    a.register(0)
-    b.register(0)
-    first = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    a, b, first = _pair(server)
     watcher = QuorumClient(CountingClient(server.port), "a", 0, 1, a.token, a.policy)
     done = threading.Event()
     watching = _watching(watcher, first, time.monotonic() + 0.5, done)
@@ -572,10 +571,7 @@ def test_a_dropped_mark_written_between_the_leaders_reads_is_not_missed(server: 
     # leads round 2; b's mark and join land right after a read round 1's `dropped` key (the seam).
     # A leader that read the mark before the joins would see b's join without its mark and reuse
     # the dropped group; reading the joins first, it sees either neither or both.
-    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
-    a.register(0)
-    b.register(0)
-    first = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    a, b, first = _pair(server)
     assert first.members == ("a", "b") and first.group == first.round
     votes = _in_threads({"a": lambda: a.vote(first, True, SECONDS), "b": lambda: b.vote(first, True, SECONDS)})
     assert votes == {"a": True, "b": True}
@@ -664,10 +660,7 @@ def test_no_proposal_is_written_into_a_round_whose_keys_were_deleted(server: TCP
     # The last voter proposes when it enters the next step. Paused until the round's keys were
     # deleted (as when the others closed two more rounds meanwhile), it writes no proposal there:
     # nothing would ever delete it. The next round is then decided by its leader.
-    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
-    a.register(0)
-    b.register(0)
-    first = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    a, b, first = _pair(server)
     votes = _in_threads({"a": lambda: a.vote(first, True, SECONDS), "b": lambda: b.vote(first, True, SECONDS)})
     assert votes == {"a": True, "b": True}
     collect(a.client, first.round + KEEP_ROUNDS)  # round 1's keys are gone
@@ -683,10 +676,7 @@ def test_an_unchanged_quorum_is_proposed_by_the_last_voter_and_published_by_the_
     # entered the next step (the vote itself writes no proposal), published by the last member
     # to join it (no leader reads the joins, the registry or the heartbeats); a registration
     # after the proposal voids it, and the leader decides from the joins.
-    a, b = _client(server, "a", min_replicas=2), _client(server, "b", min_replicas=2)
-    a.register(0)
-    b.register(0)
-    first = _in_threads({"a": lambda: a.form(0, 0), "b": lambda: b.form(0, 0)})["a"]
+    a, b, first = _pair(server)
     assert _in_threads({"a": lambda: a.vote(first, True, SECONDS), "b": lambda: b.vote(first, True, SECONDS)}) == {
         "a": True,
         "b": True,
