@@ -378,23 +378,6 @@ class Runner:
         return job.start(f"replica {replica}", argv, env, python=self.python)
 
 
-def _expect_while_running(job: LocalJob, match: Callable[[Line], bool], timeout: float) -> Line:
-    """:meth:`LocalJob.expect`, but a process of ``job`` that exits with an error ends the wait at once.
-
-    :raises RuntimeError: If a process exited with a non-zero status (its output is in the job).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return job.expect(match, timeout=min(5.0, max(0.1, deadline - time.monotonic())))
-        except TimeoutError:
-            failed = [name for name in job.names() if job.returncode(name) not in (None, 0)]
-            if failed:
-                raise RuntimeError(f"{', '.join(failed)} exited with an error") from None
-            if time.monotonic() >= deadline:
-                raise
-
-
 def _fail(job: LocalJob, error: Exception) -> RuntimeError:
     tails = [f"--- {name}:\n" + "\n".join(job.output(name)[-30:]) for name in job.names()]
     return RuntimeError(f"{error}\n" + "\n".join(tails))
@@ -410,7 +393,7 @@ def measure_overhead(runner: Runner, step_ms: float, rounds: int, micro_batches:
         for replica in range(REPLICAS):
             runner.start_replica(job, replica, reach, args)
         try:
-            line = _expect_while_running(job, lambda line: line.text.startswith("@result "), 600)
+            line = job.expect(lambda line: line.text.startswith("@result "), 600)
         except (TimeoutError, RuntimeError) as error:
             raise _fail(job, error) from None
         result: dict[str, Any] = json.loads(line.text.removeprefix("@result "))

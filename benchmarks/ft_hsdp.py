@@ -456,10 +456,10 @@ def _fail(job: LocalJob, error: Exception) -> RuntimeError:
 
 
 def _expect(job: LocalJob, match: Callable[[Line], bool], timeout: float) -> Line:
-    from benchmarks.ft import _expect_while_running
-
+    """:meth:`LocalJob.expect` (which fails as soon as a process the job did not stop exits with an
+    error); a failure or a timeout raises with the tail of every process's output."""
     try:
-        return _expect_while_running(job, match, timeout)
+        return job.expect(match, timeout)
     except (TimeoutError, RuntimeError) as error:
         raise _fail(job, error) from None
 

@@ -76,7 +76,9 @@ HANG = 600.0
 of the examples takes even on a loaded machine (the waits end at events, not at a time)."""
 
 STOP_GRACE = 10.0
-"""Seconds :meth:`LocalJob.close` gives a process (and a torchrun its workers) after ``SIGTERM``."""
+"""Seconds :meth:`LocalJob.close` gives a process (and a torchrun its workers) after ``SIGTERM``;
+also how long :meth:`LocalJob.expect` waits for the status of a process that closed its output,
+and after first seeing a failed process exit while a child of its own holds its output open."""
 
 
 class LocalJob:

@@ -21,12 +21,15 @@ CHATTY = "import time\nfor i in range({n}):\n    print('tick', i, flush=True)\n 
 UNTIL = (
     "import os, sys, time\n"
     "print('started', os.getpid(), flush=True)\n"
+    "if len(sys.argv) > 2:\n"
+    "    open(sys.argv[2], 'w').close()\n"
     "end = time.monotonic() + 120\n"
     "while not os.path.exists(sys.argv[1]) and time.monotonic() < end:\n"
     "    print('tick', flush=True)\n"
     "    time.sleep(0.005)\n"
 )
-"""A process printing a line every 5 ms until the file ``argv[1]`` exists (120 s at most)."""
+"""A process printing a line every 5 ms until the file ``argv[1]`` exists (120 s at most); it
+creates the file ``argv[2]``, if given, once it printed its first line."""
 
 NEVER = 60.0
 """The timeout of a wait that must end on the failure: only a bound on a hang."""
@@ -69,6 +72,7 @@ def test_a_stopped_or_successful_process_does_not_fail_a_wait() -> None:
         job.expect(matching("tick", "signalled"))
         job.ending("signalled")  # ended from outside the job (one of a torchrun's workers, say)
         os.kill(job.pid("signalled"), signal.SIGKILL)
+        job._reader_of["signalled"].join()  # its end is queued before `last` starts (a look inside)
         job.start("last", ["-c", "import time; time.sleep(0.5); print('last', flush=True)"])
         assert job.expect(matching("last")).name == "last"  # past the ends of the other three
         assert job.returncode("killed") == -9 and job.returncode("done") == 0
@@ -79,11 +83,15 @@ def test_a_failed_process_whose_child_holds_its_output_is_reported(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(_ft_launch, "STOP_GRACE", 0.5)
-    stop = tmp_path / "stop"
-    # The parent exits with an error while its child (a torchrun's worker, say) keeps printing to
-    # the output they share until `stop` exists: the parent's end is never queued meanwhile.
+    stop, started = tmp_path / "stop", tmp_path / "started"
+    # The parent exits with an error once its child (a torchrun's worker, say) prints to the output
+    # they share; the child goes on until `stop` exists: the parent's end is never queued meanwhile.
     parent = (
-        f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {UNTIL!r}, {str(stop)!r}])\nsys.exit(4)\n"
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {UNTIL!r}, {str(stop)!r}, {str(started)!r}])\n"
+        f"while not os.path.exists({str(started)!r}):\n"
+        "    time.sleep(0.01)\n"
+        "sys.exit(4)\n"
     )
     with LocalJob(echo=False) as job:
         job.start("torchrun", ["-c", parent])

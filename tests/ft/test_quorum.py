@@ -500,8 +500,9 @@ def test_checking_a_step_wakes_no_member_blocked_in_its_vote(server: TCPStore) -
     voting = threading.Thread(target=partial(_record_vote, votes, a, quorum, block=True))
     voting.start()
     assert wait_until(lambda: f"wait {decision}" in _requests(a), timeout=100.0)
-    for _ in range(20):
+    for _ in range(20):  # over 0.2 s: the wait recorded above reaches the store meanwhile
         assert b.check_step(quorum) is None
+        time.sleep(0.01)
     votes["b"] = b.vote(quorum, True, SECONDS)
     voting.join(timeout=6 * SECONDS)  # a harness bound against a hang, not a timing claim
     assert votes == {"a": True, "b": True}

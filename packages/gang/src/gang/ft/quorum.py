@@ -37,8 +37,8 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
   whose vote completed the count) when it enters the next step, before it joins round ``n + 1``
   (``"<epoch>|<joins>|<quorum>"``, with the joins of the next round by other processes it
   saw): the policy's decision from the store as it is then, every member taken as joined at
-  the next step (none if a member marked ``dropped`` first, or once the round's keys were
-  deleted). When the step commits, the members join
+  the next step (none if a member marked ``dropped`` first; one written after the round's keys
+  were deleted is deleted again by its writer). When the step commits, the members join
   round ``n + 1`` as usual, adding ``2**20`` (not 1) to its ``count``, and the last of them to
   join publishes the proposal as the round's result (``compare_set``; a leader's result
   published first wins) unless ``epoch`` changed or another process joined the round since:
@@ -637,8 +637,6 @@ class QuorumClient:
         # epoch: a mark not seen here comes with an epoch that voids the proposal.
         if self.client.peek(_key("r", quorum.round, "dropped")) is not None:
             return  # the next round builds a new group: its leader decides it
-        if self.client.peek(_key("r", quorum.round, "result")) is None:
-            return  # the round's keys were deleted (this process was paused): a proposal would stay forever
         view = self._view(n, 0.0)
         joins = dict(view.joins)
         # Joins of the round by other processes (spares, stalled or new replicas): another one
@@ -654,6 +652,10 @@ class QuorumClient:
             # A store restarted meanwhile does not get it: its `epoch` began again at 0 (it could match later).
             with contextlib.suppress(StoreRestartedError):
                 self.client.compare_set(key, "", f"{epoch}|{others}|{text}", since=generation)
+                # A round whose keys were deleted meanwhile (this process was paused; `result` goes
+                # before `next`) keeps no proposal: nothing else would delete it.
+                if self.client.peek(_key("r", quorum.round, "result")) is None:
+                    self.client.delete(key)
 
     def _publish_proposal(self, previous: Quorum, others: int) -> None:
         """Publish the round after ``previous``'s as its last voter proposed it, unless it is void
@@ -678,7 +680,8 @@ class QuorumClient:
         return self.policy.watch_interval
 
     def check_step(self, quorum: Quorum) -> str | None:
-        """Why the step of ``quorum`` cannot go on, or ``None``; three reads, whatever the quorum's size.
+        """Why the step of ``quorum`` cannot go on, or ``None``; three reads (one more once the
+        decision is written), whatever the quorum's size.
 
         The step is over when its decision is already ``abort``, when a member dropped its group
         after the vote (:meth:`mark_dropped`), or when the process this one
