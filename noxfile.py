@@ -216,22 +216,20 @@ def plugin_jobs(pytest: list[str]) -> Jobs:
 
 
 # What each job of `all` took on a fresh clone of the 2-core machine with nothing else running
-# (seconds): `all` starts the longest first, so that the short ones fill the lanes at the end.
-# `the other tests` and `dead peers` were one job of 330 s there; measured apart on the same
-# machine beside other processes, they took 280 s (283 CPU s, load average 15 to 25) and 359 s
-# (317 CPU s, load 10 to 14), and 219 s (51 CPU s, load 15 to 18) and 136 s (49 CPU s, load 8 to
-# 12). A job of BESIDE starts at once whatever its place here.
+# (seconds; `CI=true bash .ci/run` of 2026-11-27, eleventh session): `all` starts the longest
+# first, so that the short ones fill the lanes at the end. A job of BESIDE starts at once whatever
+# its place here (`dead peers` mostly waits on timeouts: about 50 CPU s).
 MEASURED = {
-    "the other tests": 280,
-    "dead peers": 219,
-    "tests/ft, debug mode": 290,
-    "gang-mesh, gang-jax": 125,
-    "gang": 105,
-    "sphinx, examples": 90,
-    "examples": 80,
-    "launchers": 55,
-    "typecheck": 45,
-    "plugin project": 5,
+    "tests/ft, debug mode": 332,
+    "the other tests": 267,
+    "dead peers": 111,
+    "sphinx, examples": 115,
+    "gang": 99,
+    "gang-mesh, gang-jax": 98,
+    "launchers": 85,
+    "examples": 70,
+    "typecheck": 28,
+    "plugin project": 6,
 }
 
 
