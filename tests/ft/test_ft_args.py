@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
@@ -204,3 +206,50 @@ def test_state_dict_round_trip_status_and_bad_values(gang: ReplicaGang) -> None:
         with pytest.raises(error, match=re.escape(text)):
             gang.load_state_dict(bad)
     assert gang.step_number == 42
+
+
+_NEWCOMER = """
+import sys
+from datetime import timedelta
+from gang.ft import ReplicaGang, SparesPolicy
+kind, store = sys.argv[1], sys.argv[2]
+extra = {
+    "equal": {"timeout": timedelta(seconds=5)},
+    "other timeout": {"timeout": timedelta(seconds=5), "quorum_timeout": timedelta(seconds=7)},
+    "other class": {"timeout": timedelta(seconds=5), "policy": SparesPolicy(1, 5.0, 5.0)},
+}[kind]
+try:
+    g = ReplicaGang.join(replica_id="newcomer", store=store, state_dict=dict, load_state_dict=lambda s: None, **extra)
+except ValueError as ex:
+    print("refused:", ex)
+else:
+    print("joined:", g.policy.signature())
+    g.close()
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "theirs"),
+    [
+        ("equal", None),
+        ("other timeout", "gang.ft.policy.Policy(min_replicas=1, quorum_timeout=7.0, "),
+        ("other class", "gang.ft.policy.SparesPolicy(min_replicas=1, quorum_timeout=5.0, heartbeat_timeout=5.0, "),
+    ],
+)
+def test_a_newcomer_with_another_policy_is_refused_naming_both(
+    gang: ReplicaGang, kind: str, theirs: str | None
+) -> None:
+    # The newcomer is another process (a real join over the same store); the member goes on.
+    host, port = gang._address
+    done = subprocess.run(
+        [sys.executable, "-c", _NEWCOMER, kind, f"{host}:{port}"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    mine = gang.policy.signature()
+    if theirs is None:
+        assert done.stdout.strip() == f"joined: {mine}"
+    else:
+        assert done.stdout.startswith("refused: `policy` must equal the live members' policy: "), done.stdout
+        assert theirs in done.stdout and f"but the live replica 'solo' rank 0 uses {mine}" in done.stdout
+    with gang.step():
+        assert gang.should_commit()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from typing_extensions import override
 
@@ -193,7 +193,8 @@ class Policy:
     when a claimed identity's owner is dead, when a step stops waiting for the process it watches,
     when a process forming a quorum gives up, and what each quorum round decides. Every method is
     a pure function of what it is given (a :class:`View` read at one moment, a heartbeat): no
-    store, no clock. Every process of every replica must use an equal policy.
+    store, no clock. Every process of every replica must use an equal policy: ``join`` compares
+    :meth:`signature` with every live process's and refuses a newcomer whose policy differs.
 
     This one is torchft's ``DYNAMIC`` mode: a quorum holds every live replica that joined (at
     least ``min_replicas``). :class:`SparesPolicy` holds a fixed number. Another policy subclasses
@@ -226,6 +227,14 @@ class Policy:
                 raise ValueError(f"`{name}` must be positive, but is {value!r} instead.")
         if not isinstance(self.init_sync, bool):
             raise TypeError(f"`init_sync` must be a `bool`, but is {self.init_sync!r} instead.")
+
+    def signature(self) -> str:
+        """The class and the parameters of this policy, as every process of a job compares them
+        when it joins (:meth:`gang.ft.ReplicaGang.join` refuses a newcomer whose policy differs
+        from a live member's, since the decisions would then depend on which process leads)."""
+        kind = type(self)
+        params = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        return f"{kind.__module__}.{kind.__qualname__}({params})"
 
     def choose(self, joined: Mapping[str, list[int]], previous: Quorum | None) -> tuple[list[str], list[str]]:
         """Split the live replicas that joined a round into its members and its spares (each in

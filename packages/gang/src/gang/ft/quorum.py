@@ -123,6 +123,10 @@ class IdentityError(Exception):
     """Another live process owns this process's (replica id, replica rank); the message names both."""
 
 
+class PolicyMismatchError(Exception):
+    """A process joined with a policy that differs from a live process's (the message names both)."""
+
+
 class StoreUnreachableError(RuntimeError):
     """The coordination store did not answer for the whole retry time."""
 
@@ -330,11 +334,16 @@ class QuorumClient:
 
     # -- identity and heartbeats ------------------------------------------------------------------
 
-    def register(self, step: int) -> None:
+    def register(self, step: int, *, compare_policy: bool = False) -> None:
         """Claim this process's identity, write a first heartbeat and enter the registry.
 
+        :param compare_policy: First compare this process's policy with every live registered
+            process's (what ``join`` does; a re-registration after a store restart does not).
         :raises IdentityError: If a live process of another incarnation owns the identity.
+        :raises PolicyMismatchError: If ``compare_policy`` and a live process's policy differs.
         """
+        if compare_policy:
+            self._compare_policy()
         claim = _key("id", self.replica_id, self.replica_rank)
         mine = f"{self.token} {socket.gethostname()}:{os.getpid()} {time.time():.6f} {self._address}"
         current = self.client.peek(claim)
@@ -349,9 +358,35 @@ class QuorumClient:
             if got == mine.encode():
                 break
             current = got
+        self.client.set(_key("policy", self.replica_id, self.replica_rank), self.policy.signature())
         self.beat(step)
         self.client.append(_key("reg"), f"{self.replica_id}|{self.replica_rank}|{self.replica_size}\n")
         self.client.add(EPOCH, 1)
+
+    def _compare_policy(self) -> None:
+        """Raise :class:`PolicyMismatchError` if a live registered process (another identity) uses
+        a policy whose :meth:`~gang.ft.policy.Policy.signature` differs from this one's.
+
+        Two requests whatever the number of processes: the registry, then every process's policy
+        and heartbeat in one ``multi_get``. A process that is dead or left does not count, so a
+        job restarted with another policy against a store that outlived it is not refused.
+        """
+        mine = self.policy.signature()
+        others = sorted(
+            {(rid, int(rank)) for rid, rank, _ in _lines(self.client.peek(_key("reg")))}
+            - {(self.replica_id, self.replica_rank)}
+        )
+        if not others:
+            return
+        keys = [k for rid, rank in others for k in (_key("policy", rid, rank), _key("hb", rid, rank))]
+        values = self.client.multi_get(keys)
+        now = time.time()
+        for (rid, rank), theirs, beat in zip(others, values[::2], values[1::2], strict=True):
+            if theirs and theirs.decode() != mine and self.policy.alive(_parse_beat(beat, now)):
+                raise PolicyMismatchError(
+                    f"{self.describe()} joined with the policy {mine}, but the live replica {rid!r} rank "
+                    f"{rank} uses {theirs.decode()} (every process of a job must use an equal policy)"
+                )
 
     def _owner_alive(self, claim: str) -> bool:
         """Whether the incarnation that claimed this identity still lives (:meth:`Policy.owner_alive`
@@ -854,6 +889,7 @@ __all__ = [
     "ROOT",
     "ROUND_KEYS",
     "IdentityError",
+    "PolicyMismatchError",
     "Quorum",
     "QuorumClient",
     "QuorumTimeoutError",

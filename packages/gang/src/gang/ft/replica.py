@@ -40,7 +40,7 @@ from gang.ft.identity import (
 from gang.ft.liveness import Liveness
 from gang.ft.log import abort_reason, log_event, log_quorum
 from gang.ft.policy import Policy, Quorum, watched
-from gang.ft.quorum import ROOT, IdentityError, QuorumClient, QuorumTimeoutError, StoreClient
+from gang.ft.quorum import ROOT, IdentityError, PolicyMismatchError, QuorumClient, QuorumTimeoutError, StoreClient
 from gang.ft.replica_process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
 from gang.gang import Gang, ReduceOperation
 from gang.process_group_gang import real_view
@@ -194,9 +194,11 @@ class ReplicaGang(Gang):
         self._protocol = QuorumClient(self._store, *args)
         try:  # a failed join closes the death signal's sockets
             try:
-                self._protocol.register(0)
+                self._protocol.register(0, compare_policy=True)
             except IdentityError as ex:
                 raise GangError(f"`join` failed: {ex}.") from ex
+            except PolicyMismatchError as ex:
+                raise ValueError(f"`policy` must equal the live members' policy: {ex}.") from ex
             except BACKEND_ERRORS as ex:
                 raise self._store_error("join", ex) from ex
             beats = QuorumClient(self._connect(), *args)
@@ -281,10 +283,12 @@ class ReplicaGang(Gang):
             ``FIXED_WITH_SPARES``). ``None``: a :class:`~gang.ft.policy.Policy` of
             ``min_replicas``, ``quorum_timeout``, ``heartbeat_timeout`` and ``init_sync``. A policy
             given carries those four itself: leave them out. Every process of every replica must
-            pass an equal policy.
+            pass an equal policy (the same class and parameters, :meth:`~gang.ft.policy.Policy.signature`):
+            a process whose policy differs from a live member's is refused when it joins.
         :raises ValueError: If an argument has a bad value or an environment variable is missing,
             or ``policy`` is given with ``min_replicas``, ``quorum_timeout``, ``heartbeat_timeout``
-            or ``init_sync``.
+            or ``init_sync``, or this process's policy differs from a live member's (the message
+            names both; the members go on).
         :raises TypeError: If an argument has the wrong type.
         :raises GangError: If the store cannot be reached, or another live process is this
             (replica id, replica rank) (the message names both; the other one goes on).
