@@ -66,7 +66,7 @@ OURS = (
 
 SHARED = ROOT / ".nox" / "shared"
 SHARED_BIN = SHARED / ("Scripts" if os.name == "nt" else "bin")
-SHARED_TOOLS = ("pytest", "pytest-timeout", "mypy", "nox", "matplotlib", "sphinx", "furo")
+SHARED_TOOLS = ("pytest", "pytest-timeout", "mypy", "nox", "matplotlib", "sphinx", "furo", "optax")
 PLUGIN_PROJECT = ROOT / "examples" / "plugin-project"
 _shared_made = False
 

@@ -1,5 +1,8 @@
 """The replicas of the DiLoCo tests: one process each (``one``; ``localsgd`` runs ``gang.ft.LocalSGD``
-instead) or a torchrun of 2 sharding with FSDP2 (``fsdp``).
+instead) or a torchrun of 2 sharding with FSDP2 (``fsdp``); ``jax`` and ``jaxlocalsgd`` train the same
+model as a JAX pytree with ``gang_jax.ft.DiLoCo`` and ``gang_jax.ft.LocalSGD`` (float64, x64 on).
+``FT_MODE`` overrides the mode of one replica (torch and JAX replicas in one job), ``FT_OUTER=sgd``
+makes the outer optimizer plain SGD (no momentum) instead of SGD with Nesterov momentum.
 
 Run as ``python diloco_workers.py one|localsgd|fsdp LOG STEPS`` with ``GANG_FT_REPLICA_ID``/``GANG_FT_STORE``
 set. Each process builds the float64 model of :func:`build_model` (replica ``0`` from seed 1234,
@@ -32,6 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from ft_workers import Replica
 from torch import Tensor, nn
@@ -46,8 +50,10 @@ FSDP_PROCS = 2
 
 
 def build_model(rid: str) -> nn.Sequential:
-    """Replica ``rid``'s starting model (float64): replica ``"0"``'s is the one every replica adopts."""
-    torch.manual_seed(1234 if rid == "0" else zlib.crc32(rid.encode()))
+    """Replica ``rid``'s starting model (float64): replica ``"0"``'s is the one every replica adopts
+    (with ``FT_SAME_START=1``, every replica starts from it and joins with ``init_sync=False``)."""
+    same = os.environ.get("FT_SAME_START") == "1"
+    torch.manual_seed(1234 if rid == "0" or same else zlib.crc32(rid.encode()))
     return nn.Sequential(nn.Linear(IN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, OUT)).double()
 
 
@@ -55,8 +61,53 @@ def inner(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=INNER_LR)
 
 
+def nesterov() -> bool:
+    """Whether the outer optimizer has Nesterov momentum (``FT_OUTER`` is not ``sgd``)."""
+    return os.environ.get("FT_OUTER", "nesterov") != "sgd"
+
+
 def outer(params: Any) -> torch.optim.Optimizer:
+    if not nesterov():
+        return torch.optim.SGD(params, lr=OUTER_LR)
     return torch.optim.SGD(params, lr=OUTER_LR, momentum=MOMENTUM, nesterov=True)
+
+
+def jax_outer() -> Any:
+    """The outer optimizer of a JAX replica: the same as :func:`outer`, in ``optax``."""
+    import optax
+
+    if not nesterov():
+        return optax.sgd(OUTER_LR)
+    return optax.sgd(OUTER_LR, momentum=MOMENTUM, nesterov=True)
+
+
+_JAX_STEP: Any = None
+
+
+def jax_inner_step(params: list[Any], rid: str, process: int, t: int) -> list[Any]:
+    """One plain SGD step of the JAX model (``build_model``'s parameters as a list, in its order) on
+    the batch of (``rid``, ``process``, ``t``): the JAX replicas' inner step, and the replay's for them."""
+    global _JAX_STEP
+    import jax
+    import jax.numpy as jnp
+
+    if _JAX_STEP is None:
+
+        def loss(ps: list[Any], x: Any, y: Any) -> Any:
+            w1, b1, w2, b2 = ps
+            return jnp.mean((jnp.tanh(x @ w1.T + b1) @ w2.T + b2 - y) ** 2)
+
+        def step(ps: list[Any], x: Any, y: Any) -> list[Any]:
+            return [p - INNER_LR * g for p, g in zip(ps, jax.grad(loss)(ps, x, y), strict=True)]
+
+        _JAX_STEP = jax.jit(step)
+    x, y = gang_batch(rid, process, t)
+    result: list[Any] = _JAX_STEP(params, jnp.asarray(x.numpy()), jnp.asarray(y.numpy()))
+    return result
+
+
+def jax_mode(mode: str) -> bool:
+    return mode.startswith("jax")
 
 
 def gang_batch(rid: str, process: int, t: int) -> tuple[Tensor, Tensor]:
@@ -79,7 +130,31 @@ def flat(tensors: list[Tensor]) -> list[float]:
 
 
 def replay(
-    syncs: list[dict[str, Any]], *, procs: int, delay: int, alpha: float, local_sgd: bool = False
+    syncs: list[dict[str, Any]],
+    *,
+    procs: int,
+    delay: int,
+    alpha: float,
+    local_sgd: bool = False,
+    jax_replicas: bool = False,
+) -> list[dict[str, Any]]:
+    """:func:`_replay`, with JAX in 64-bit mode for ``jax_replicas`` (as the JAX replicas run)."""
+    if not jax_replicas:
+        return _replay(syncs, procs=procs, delay=delay, alpha=alpha, local_sgd=local_sgd, jax_replicas=False)
+    import jax
+
+    with jax.enable_x64(True):
+        return _replay(syncs, procs=procs, delay=delay, alpha=alpha, local_sgd=local_sgd, jax_replicas=True)
+
+
+def _replay(
+    syncs: list[dict[str, Any]],
+    *,
+    procs: int,
+    delay: int,
+    alpha: float,
+    local_sgd: bool,
+    jax_replicas: bool,
 ) -> list[dict[str, Any]]:
     """DiLoCo from its definition, in one process and plain torch (it reads of each sync only its
     local step, fragments, quorum and heals).
@@ -95,7 +170,9 @@ def replay(
     Returns, per sync, the full ``global`` parameters after it and every replica's ``local``
     parameters once it was applied. With ``local_sgd``, a sync instead sets every member's
     parameters of the fragments to the mean of the other members' (summed in quorum order), and
-    there are no global parameters.
+    there are no global parameters. With ``jax_replicas``, every replica's inner step is
+    :func:`jax_inner_step` and the outer optimizer :func:`jax_outer`, one ``optax`` state per
+    fragment, its update jitted (as ``gang_jax.ft`` runs them).
     """
     start = [p.detach().clone() for p in build_model("0").parameters()]
     glob = [p.clone().requires_grad_(True) for p in start]
@@ -103,6 +180,7 @@ def replay(
     models: dict[str, nn.Module] = {}
     opts: dict[str, torch.optim.Optimizer] = {}
     history: list[dict[str, Any]] = []
+    jax_states: dict[int, Any] = {}  # with `jax_replicas`: each fragment's optax state
     waiting: list[tuple[int, list[str], list[int], int]] = []  # (sync, members, parameters, apply after step)
     done = 0
 
@@ -133,6 +211,14 @@ def replay(
         nonlocal done
         for t in range(done, to):
             for rid, m in models.items():
+                if jax_replicas:
+                    import jax.numpy as jnp
+
+                    new = jax_inner_step([jnp.asarray(p.detach().numpy()) for p in m.parameters()], rid, 0, t)
+                    with torch.no_grad():
+                        for p, value in zip(m.parameters(), new, strict=True):
+                            p.copy_(torch.from_numpy(np.array(value)))
+                    continue
                 grads = []
                 for k in range(procs):
                     m.zero_grad()
@@ -167,7 +253,11 @@ def replay(
             waiting.append((index, [], [], done - 1))
             apply_due(done - 1)
             continue
-        if indices:
+        if indices and jax_replicas:
+            averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
+            for k in sync["fragments"]:
+                _jax_outer_step(glob, sync["fragment_params"][k], averaged, params, k, jax_states)
+        elif indices:
             averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
             for i, g in enumerate(glob):
                 g.grad = None
@@ -184,6 +274,47 @@ def replay(
         apply_due(done - 1)
     advance(done + delay)
     return history
+
+
+_JAX_APPLY: Any = None
+
+
+def _jax_outer_step(
+    glob: list[Tensor],
+    indices: list[int],
+    averaged: list[str],
+    params: Any,
+    k: int,
+    states: dict[int, Any],
+) -> None:
+    """Fragment ``k``'s outer step with :func:`jax_outer`: the pseudo-gradients of ``averaged``
+    summed in quorum order and divided, then the jitted optax update added to ``glob``'s leaves."""
+    global _JAX_APPLY
+    import jax
+    import jax.numpy as jnp
+
+    tx = jax_outer()
+    if _JAX_APPLY is None:
+
+        def apply(grads: Any, state: Any, values: Any) -> tuple[Any, Any]:
+            updates, state = tx.update(grads, state, values)
+            return jax.tree.map(lambda p, u: p + u, values, updates), state
+
+        _JAX_APPLY = jax.jit(apply)
+    values = [jnp.asarray(glob[i].detach().numpy()) for i in indices]
+    grads = []
+    for i in indices:
+        rows = [glob[i].detach() - params(rid)[i].detach() for rid in averaged]
+        total = rows[0].clone()
+        for row in rows[1:]:
+            total.add_(row)
+        grads.append(jnp.asarray(total.div_(len(rows)).numpy()))
+    if k not in states:
+        states[k] = tx.init(values)
+    new, states[k] = _JAX_APPLY(grads, states[k], values)
+    with torch.no_grad():
+        for i, value in zip(indices, new, strict=True):
+            glob[i].copy_(torch.from_numpy(np.array(value)))
 
 
 class Worker(Replica):
@@ -204,9 +335,19 @@ class Worker(Replica):
                     fully_shard(layer, mesh=mesh)
             fully_shard(self.model, mesh=mesh)
         self.inner = inner(self.model.parameters())
-        self.diloco: DiLoCo | LocalSGD | None = None
+        self.diloco: Any = None  # a torch or a JAX DiLoCo / LocalSGD
+        self.jax = jax_mode(mode)
+        if self.jax:
+            import jax
+            import jax.numpy as jnp
+
+            jax.config.update("jax_enable_x64", True)  # type: ignore[no-untyped-call]
+            self.jax_params: list[Any] = [jnp.asarray(p.detach().numpy()) for p in self.model.parameters()]
 
     def local(self) -> list[Tensor]:
+        if self.jax:  # what the JAX DiLoCo holds (a sync is logged before `step` returns it)
+            held = self.jax_params if self.diloco is None else self.diloco.params
+            return [torch.from_numpy(np.array(p)) for p in held]
         return [getattr(p, "_local_tensor", p).detach() for p in self.model.parameters()]
 
     def state_dict(self) -> Mapping[str, Any]:
@@ -236,8 +377,11 @@ class LogSyncs(logging.Handler):
         diloco = self.worker.diloco
         assert diloco is not None
         state = diloco.state_dict()
-        outer_state = state["outer"]["state"].values() if "outer" in state else []
-        momentum = [s["momentum_buffer"] for s in outer_state if "momentum_buffer" in s]
+        if self.worker.jax:  # each fragment's optax state, as tensors
+            momentum = [t for leaves in state.get("outer", []) for t in leaves if t.is_floating_point()]
+        else:
+            outer_state = state["outer"]["state"].values() if "outer" in state else []
+            momentum = [s["momentum_buffer"] for s in outer_state if "momentum_buffer" in s]
         fields.pop("event")
         self.worker.emit(
             "sync",
@@ -250,7 +394,7 @@ class LogSyncs(logging.Handler):
 
 
 def main() -> None:
-    mode, log, steps = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    mode, log, steps = os.environ.get("FT_MODE") or sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
     process = get_rank() if mode == "fsdp" else 0
     if mode == "fsdp":
         log = Path(f"{log}.rr{process}")
@@ -277,6 +421,7 @@ def main() -> None:
             quorum_timeout=seconds("FT_QUORUM_TIMEOUT", "30"),
             heartbeat_timeout=seconds("FT_HEARTBEAT_TIMEOUT", "3"),
             min_replicas=int(os.environ.get("FT_MIN_REPLICAS", "1")),
+            init_sync=os.environ.get("FT_SAME_START") != "1",
         )
     except GangError as ex:
         worker.emit("error", error=str(ex))
@@ -287,8 +432,23 @@ def main() -> None:
         worker.pauses.add(("enter", 1))  # every process waits to enter until the harness lets it
         worker.maybe_pause("enter", 1)
     sync_every = int(os.environ.get("FT_SYNC_EVERY", "4"))
-    diloco: DiLoCo | LocalSGD
-    if mode == "localsgd":
+    diloco: Any  # a torch or a JAX DiLoCo / LocalSGD
+    if jax_mode(mode):
+        import gang_jax.ft
+
+        if mode == "jaxlocalsgd":
+            diloco = gang_jax.ft.LocalSGD(rg, worker.jax_params, sync_every=sync_every)
+        else:
+            diloco = gang_jax.ft.DiLoCo(
+                rg,
+                worker.jax_params,
+                jax_outer(),
+                sync_every=sync_every,
+                fragments=int(os.environ.get("FT_FRAGMENTS", "1")),
+                fragment_sync_delay=int(os.environ.get("FT_DELAY", "0")),
+                fragment_update_alpha=float(os.environ.get("FT_ALPHA", "0")),
+            )
+    elif mode == "localsgd":
         diloco = LocalSGD(rg, worker.model, worker.inner, sync_every=sync_every)
     else:
         diloco = DiLoCo(
@@ -304,9 +464,14 @@ def main() -> None:
     worker.diloco = diloco
     try:
         with diloco:
+            if worker.jax:
+                worker.jax_params = diloco.params  # the replicas agreed on them on entering
             while diloco.local_step < steps:
                 t = diloco.local_step
                 worker.maybe_pause("step", t)
+                if worker.jax:
+                    worker.jax_params = diloco.step(jax_inner_step(worker.jax_params, rid, process, t))
+                    continue
                 worker.inner.zero_grad()
                 loss_of(worker.model, rid, process, t).backward()  # type: ignore[no-untyped-call]
                 worker.inner.step()

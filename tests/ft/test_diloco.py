@@ -70,7 +70,14 @@ class DiLoCoCluster(Cluster):
         """Check every member's parameters after every sync against the replay; return the syncs."""
         syncs, by_step = self.syncs()
         procs = FSDP_PROCS if self.mode == "fsdp" else 1
-        history = replay(syncs, procs=procs, delay=delay, alpha=alpha, local_sgd=self.mode == "localsgd")
+        history = replay(
+            syncs,
+            procs=procs,
+            delay=delay,
+            alpha=alpha,
+            local_sgd=self.mode.endswith("localsgd"),
+            jax_replicas=self.mode.startswith("jax"),
+        )
         for sync, expected in zip(syncs, history, strict=True):
             for rid, process, e in by_step[sync["step"]]:
                 want_global = _shard(expected["global"], process, procs)
@@ -114,7 +121,8 @@ STREAMING = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2", "FT_DELAY": "1", "FT_ALP
 TIMEOUTS = {"FT_TIMEOUT": "30", "FT_QUORUM_TIMEOUT": "20", "FT_HEARTBEAT_TIMEOUT": "3"}
 
 
-def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(make_cluster: Any) -> None:
+@pytest.mark.parametrize("mode", ["one", "jax"])
+def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(make_cluster: Any, mode: str) -> None:
     # Three one-process replicas (min_replicas=2). Each exchange starts through async handles and
     # is voted on and applied one local step later. Replica 1 is SIGKILLed between syncs (before
     # local step 7, with nothing in flight) and restarted while the others wait before local step
@@ -123,8 +131,9 @@ def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(make_cluste
     # exchange started after local step 11: that sync is aborted on 0 and 1 (after local step 12)
     # and retried after local step 13, together with the fragment due then. Brand-new replica 3
     # joins at the sync after local step 17. Replicas 1 and 3 stop after 21 local steps; replica
-    # 0, alone, cannot form its next quorum: GangError.
-    cluster = make_cluster("one")
+    # 0, alone, cannot form its next quorum: GangError. `jax`: the same with JAX replicas
+    # (gang_jax.ft.DiLoCo over pytrees, optax outside), judged by the replay of the same in JAX.
+    cluster = make_cluster(mode)
     env = STREAMING | TIMEOUTS
     plan = {"0": ("step:8,step:16", 24), "1": ("step:7", 21), "2": ("step:8,exchange:11", 24)}
     for rid, (pause, steps) in plan.items():
@@ -244,11 +253,13 @@ def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: A
             assert "healed" in events and events.index("healed") < events.index("sync"), (log.name, events)
 
 
-def test_local_sgd_replica_killed_in_the_exchange(make_cluster: Any) -> None:
+@pytest.mark.parametrize("mode", ["localsgd", "jaxlocalsgd"])
+def test_local_sgd_replica_killed_in_the_exchange(make_cluster: Any, mode: str) -> None:
     # LocalSGD over 3 one-process replicas, averaging their parameters every 3 local steps.
     # Replica 2 is SIGKILLed inside the exchange after local step 5: the sync is aborted on 0 and
-    # 1, which keep their local progress and retry it after local step 6.
-    cluster = make_cluster("localsgd")
+    # 1, which keep their local progress and retry it after local step 6 (`jaxlocalsgd`: the same
+    # with gang_jax.ft.LocalSGD over JAX pytrees).
+    cluster = make_cluster(mode)
     env = {"FT_SYNC_EVERY": "3"} | TIMEOUTS
     plan = {"0": "", "1": "", "2": "exchange:5"}
     for rid, pause in plan.items():
@@ -269,6 +280,39 @@ def test_local_sgd_replica_killed_in_the_exchange(make_cluster: Any) -> None:
         (7, [0], pair, [], pair),  # retried one local step after the failed exchange
         (9, [0], pair, [], pair),
     ], got
+
+
+def test_torch_and_jax_replicas_train_one_model(make_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Streaming DiLoCo (2 fragments, delay 1, alpha 0.5) over replicas 0 and 1 in torch
+    # (gang.ft.DiLoCo) and replica 2 in JAX (gang_jax.ft.DiLoCo), from the same weights, on the
+    # same batches, outer plain SGD in both (torch's and the jitted optax update round alike), 17
+    # local steps (the last sync, after local step 15, is applied after local step 16).
+    # After every sync every member's global parameters are bit-identical (checked by `syncs`),
+    # and equal to the same schedule run all in torch (the replay) within 1e-12.
+    monkeypatch.setenv("FT_SAME_START", "1")
+    monkeypatch.setenv("FT_OUTER", "sgd")
+    cluster = make_cluster("one")
+    env = STREAMING | TIMEOUTS
+    for rid in ("0", "1", "2"):
+        cluster.start(rid, steps=17, env=env | ({"FT_MODE": "jax"} if rid == "2" else {}))
+    for rid in ("0", "1", "2"):
+        cluster.wait(rid, "paused", 1)
+    for rid in ("0", "1", "2"):
+        cluster.release(rid, "enter", 1)
+    cluster.finish({"0": 0, "1": 0, "2": 0})
+    syncs, by_step = cluster.syncs()
+    assert [(s["local_steps"], s["fragments"], s["quorum"], s["healed"]) for s in syncs] == [
+        (0, [], ["0", "1", "2"], {}),
+        *((t, [(t // 2 - 1) % 2], ["0", "1", "2"], {}) for t in range(2, 17, 2)),
+    ], syncs
+    history = replay(syncs, procs=1, delay=1, alpha=0.5)
+    worst = 0.0
+    for sync, expected in zip(syncs, history, strict=True):
+        for rid, _, e in by_step[sync["step"]]:
+            want_global, want_local = _shard(expected["global"], 0, 1), _shard(expected["local"][rid], 0, 1)
+            for got, want in ((e["global"], want_global), (e["local"], want_local)):
+                worst = max(worst, (torch.tensor(got, dtype=torch.float64) - want).abs().max().item())
+    assert worst <= 1e-12, worst
 
 
 @pytest.fixture
