@@ -13,6 +13,7 @@ environment, made fresh once per nox run: torch and JAX are installed once, not 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -216,7 +217,7 @@ def plugin_jobs(pytest: list[str]) -> Jobs:
 
 
 # What each job of `all` took on a fresh clone of the 2-core machine with nothing else running
-# (seconds; `CI=true bash .ci/run` of 2026-11-27, eleventh session): `all` starts the longest
+# (seconds, as `CI=true bash .ci/run` reports them): `all` starts the longest
 # first, so that the short ones fill the lanes at the end. A job of BESIDE starts at once whatever
 # its place here (`dead peers` mostly waits on timeouts: about 50 CPU s).
 MEASURED = {
@@ -319,10 +320,50 @@ def plugin(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Ruff lint and format check."""
+    """Ruff lint and format check, and no history of the repository's making in its text (:func:`history`)."""
     session.install(*CONSTRAINTS, "ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    found = history()
+    if found:
+        session.error(
+            "The docs and code describe the product; its history belongs in git and the CHANGELOG. "
+            "Reword these lines:\n" + "\n".join(found)
+        )
+
+
+HISTORY = re.compile(
+    r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|\d+(st|nd|rd|th)"
+    r"|this|last|earlier|previous|next) sessions?\b",
+    re.IGNORECASE,
+)
+"""A session of work named by its rank (an ordinal) or as "this", "last", "earlier", "previous" or "next" one."""
+HISTORY_ALLOWED = re.compile(r"nox session|pytest session|session\(|session\.|scope=.session", re.IGNORECASE)
+"""Sessions of nox and pytest, which are product terms."""
+DATED = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+"""An ISO date (YYYY-MM-DD), the mark of a dated run log, in any file but the CHANGELOG."""
+
+
+def history(root: Path = ROOT) -> list[str]:
+    """The lines of the tracked ``.rst``, ``.md`` and ``.py`` files that log how the repository was built.
+
+    Each as ``path:line: text``: a numbered or "this/last/..." session (nox and pytest sessions
+    aside), or a date outside ``CHANGELOG.md``.
+    """
+    listed = subprocess.run(
+        ["git", "ls-files", "*.rst", "*.md", "*.py"], cwd=root, capture_output=True, text=True, check=True
+    )
+    found = []
+    for name in listed.stdout.splitlines():
+        path = root / name
+        if not path.is_file():  # deleted in the work tree
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            session = HISTORY.search(line) and not HISTORY_ALLOWED.search(line)
+            dated = name != "CHANGELOG.md" and DATED.search(line)
+            if session or dated:
+                found.append(f"{name}:{number}: {line.strip()}")
+    return found
 
 
 @nox.session(venv_backend="none")

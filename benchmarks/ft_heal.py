@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ import torch.distributed as dist
 
 from gang._torch_groups import TCPStore
 from gang.ft.heal import CHUNK_BYTES, receive_state, send_state
+from gang.testing import free_port
 
 MIB = 2**20
 
@@ -85,9 +85,7 @@ def worker(rank: int, port: int, mode: str, mib: int, repeat: int) -> None:
 
 def measure(mode: str, mib: int, repeat: int) -> dict[str, Any]:
     """Run one measurement in two fresh processes; return the receiver's best time and both peaks."""
-    with socket.socket() as probe:  # a port the OS says is free
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     args = [sys.executable, "-m", "benchmarks.ft_heal", "--worker", mode, str(port), str(mib), str(repeat)]
     procs = [subprocess.Popen([*args, str(rank)], stdout=subprocess.PIPE, env=env, text=True) for rank in (0, 1)]

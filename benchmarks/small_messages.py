@@ -2,14 +2,16 @@
 
 Run under torchrun, on the CPU (gloo)::
 
-    torchrun --standalone --nproc-per-node 2 -m benchmarks.small_messages [--iters 2000] [--breakdown]
+    torchrun --standalone --nproc-per-node 2 -m benchmarks.small_messages [--iters 2000] [--out rows.json] [--breakdown]
 
 For every collective at 4 bytes (one float32 per rank and row) the raw ``torch.distributed``
 call and the gang's public call are timed interleaved: the order rotates every iteration and
 every call starts after a barrier, so both calls of one iteration see the same load on the
 machine. The table shows, per collective, the median time of the slowest rank, the median main
 thread CPU time on rank 0 (``time.thread_time``) and the median of the per-iteration ratios
-``gang / torch`` with its quartiles.
+``gang / torch`` with its quartiles. ``--out`` writes the table's rows as JSON (rows as in
+``gang.bench.metrics.make_row``: impls ``torch`` and ``gang``, with ``cpu_us`` and, on the gang's
+rows, ``paired_ratio``, ``q1`` and ``q3``).
 
 ``--breakdown`` times ``all_reduce`` one layer at a time instead, from the process group's own
 method up to the gang's public call, each as a ratio to ``dist.all_reduce``:
@@ -30,11 +32,13 @@ after a barrier, when the process has just been woken up, than in a tight loop.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -43,6 +47,7 @@ from torch.distributed import AllreduceOptions
 from gang import ProcessGroupGang, ReduceOperation
 from gang.bench.collectives import TorchImpls, numel_for
 from gang.bench.metrics import OPS as BENCH_OPS
+from gang.bench.metrics import Row, make_row
 
 Call = Callable[[], object]
 
@@ -214,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run the small-message table (or ``--breakdown``) on this torchrun rank; rank 0 prints."""
     parser = paired_parser(__doc__ or "", OPS)
     parser.add_argument("--breakdown", action="store_true", help="time all_reduce one layer at a time")
+    parser.add_argument("--out", type=Path, default=None, help="write the table's rows here as JSON")
     args = parser.parse_args(argv)
     gang, say = cpu_gang()
 
@@ -237,6 +243,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{'collective':>18} | {'torch us':>9} {'gang us':>9} | {'cpu torch':>9} {'cpu gang':>9} | "
             f"{'gang/torch [q1, q3]':>22}"
         )
+        rows: list[Row] = []
         for op in args.ops:
             timings = time_paired(collective_cases(gang, op), args.warmup, args.iters)
             wall, cpu = timings.wall, timings.cpu
@@ -244,6 +251,13 @@ def main(argv: list[str] | None = None) -> None:
                 f"{op:>18} | {us(wall['torch'])} {us(wall['gang'])} | {us(cpu['torch'])} {us(cpu['gang'])} | "
                 f"{ratio_cells(wall['gang'], wall['torch']):>22}"
             )
+            ratios = [a / b for a, b in zip(wall["gang"], wall["torch"], strict=True)]
+            paired = {"paired_ratio": quantile(ratios, 0.5), "q1": quantile(ratios, 0.25), "q3": quantile(ratios, 0.75)}
+            for impl, extra in (("torch", {}), ("gang", paired)):
+                median_s, cpu_us = quantile(wall[impl], 0.5), quantile(cpu[impl], 0.5) * 1e6
+                rows.append(make_row(impl, op, 4, gang.size, median_s, bandwidth=False, cpu_us=cpu_us, **extra))
+        if args.out is not None and gang.rank == 0:
+            args.out.write_text(json.dumps(rows, indent=1) + "\n")
     say(f"# done; {load()}")
     gang.close()
 

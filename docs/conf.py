@@ -11,7 +11,13 @@ for package in ("gang", "gang-mesh", "gang-jax"):
 # The guides' doctests import the runnable examples by name (``from quickstart import ...``).
 sys.path.insert(0, str(ROOT / "examples"))
 
+import runpy  # noqa: E402
+
 import gang  # noqa: E402  (from the folders above)
+
+# The performance page's tables, written from the benchmarks' committed JSON (docs/_static/perf)
+# into docs/_generated, which the page includes: a re-run benchmark updates the page.
+runpy.run_path(str(ROOT / "benchmarks" / "docs_tables.py"))["write"]()
 
 project = "gang"
 author = "the gang developers"
@@ -23,7 +29,7 @@ extensions = ["sphinx.ext.autodoc", "sphinx.ext.doctest", "sphinx.ext.viewcode"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "show-inheritance": True}
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "_generated"]
 html_theme = "furo"
 html_title = f"gang {release}"
 html_static_path: list[str] = []

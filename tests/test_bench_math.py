@@ -1,13 +1,16 @@
 """The pure arithmetic of gang.bench: bandwidths, medians, percentiles, slowest rank, the JSON row format, the
-tables, and the expected values that `#wrong` checks results against."""
+tables, the expected values that `#wrong` checks results against, and the modules' import graph."""
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from gang.bench import cases as bcases
 from gang.bench import collectives as bc
 from gang.bench import metrics as bm
 from gang.bench import traffic as bt
@@ -159,22 +162,22 @@ def _collective(op: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 def test_reference_inputs_give_the_expected_results(dtype: torch.dtype, size: int) -> None:
     for op in bm.OPS:
         numel = bc.numel_for(300, size, op, dtype.itemsize)
-        pairs = [bc.reference(op, rank, size, numel, dtype) for rank in range(size)]
+        pairs = [bcases.reference(op, rank, size, numel, dtype) for rank in range(size)]
         results = _collective(op, [inp for inp, _ in pairs])
         for rank, (result, (inp, expected)) in enumerate(zip(results, pairs, strict=True)):
             assert result.dtype == expected.dtype == dtype
-            assert bc.count_wrong(result, expected) == 0, (op, rank)
+            assert bcases.count_wrong(result, expected) == 0, (op, rank)
             if size > 1 and op != "all_reduce":
                 # Data from the wrong rank (or a rank that kept its own input) is caught.
                 other = results[(rank + 1) % size] if op in ("reduce_scatter", "all_to_all") else None
                 stale = inp if op == "broadcast" and rank > 0 else other
                 if stale is not None:
-                    assert bc.count_wrong(stale, expected) > 0, (op, rank)
+                    assert bcases.count_wrong(stale, expected) > 0, (op, rank)
 
 
 def test_a_case_counts_its_wrong_elements() -> None:
     # A one-rank "collective" that copies its input: right, then corrupted by the seam, then wrong.
-    source, expected = bc.reference("all_gather", 0, 1, 5)
+    source, expected = bcases.reference("all_gather", 0, 1, 5)
     inp, out = source.clone(), torch.zeros(1, 5)
     runs: list[int] = []
 
@@ -185,12 +188,12 @@ def test_a_case_counts_its_wrong_elements() -> None:
     def reset() -> None:
         inp.copy_(source)
 
-    case = bc.Case(run, reset, lambda: out, expected)
+    case = bcases.Case(run, reset, lambda: out, expected)
     inp.fill_(-1)  # what the timed iterations left behind: refilled before the checked call
     assert case.check() == 0 and len(runs) == 1
-    assert case.check(corrupt=True) == 1 and bc.count_wrong(out, expected) == 0
-    assert bc.count_wrong(out[:, :4], expected) == 5  # a result of the wrong shape is all wrong
-    out_of_place = bc.Case(lambda: None, lambda: None, lambda: torch.zeros(1, 5), expected)
+    assert case.check(corrupt=True) == 1 and bcases.count_wrong(out, expected) == 0
+    assert bcases.count_wrong(out[:, :4], expected) == 5  # a result of the wrong shape is all wrong
+    out_of_place = bcases.Case(lambda: None, lambda: None, lambda: torch.zeros(1, 5), expected)
     assert out_of_place.check() == int((expected != 0).sum()) > 0
 
 
@@ -209,7 +212,36 @@ def test_skewed_exchange_expects_what_every_rank_sends(size: int, numel: int) ->
             offsets = [sum(in_splits[:j]) for j in range(size)]
             blocks.append(inp[offsets[rank] : offsets[rank] + in_splits[rank]])
         assert [len(b) for b in blocks] == out_splits
-        assert bc.count_wrong(torch.cat(blocks), expected) == 0
+        assert bcases.count_wrong(torch.cat(blocks), expected) == 0
         if size > 1 and len(expected):  # a block from the wrong rank is caught
             wrong = torch.cat(blocks[1:] + blocks[:1])
-            assert bc.count_wrong(wrong, expected) > 0 or splits[rank] == 0
+            assert bcases.count_wrong(wrong, expected) > 0 or splits[rank] == 0
+
+
+def _bench_imports() -> dict[str, set[str]]:
+    """The ``gang.bench`` modules each module of ``gang.bench`` imports, at its top or inside a function."""
+    folder = Path(bc.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "gang.bench":
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gang.bench."):
+                found.add((node.module or "").removeprefix("gang.bench."))
+            elif isinstance(node, ast.Import):
+                found.update(a.name.removeprefix("gang.bench.") for a in node.names if a.name.startswith("gang.bench."))
+        graph[path.stem] = found - {path.stem}
+    return graph
+
+
+def test_bench_modules_import_no_cycle() -> None:
+    """No module of gang.bench imports, even lazily, a module that imports it back (directly or through others)."""
+    graph = _bench_imports()
+    assert graph["collectives"] >= {"cases", "traffic"} and "collectives" not in graph["traffic"]
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(nxt == goal or reaches(nxt, goal, seen | {nxt}) for nxt in graph.get(start, set()) - seen)
+
+    cycles = sorted(name for name in graph if reaches(name, name, set()))
+    assert not cycles, f"import cycles through {cycles}: {graph}"

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from gang import GangError, InvalidOperationError, NotSupportedError, ReduceOperation
 from gang._torch_groups import TCPStore
@@ -159,6 +160,25 @@ def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang, caplo
     gang.close()
     with pytest.raises(InvalidOperationError, match="closed gang"), gang.step():
         pass
+
+
+def test_replicate_ddp_says_why_the_buckets_cannot_be_fixed(gang: ReplicaGang) -> None:
+    def ddp(**options: Any) -> DistributedDataParallel:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        return DistributedDataParallel(model, process_group=gang.as_process_group(), init_sync=False, **options)
+
+    model = ddp()
+    gang.replicate_ddp(model)
+    with pytest.raises(ValueError, match=r"must not have assigned its gradient buckets .* already ran on it\."):
+        gang.replicate_ddp(model)
+    with pytest.raises(ValueError, match=re.escape("must be built without `find_unused_parameters=True`")):
+        gang.replicate_ddp(ddp(find_unused_parameters=True))
+    gang.replicate_ddp(ddp(find_unused_parameters=True, static_graph=True))
+    # A torch whose reducer lacks the private calls: not the caller's mistake, and it says so.
+    changed = ddp()
+    changed.reducer = torch.nn.Module()  # type: ignore[assignment]  # a reducer without `_push_all_rebuilt_params`
+    with pytest.raises(NotSupportedError, match=re.escape(f"cannot be fixed on torch {torch.__version__}")):
+        gang.replicate_ddp(changed)
 
 
 def test_old_rounds_are_deleted_from_the_store(gang: ReplicaGang) -> None:

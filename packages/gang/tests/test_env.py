@@ -368,6 +368,17 @@ def test_a_new_launcher_is_one_class(monkeypatch: pytest.MonkeyPatch) -> None:
     assert launchers.detect_launcher({"PBS_NP": "4", "RANK": "1", "WORLD_SIZE": "2"}).name == "torchrun"
 
 
+def test_a_launcher_can_be_put_ahead_of_a_registered_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launchers, "LAUNCHERS", list(launchers.LAUNCHERS))  # the registry, restored after
+    with pytest.raises(ValueError, match=re.escape("`before` must be the name of a registered launcher [")):
+        launchers.register_launcher(_Pbs, before="pbs")
+    assert launchers.register_launcher(before="torchrun")(_Pbs) is _Pbs  # as a class decorator
+    assert [cls.name for cls in launchers.LAUNCHERS] == ["pbs", "torchrun", "openmpi", "slurm", "none"]
+    # Now the PBS variables win over torchrun's, as a whole.
+    found = launchers.detect_launcher({"PBS_NP": "4", "PBS_VNODENUM": "3", "RANK": "1", "WORLD_SIZE": "2"})
+    assert type(found) is _Pbs and (found.rank, found.world_size) == (3, 4)
+
+
 def test_the_launcher_says_whether_its_agent_serves_the_store_and_how_often_it_restarted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from core_workers import (
     adopt_framework_group,
     asymmetric_history,
@@ -22,6 +23,8 @@ from core_workers import (
     wrapped_group_timeouts,
 )
 
+from gang import NotSupportedError
+from gang._torch_groups import as_mesh_subclass
 from gang.testing import World, launch
 
 
@@ -122,6 +125,21 @@ def test_private_torch_api_is_used_not_its_fallback(worlds: Callable[[int], Worl
         "nccl_timeout": True,
     }
     assert worlds(2).run(private_torch_api) == [expected] * 2
+
+
+def test_a_mesh_that_refuses_its_subclass_is_named_not_passed_on() -> None:
+    # gang_mesh's GangDeviceMesh is applied by assigning `__class__` to the meshes torch builds
+    # (tests/mesh checks real meshes); where an object's layout refuses it, the error says so.
+    class Mesh:
+        pass
+
+    class Sub(Mesh):
+        pass
+
+    mesh = Mesh()
+    assert as_mesh_subclass(mesh, Sub) is mesh and type(mesh) is Sub
+    with pytest.raises(NotSupportedError, match=r"A `int` cannot be made a `Sub` on torch "):
+        as_mesh_subclass(1, Sub)
 
 
 def test_the_unsafe_public_fallback_warns_once() -> None:

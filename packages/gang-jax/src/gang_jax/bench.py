@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from gang.bench.collectives import Case, gang_call, iterations, reference, time_interleaved, without_gloo_notice
+from gang.bench.cases import Case, reference
+from gang.bench.collectives import gang_call, iterations, time_interleaved, without_gloo_notice
 from gang.bench.metrics import Row, make_row, median, paired_ratio
 from gang_jax._convert import to_numpy
 from gang_jax.gang import JaxGang

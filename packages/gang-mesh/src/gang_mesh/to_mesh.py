@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import prod
-from typing import cast
 
 import numpy as np
 import torch
@@ -13,6 +12,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from gang import Gang, Gangs, ReduceOperation
+from gang._torch_groups import as_mesh_subclass
 from gang.extend import check_values_exchangeable
 from gang.rendezvous import alone_group
 from gang.topology import Grid, MeshDim, mesh_dims
@@ -165,10 +165,12 @@ class GangDeviceMesh(DeviceMesh):
 
     @classmethod
     def wrap(cls, mesh: DeviceMesh) -> GangDeviceMesh:
-        """Make ``mesh`` (a plain ``DeviceMesh``) a :class:`GangDeviceMesh` in place and return it."""
-        if not isinstance(mesh, cls):
-            mesh.__class__ = cls
-        return cast(GangDeviceMesh, mesh)
+        """Make ``mesh`` (a plain ``DeviceMesh``) a :class:`GangDeviceMesh` in place and return it.
+
+        :raises NotSupportedError: Where torch's ``DeviceMesh`` no longer takes a new class in place
+            (see :func:`gang._torch_groups.as_mesh_subclass`).
+        """
+        return as_mesh_subclass(mesh, cls)
 
     def group_names(self) -> tuple[str, ...]:
         """The names of the process groups of the mesh's dimensions, in order."""

@@ -14,7 +14,8 @@ same order (:func:`new_named_group`, :func:`alone_group`).
 entry of its Python process group in torch's group registry (:func:`register_python_group`), DDP's
 gradient buckets (:func:`fix_ddp_buckets`), FSDP2's gradient views
 (:func:`fsdp_grads_view_reduce_output`) and the end of a backward pass (:func:`backward_pass_id`,
-:func:`at_end_of_backward`) for :func:`gang.ft.replica_process_group.replicate_fsdp`, the ``fake`` backend
+:func:`at_end_of_backward`) for :func:`gang.ft.replica_process_group.replicate_fsdp`, the class of the
+meshes torch builds (:func:`as_mesh_subclass`, for :class:`gang_mesh.GangDeviceMesh`), the ``fake`` backend
 of dry runs (:func:`init_fake_process_group`), a store served on one interface only
 (:func:`serve_store`), and torch's store classes (``TCPStore``, ``PrefixStore``, ``Store``), the
 collective options and DDP's ``GradBucket``, re-exported from the ``torch._C`` module where torch's
@@ -39,7 +40,11 @@ and these have **no fallback**, what fails is named:
   backend and its ``FakeStore``): :func:`gang.testing.dry_run` raises
   :class:`~gang.NotSupportedError` (a size-1 mesh dimension falls back as above);
 * DDP's reducer (``_push_all_rebuilt_params``, ``_rebuild_buckets``): ``replicate_ddp`` raises
-  ``ValueError``, since replicas would otherwise hold different bucket layouts;
+  :class:`~gang.NotSupportedError` naming the torch version, since replicas would otherwise hold
+  different bucket layouts;
+* a ``DeviceMesh``'s ``__class__`` assigned a subclass (:func:`as_mesh_subclass`; torch builds the
+  meshes of ``init_device_mesh`` and of slicing itself): ``to_device_mesh`` raises
+  :class:`~gang.NotSupportedError` where torch's ``DeviceMesh`` no longer allows it;
 * NCCL's ``Options._timeout``: creating a :mod:`gang.ft` replica group on CUDA raises
   ``AttributeError`` (CPU, gloo, takes the timeout as an argument);
 * the ``torch._C._distributed_c10d`` module the re-exported classes are imported from: importing
@@ -56,7 +61,7 @@ import socket
 import warnings
 from contextlib import suppress
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -90,6 +95,7 @@ __all__ = [
     "Store",
     "alone_group",
     "TCPStore",
+    "as_mesh_subclass",
     "at_end_of_backward",
     "backward_pass_id",
     "can_split",
@@ -402,14 +408,47 @@ def fix_ddp_buckets(ddp_model: Any) -> bool:
     and ``_rebuild_buckets``) gives every process the same layout and leaves nothing to
     rebuild. The reducer broadcasts the assignment through the model's group while doing so.
 
-    :returns: ``False`` if torch's reducer changed and the buckets could not be fixed.
+    :returns: ``False`` if the reducer declined: it rebuilds its buckets only once (it already did,
+        at a second forward pass or an earlier call), and never with ``find_unused_parameters=True``
+        unless ``static_graph=True``.
+    :raises RuntimeError: The reducer's own refusal in its current state (a forward pass whose
+        backward pass has not run yet, say).
+    :raises NotSupportedError: This torch's reducer lacks these private calls or changed them.
     """
     try:
         reducer = ddp_model.reducer
         reducer._push_all_rebuilt_params()
         return bool(reducer._rebuild_buckets())
-    except (AttributeError, RuntimeError, TypeError):  # a renamed or changed private API
-        return False
+    except (AttributeError, TypeError) as error:  # a renamed or changed private API
+        raise NotSupportedError(
+            f"The gradient buckets of a `DistributedDataParallel` cannot be fixed on torch {torch.__version__}: "
+            f"its reducer's private `_push_all_rebuilt_params` and `_rebuild_buckets` are missing or changed "
+            f"({type(error).__name__}: {error})."
+        ) from error
+
+
+_Mesh = TypeVar("_Mesh")
+
+
+def as_mesh_subclass(mesh: Any, cls: type[_Mesh]) -> _Mesh:
+    """Make ``mesh``, a ``DeviceMesh`` that torch built, an instance of ``cls`` in place and return it.
+
+    torch builds the meshes of ``init_device_mesh`` and of slicing (``DeviceMesh.__getitem__``)
+    itself, with no way to ask for a subclass, so ``cls`` (a subclass of ``DeviceMesh`` that adds
+    no instance state: :class:`gang_mesh.GangDeviceMesh`) is applied by assigning the object's
+    ``__class__``. That relies on torch's ``DeviceMesh`` keeping an ordinary instance layout (no
+    ``__slots__``, no C++ base class) and on torch never testing ``type(mesh) is DeviceMesh``.
+
+    :raises NotSupportedError: If this torch's mesh refuses the new class.
+    """
+    if not isinstance(mesh, cls):
+        try:
+            mesh.__class__ = cls
+        except TypeError as error:
+            raise NotSupportedError(
+                f"A `{type(mesh).__name__}` cannot be made a `{cls.__name__}` on torch {torch.__version__}: {error}."
+            ) from error
+    return mesh  # type: ignore[no-any-return]
 
 
 def fsdp_grads_view_reduce_output(module: Any, reduce_output: torch.Tensor) -> bool:

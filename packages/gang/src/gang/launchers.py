@@ -15,7 +15,7 @@ several launchers are present, the innermost launcher wins, in this order:
 
 A variable set to blanks counts as unset. Each launcher is one small class, registered in
 :data:`LAUNCHERS` in the order above; a new launcher (MPICH, PBS, LSF, ...) is one more class
-registered with :func:`register_launcher`.
+registered with :func:`register_launcher`, last by default or ahead of a named one (``before=``).
 
 Derived rendezvous ports are even, so ``port + 1`` is free for a second service of the same
 job (``gang_jax`` puts the JAX coordinator there).
@@ -27,9 +27,9 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, TypeVar
+from typing import ClassVar, TypeVar, overload
 
 __all__ = [
     "LAUNCHERS",
@@ -272,10 +272,37 @@ LAUNCHERS: list[type[Launcher]] = []
 _L = TypeVar("_L", bound=type[Launcher])
 
 
-def register_launcher(cls: _L) -> _L:
-    """Add the launcher class ``cls`` to :data:`LAUNCHERS`, before the catch-all ``none``; return it."""
-    LAUNCHERS.insert(len(LAUNCHERS) - 1 if LAUNCHERS and LAUNCHERS[-1].name == "none" else len(LAUNCHERS), cls)
-    return cls
+@overload
+def register_launcher(cls: _L, *, before: str | None = None) -> _L: ...
+
+
+@overload
+def register_launcher(cls: None = None, *, before: str | None = None) -> Callable[[_L], _L]: ...
+
+
+def register_launcher(cls: _L | None = None, *, before: str | None = None) -> _L | Callable[[_L], _L]:
+    """Add the launcher class ``cls`` to :data:`LAUNCHERS` and return it; a class decorator.
+
+    Without ``before`` it goes last, ahead of the catch-all ``none`` only: every launcher
+    registered earlier wins over it. ``before`` names a registered launcher to put it ahead of, for
+    a launcher whose variables are set inside that one's processes (an inner launcher), such as
+    ``@register_launcher(before="torchrun")``.
+
+    :raises ValueError: If ``before`` names no registered launcher.
+    """
+    names = [known.name for known in LAUNCHERS]
+    if before is not None and before not in names:
+        raise ValueError(f"`before` must be the name of a registered launcher {names}, but is {before!r} instead.")
+
+    def add(launcher: _L) -> _L:
+        if before is not None:
+            index = [known.name for known in LAUNCHERS].index(before)
+        else:
+            index = len(LAUNCHERS) - 1 if LAUNCHERS and LAUNCHERS[-1].name == "none" else len(LAUNCHERS)
+        LAUNCHERS.insert(index, launcher)
+        return launcher
+
+    return add if cls is None else add(cls)
 
 
 @register_launcher

@@ -8,7 +8,7 @@ after the loop (outside the timed region), so an iteration counts the slowest ra
 time is the median over iterations, with the mean and the 95th percentile beside it.
 
 After the timing, each implementation runs once more on inputs refilled with a known pattern
-(:func:`reference`), and every element of its result is compared with the expected value: the
+(:func:`gang.bench.cases.reference`), and every element of its result is compared with the expected value: the
 count of elements that differ, summed over the ranks, is the ``#wrong`` column (as in
 nccl-tests). The pattern keeps every expected value a small integer, exact in every dtype of
 :data:`DTYPES`: below 128 up to 67 ranks (``int8`` then counts overflows as wrong), below 256
@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gang import Gang, ReduceOperation
+from gang.bench.cases import OVERLAP_BUCKETS, Call, Case, reference
 from gang.bench.metrics import (
     OPS,
     OVERLAP_PAIRS,
@@ -47,8 +48,7 @@ from gang.bench.metrics import (
     paired_ratio,
     percentile,
 )
-
-Call = Callable[[], object]
+from gang.bench.traffic import traffic_cases
 
 FULL_MAX_BYTES = 64 << 20
 QUICK_MAX_BYTES = 4 << 20
@@ -97,10 +97,6 @@ CORRUPT_VARIABLE = "GANG_BENCH_CORRUPT"
 implementation's checked result on rank 0, so that a test sees ``#wrong`` count it."""
 
 
-OVERLAP_BUCKETS = 8
-"""The gradient buckets of the ``overlap`` measurement (:mod:`gang.bench.traffic`)."""
-
-
 def numel_for(nbytes: int, world_size: int, op: str, itemsize: int = 4) -> int:
     """Return the element count of the full buffer: ``nbytes / itemsize``, rounded up so that ranks split it evenly.
 
@@ -113,84 +109,6 @@ def numel_for(nbytes: int, world_size: int, op: str, itemsize: int = 4) -> int:
     if op in ("all_reduce", "broadcast") or op in TRAFFIC_OPS:
         return numel
     return -(-numel // world_size) * world_size
-
-
-def _pattern(seed: Tensor | int, k: Tensor) -> Tensor:
-    """A value below 127 for every ``seed`` and element index ``k``."""
-    return (seed + k) % 127
-
-
-def reference(op: str, rank: int, size: int, numel: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-    """Return ``(input, expected)`` of ``op`` on ``rank`` of a gang of ``size`` for a full buffer of ``numel`` elements.
-
-    Both are CPU tensors in the gang's layout: ``input`` is what the rank sends (``[numel]`` for
-    ``all_reduce`` and ``broadcast``, ``[chunk]`` for ``all_gather``, ``[size, chunk]`` for
-    ``reduce_scatter`` and ``all_to_all``, where ``chunk = numel // size``) and ``expected`` what
-    its result must be after a ``SUM`` reduction, or a broadcast from rank 0. Reduced inputs are
-    zeros and ones (so sums stay exact), and rank 0's rows of a ``reduce_scatter`` a pattern below
-    61 that differs from row to row; moved data is ``(7 * source + 3 * target + index) % 127``, so
-    a row from the wrong rank differs.
-    """
-    chunk = numel if op in ("all_reduce", "broadcast") else numel // size
-    k = torch.arange(chunk, dtype=torch.int64)
-    rows = torch.arange(size, dtype=torch.int64).unsqueeze(1)
-    if op == "all_reduce":
-        inp, out = (rank + k) % 2, torch.where((k % 2) == 0, size // 2, (size + 1) // 2)
-    elif op == "reduce_scatter":
-        # Rank 0 sends a pattern that tells the rows apart, the others zeros and ones.
-        inp = (7 * rows + k) % 61 if rank == 0 else (rank + rows + k) % 2
-        odd = torch.where(((rank + k) % 2) == 0, size // 2, (size + 1) // 2 - 1)  # ones from ranks 1..size-1
-        out = (7 * rank + k) % 61 + odd
-    elif op == "all_gather":
-        inp, out = _pattern(7 * rank, k), _pattern(7 * rows, k)
-    elif op == "all_to_all":
-        inp, out = _pattern(7 * rank + 3 * rows, k), _pattern(7 * rows + 3 * rank, k)
-    elif op == "broadcast":
-        inp, out = _pattern(7 * rank, k), _pattern(0, k)
-    else:
-        raise ValueError(f"`op` must be one of {OPS}, but is {op!r} instead.")
-    return inp.to(dtype), out.to(dtype)
-
-
-def count_wrong(result: Tensor, expected: Tensor) -> int:
-    """Return how many elements of ``result`` differ from ``expected`` (a different shape: all of them)."""
-    if result.shape != expected.shape:
-        return expected.numel()
-    return int((result.cpu() != expected).sum())
-
-
-class Case:
-    """One implementation's call of one collective on buffers made once, and how to check it.
-
-    :param run: The call that is timed.
-    :param reset: Refill the inputs with the pattern of :func:`reference` (before the checked call).
-    :param result: This rank's result of the last call, as a CPU tensor in the layout of ``expected``.
-    :param expected: What ``result`` must be.
-    """
-
-    def __init__(self, run: Call, reset: Callable[[], None], result: Callable[[], Tensor], expected: Tensor) -> None:
-        self.run = run
-        self.reset = reset
-        self.result = result
-        self.expected = expected
-
-    def __call__(self) -> object:
-        """Run the call."""
-        return self.run()
-
-    def check(self, corrupt: bool = False) -> int:
-        """Refill the inputs, run once and return the number of wrong elements of this rank's result.
-
-        :param corrupt: Add one to the first element of the result first (the test-only seam of
-            :data:`CORRUPT_VARIABLE`).
-        """
-        self.reset()
-        self.run()
-        got = self.result()
-        if corrupt and got.numel() > 0:
-            got = got.clone()
-            got.view(-1)[0] += 1
-        return count_wrong(got, self.expected)
 
 
 def tensor_case(gang: Gang, op: str, numel: int, dtype: torch.dtype, call: Callable[[Tensor, Tensor], object]) -> Case:
@@ -242,8 +160,6 @@ class TorchImpls:
         :func:`gang.bench.traffic.traffic_cases` (``overlap`` adds its sequential cases).
         """
         if op in TRAFFIC_OPS:
-            from gang.bench.traffic import traffic_cases  # it builds on this module's cases
-
             return traffic_cases(self.gang, op, numel, dtype)
         group, sum_ = self.group, dist.ReduceOp.SUM
         raw: dict[str, Callable[[Tensor, Tensor], object]] = {

@@ -37,7 +37,7 @@ from torch import Tensor
 
 import gang
 from gang import Gang, ReduceOperation
-from gang.bench.collectives import OVERLAP_BUCKETS, Case, reference
+from gang.bench.cases import OVERLAP_BUCKETS, Case, reference
 from gang.bench.metrics import OVERLAP_PAIRS, TRAFFIC_OPS
 
 BUCKETS = OVERLAP_BUCKETS
@@ -48,7 +48,7 @@ COMPUTE_SIZE = 96
 
 
 def _pattern(seed: int, count: int, dtype: torch.dtype) -> Tensor:
-    """``count`` values below 127 that tell ``seed`` apart (the pattern of :func:`gang.bench.collectives.reference`)."""
+    """``count`` values below 127 that tell ``seed`` apart (the pattern of :func:`gang.bench.cases.reference`)."""
     return ((seed + torch.arange(count, dtype=torch.int64)) % 127).to(dtype)
 
 

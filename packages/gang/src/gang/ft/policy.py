@@ -116,11 +116,6 @@ class Quorum:
         """The members that heal in this quorum (some process of theirs is behind)."""
         return tuple(m for m in self.members if m in self.heal)
 
-    @property
-    def heal_source(self) -> int:
-        """The rank of the first up-to-date member (the one source of a single-sender heal)."""
-        return self.steps.index(self.max_step)
-
     def describe(self) -> str:
         """A short text naming the quorum, for error messages."""
         return f"quorum {self.round} of replicas {list(self.members)}"

@@ -941,8 +941,11 @@ class ReplicaGang(Gang):
         the bucket as it is and the step is not committed.
 
         :raises TypeError: If ``ddp_model`` is not a ``DistributedDataParallel``.
-        :raises ValueError: If ``ddp_model`` was not built over :meth:`as_process_group` or has
-            run a forward pass already.
+        :raises ValueError: If ``ddp_model`` was not built over :meth:`as_process_group`, was built
+            with ``find_unused_parameters=True`` (without ``static_graph=True``), has assigned its
+            buckets already (a second forward pass, an earlier call) or is inside a forward pass.
+        :raises NotSupportedError: If this torch's DDP reducer lacks the private calls that fix the
+            buckets (see :mod:`gang._torch_groups`).
         """
         check_open(self, "replicate_ddp")
         replicate_ddp(self, ddp_model)

@@ -267,12 +267,25 @@ def replicate_ddp(gang: Gang, ddp_model: object) -> None:
         future: Future[Tensor] = _completed(buffer)
         return future
 
-    with pg._as_group_of_one():  # the reducer broadcasts the layout it fixes from rank 0 to itself
-        fixed = fix_ddp_buckets(ddp_model)
+    try:
+        with pg._as_group_of_one():  # the reducer broadcasts the layout it fixes from rank 0 to itself
+            fixed = fix_ddp_buckets(ddp_model)
+    except RuntimeError as error:  # the reducer's own refusal, such as a forward pass without its backward
+        raise ValueError(
+            f"`ddp_model` must be between steps (its gradient buckets assignable now), but its reducer "
+            f"refused instead: {error}"
+        ) from error
+    if not fixed and ddp_model.find_unused_parameters and not ddp_model.static_graph:
+        raise ValueError(
+            "`ddp_model` must be built without `find_unused_parameters=True` (or with `static_graph=True`), "
+            "but is built with it instead: its reducer then never reassigns its gradient buckets, so they "
+            "cannot be fixed in parameter order."
+        )
     if not fixed:
         raise ValueError(
-            "`ddp_model` must not have run a forward pass yet (its gradient buckets must still be "
-            "assignable in parameter order, the same on every replica), but has instead."
+            "`ddp_model` must not have assigned its gradient buckets for good yet, but has instead: its reducer "
+            "does so at the second forward pass (in the order of the first backward pass, which can differ "
+            "between replicas), or `replicate_ddp` already ran on it."
         )
     ddp_model.register_comm_hook(None, hook)
 

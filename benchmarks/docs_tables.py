@@ -1,0 +1,547 @@
+"""Write the tables of ``docs/performance.rst`` from the JSON the benchmarks wrote.
+
+``python -m benchmarks.docs_tables [--data docs/_static/perf] [--out docs/_generated]`` reads the
+committed results in ``--data`` (each the ``--out`` JSON of one benchmark, listed in
+:data:`SOURCES`) and writes one reStructuredText file per table into ``--out``, which the page
+includes. The Sphinx build (``docs/conf.py``) runs it first, so re-running a benchmark with its
+``--out`` pointed into ``docs/_static/perf`` (the commands are in ``runs.json`` beside the
+results) updates the page. ``runs.json`` says, per result file, the command that wrote it and the
+machine and load it ran on; ``recorded.json`` holds figures this machine cannot reproduce
+(torchft is not installed here), each with the command that produces it.
+
+Only the standard library is used, so the docs build does not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "docs" / "_static" / "perf"
+OUT = ROOT / "docs" / "_generated"
+
+Row = Mapping[str, Any]
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+TRAFFIC = ("send", "send_recv_ring", "all_to_all_uneven", "exchange_rows", "overlap")
+SMALL = 64 << 10
+"""Sizes below this count as small messages in the summaries."""
+
+
+class Data:
+    """The result files of ``folder``: their rows (:meth:`rows`) and how each was made (:meth:`run`)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.runs: dict[str, dict[str, Any]] = json.loads((folder / "runs.json").read_text())
+        self.recorded: list[dict[str, Any]] = json.loads((folder / "recorded.json").read_text())
+
+    def rows(self, name: str) -> list[Row]:
+        """The rows of result file ``name`` (a list of rows, or ``gang.bench``'s object holding one)."""
+        found = json.loads((self.folder / name).read_text())
+        return list(found["rows"] if isinstance(found, dict) else found)
+
+    def run(self, name: str) -> str:
+        """One line saying how result file ``name`` was made: its command, the machine and the load."""
+        run = self.runs[name]
+        return f"``{name}``: ``{run['command']}``; {run['machine']}; load average {run['load']}."
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    """A number for a table cell (``-`` for none)."""
+    return "\\-" if value is None else f"{value:.{digits}f}"
+
+
+def size(nbytes: int) -> str:
+    """``4 B``, ``64 KiB``, ``4 MiB``."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def table(title: str, header: Sequence[str], body: Iterable[Sequence[str]], source: str) -> str:
+    """A ``list-table`` with ``title``, followed by the line naming its ``source``."""
+    lines = [f".. list-table:: {title}", "   :header-rows: 1", ""]
+    for cells in [list(header), *body]:
+        lines += [f"   {'*' if i == 0 else ' '} - {cell}".rstrip() for i, cell in enumerate(cells)]
+    return "\n".join([*lines, "", source, ""])
+
+
+def by(rows: Iterable[Row], *keys: str) -> dict[tuple[Any, ...], Row]:
+    """``rows`` keyed by the values of ``keys``."""
+    return {tuple(row[k] for k in keys): row for row in rows}
+
+
+def ratios(rows: Sequence[Row], ours: str, ops: Sequence[str], world: int) -> dict[tuple[str, int], float]:
+    """The paired ratio of impl ``ours`` per (op, bytes) on ``world`` ranks."""
+    return {
+        (r["op"], r["bytes"]): r["paired_ratio"]
+        for r in rows
+        if r["impl"] == ours and r["op"] in ops and r["world_size"] == world and "paired_ratio" in r
+    }
+
+
+def split_summary(found: Mapping[tuple[str, int], float]) -> tuple[float, float, tuple[str, int], float]:
+    """Median of the ratios below and from 64 KiB, and the worst (op, bytes) with its ratio."""
+    below = [v for (_, b), v in found.items() if b < SMALL]
+    above = [v for (_, b), v in found.items() if b >= SMALL]
+    worst = max(found, key=lambda k: found[k])
+    return statistics.median(below), statistics.median(above), worst, found[worst]
+
+
+# --------------------------------------------------------------------------------------------------
+# One function per table: (data) -> reStructuredText
+# --------------------------------------------------------------------------------------------------
+
+QUICK = "quick.json"
+
+
+def collectives(data: Data) -> str:
+    """Median times and paired ratios of the collectives at their smallest size, 64 KiB and 4 MiB."""
+    rows = data.rows(QUICK)
+    index = by(rows, "impl", "op", "bytes", "world_size")
+
+    def cell(impl: str, op: str, nbytes: int, world: int, key: str = "time_us") -> str:
+        row = index.get((impl, op, nbytes, world))
+        return "\\-" if row is None or key not in row else fmt(row[key], 0 if key == "time_us" else 2)
+
+    body = []
+    for world in sorted({r["world_size"] for r in rows if r["op"] in COLLECTIVES}):
+        for op in COLLECTIVES:
+            measured = sorted({r["bytes"] for r in rows if r["op"] == op and r["world_size"] == world})
+            for nbytes in sorted({measured[0], SMALL, measured[-1]} & set(measured)):
+                at = (op, nbytes, world)
+                body.append(
+                    [str(world), op, size(nbytes)]
+                    + [cell(impl, *at) for impl in ("torch", "gang")]
+                    + [cell("gang", *at, key="paired_ratio")]
+                    + [cell(impl, *at) for impl in ("jax", "gang-jax")]
+                    + [cell("gang-jax", *at, key="paired_ratio")]
+                )
+    header = ["ranks", "op", "size", "torch", "gang", "gang/torch", "jax", "gang-jax", "gang-jax/jax"]
+    title = "Median time (us) of the slowest rank and paired ratios, ``--quick``"
+    return table(title, header, body, data.run(QUICK))
+
+
+def collectives_summary(data: Data) -> str:
+    """Per world size and pair, the median paired ratio below and from 64 KiB, and the worst size."""
+    rows = data.rows(QUICK)
+    body = []
+    for ours, base in (("gang", "torch"), ("gang-jax", "jax")):
+        for world in sorted({r["world_size"] for r in rows if r["op"] in COLLECTIVES}):
+            found = ratios(rows, ours, COLLECTIVES, world)
+            if found:
+                below, above, (op, nbytes), worst = split_summary(found)
+                body.append(
+                    [f"{ours}/{base}", str(world), fmt(below), fmt(above), f"{fmt(worst)} ({op} {size(nbytes)})"]
+                )
+    header = ["pair", "ranks", "below 64 KiB", "from 64 KiB", "worst size"]
+    title = "Median over sizes of the paired ratio, every size from 4 B to 4 MiB"
+    return table(title, header, body, data.run(QUICK))
+
+
+def setup(data: Data) -> str:
+    """Gang creation, ``to_device_mesh``, the FSDP2 step and ``FakeGang`` against what they replace."""
+    rows = data.rows(QUICK)
+    index = by(rows, "impl", "op")
+    body = []
+    groups_gang, groups_torch = index[("gang", "create_groups")], index[("torch", "create_groups")]
+    body.append(
+        [
+            "``create_parallel_gangs`` + ``create_fsdp_gangs`` / ``init_device_mesh`` (pp=2, dp=2, tp=2, 8 ranks)",
+            f"{groups_gang['time_us'] / 1e3:.1f} ms / {groups_torch['time_us'] / 1e3:.1f} ms",
+            fmt(groups_gang["time_us"] / groups_torch["time_us"]),
+        ]
+    )
+    body.append(
+        ["``to_device_mesh`` of those gangs", f"{index[('gang', 'to_device_mesh')]['time_us'] / 1e3:.1f} ms", ""]
+    )
+    ours, native = index[("gang-mesh", "fsdp_step")], index[("native-mesh", "fsdp_step")]
+    body.append(
+        [
+            "FSDP2 + tensor parallel step: mesh from gangs / native mesh",
+            f"{ours['time_us'] / 1e3:.1f} ms / {native['time_us'] / 1e3:.1f} ms",
+            f"{fmt(ours['paired_ratio'])} (paired)",
+        ]
+    )
+    median, worst, where = fake(rows)
+    body.append(
+        [
+            "``FakeGang`` / the plain tensor operation (broadcast, a no-op, left out)",
+            "",
+            f"{fmt(median)} (worst {fmt(worst)}, {where})",
+        ]
+    )
+    for world in sorted({r["world_size"] for r in rows if r["op"] == "dry_run_setup"}):
+        gang, torch_ = index_dry(rows, world)
+        body.append(
+            [
+                f"dry run, one rank of {world:,}: gangs and mesh / ``init_device_mesh``",
+                f"{gang['time_us'] / 1e6:.3f} s, {gang['peak_mib']:.1f} MiB / "
+                f"{torch_['time_us'] / 1e6:.3f} s, {torch_['peak_mib']:.1f} MiB",
+                fmt(gang["time_us"] / torch_["time_us"]),
+            ]
+        )
+    return table("Set-up and simulation", ["measurement", "time", "ratio"], body, data.run(QUICK))
+
+
+def fake(rows: Sequence[Row]) -> tuple[float, float, str]:
+    """``FakeGang``'s median and worst time ratio to the plain operation, and where the worst is."""
+    index = by(rows, "impl", "op", "bytes")
+    found = {
+        (op, nbytes): index[("fake", op, nbytes)]["time_us"] / row["time_us"]
+        for (impl, op, nbytes), row in index.items()
+        if impl == "plain" and op != "broadcast" and ("fake", op, nbytes) in index
+    }
+    (op, nbytes) = max(found, key=lambda k: found[k])
+    return statistics.median(found.values()), found[(op, nbytes)], f"{op} {size(nbytes)}"
+
+
+def index_dry(rows: Sequence[Row], world: int) -> tuple[Row, Row]:
+    """The gang and torch dry-run rows at ``world`` ranks."""
+    index = by((r for r in rows if r["op"] == "dry_run_setup"), "impl", "world_size")
+    return index[("gang", world)], index[("torch", world)]
+
+
+TRAFFIC_FILE = "traffic.json"
+
+
+def traffic(data: Data) -> str:
+    """Per traffic operation, the median over sizes of gang / raw torch and the worst size; the overlap's gain."""
+    rows = data.rows(TRAFFIC_FILE)
+    world = rows[0]["world_size"]
+    found = ratios(rows, "gang", TRAFFIC, world)
+    body = []
+    for op in TRAFFIC:
+        mine = {k: v for k, v in found.items() if k[0] == op}
+        (_, nbytes) = max(mine, key=lambda k: mine[k])
+        body.append(
+            [f"``{op}``", fmt(statistics.median(mine.values())), f"{fmt(mine[(op, nbytes)])} at {size(nbytes)}"]
+        )
+    for impl in ("gang", "torch"):
+        gains = [r["overlap_gain"] for r in rows if r["impl"] == impl and r["op"] == "overlap"]
+        what = f"the overlap's gain over sequential calls through {impl} (paired)"
+        body.append([what, fmt(statistics.median(gains), 2), ""])
+    title = f"gang / raw torch on {world} ranks: median over sizes of the paired ratio, and the worst size"
+    return table(title, ["operation", "median", "worst size"], body, data.run(TRAFFIC_FILE))
+
+
+SMALL_FILE = "small_messages.json"
+
+
+def small_messages(data: Data) -> str:
+    """Per collective at 4 bytes: median times, the calling thread's CPU time and the paired ratio."""
+    rows = data.rows(SMALL_FILE)
+    index = by(rows, "impl", "op")
+    body = []
+    for op in dict.fromkeys(r["op"] for r in rows):
+        torch_, gang = index[("torch", op)], index[("gang", op)]
+        body.append(
+            [
+                f"``{op}``",
+                fmt(torch_["time_us"], 1),
+                fmt(gang["time_us"], 1),
+                fmt(torch_["cpu_us"], 1),
+                fmt(gang["cpu_us"], 1),
+                f"{fmt(gang['paired_ratio'])} [{fmt(gang['q1'], 2)}, {fmt(gang['q3'], 2)}]",
+            ]
+        )
+    world = rows[0]["world_size"]
+    header = ["collective", "torch us", "gang us", "cpu torch us", "cpu gang us", "gang / torch [quartiles]"]
+    return table(f"4-byte collectives on {world} ranks", header, body, data.run(SMALL_FILE))
+
+
+JAX_P2P = "jax_send_recv.json"
+
+
+def jax_send_recv(data: Data) -> str:
+    """Per size, the ``send_recv`` ring through ``JaxGang`` against the raw ``ppermute`` program."""
+    rows = data.rows(JAX_P2P)
+    index = by(rows, "impl", "bytes")
+    body = [
+        [
+            size(nbytes),
+            fmt(raw["time_us"], 0),
+            fmt(index[("gang-jax", nbytes)]["time_us"], 0),
+            fmt(index[("gang-jax", nbytes)]["paired_ratio"]),
+        ]
+        for (impl, nbytes), raw in sorted(index.items(), key=lambda kv: kv[0][1])
+        if impl == "jax"
+    ]
+    header = ["size per rank", "raw JAX us", "JaxGang us", "JaxGang / raw JAX (paired)"]
+    return table("A ``send_recv`` ring on 2 processes", header, body, data.run(JAX_P2P))
+
+
+FT = "quick_ft.json"
+
+
+def ft(data: Data) -> str:
+    """gang.ft's per-step cost and recovery times on 3 one-process replicas."""
+    rows = data.rows(FT)
+    index = by(rows, "impl", "op")
+    body = []
+    for step in ("50ms", "10ms"):
+        plain, ours = index.get(("plain", f"ft_step_{step}")), index.get(("gang.ft", f"ft_step_{step}"))
+        if plain and ours:
+            body.append(
+                [
+                    f"per step, {step[:-2]} ms step ({ours['micro_batches']} micro-batches): plain / gang.ft",
+                    f"{plain['time_us'] / 1e3:.1f} / {ours['time_us'] / 1e3:.1f} ms",
+                    f"{fmt(ours['ratio'])} (paired {fmt(ours['paired_ratio'])})",
+                ]
+            )
+    for impl, what in (("gang.ft", "1 s timeout"), ("gang.ft@60s", "60 s timeout")):
+        kill, restart = index.get((impl, "ft_kill_to_commit")), index.get((impl, "ft_restart_to_commit"))
+        if kill:
+            body.append([f"SIGKILL → survivors' next commit, {what}", f"{kill['time_us'] / 1e6:.2f} s", cycles(kill)])
+        if restart:
+            body.append(
+                [
+                    f"launch → restarted replica's first commit, {what}",
+                    f"{restart['time_us'] / 1e6:.2f} s",
+                    f"{cycles(restart)}; torch imported {restart['imported_s']:.2f} s, model and optimizer built "
+                    f"{restart['built_s']:.2f} s, joined {restart['joined_s']:.2f} s",
+                ]
+            )
+    return table("gang.ft on 3 replicas of 1 process", ["measurement", "median", "detail"], body, data.run(FT))
+
+
+def cycles(row: Row) -> str:
+    """The samples of a recovery row, in seconds."""
+    return "cycles " + ", ".join(f"{s:.2f}" for s in row["samples"])
+
+
+HSDP = "quick_ft_hsdp.json"
+
+
+def hsdp(data: Data) -> str:
+    """HSDP across fault-tolerant replicas: per-step cost against a static mesh, and recovery."""
+    rows = data.rows(HSDP)
+    index = by(rows, "impl", "op")
+    body = []
+    for step, label in (("50ms", "50 ms step"), ("10ms", "shortest step")):
+        static, ours = index.get(("static", f"hsdp_step_{step}")), index.get(("gang.ft", f"hsdp_step_{step}"))
+        if static and ours:
+            phases = ", ".join(f"{k} {v:.1f}" for k, v in ours["phases_ms"].items() if v >= 0.05)
+            body.append(
+                [
+                    f"per step, {label}: static / gang.ft",
+                    f"{static['time_us'] / 1e3:.1f} / {ours['time_us'] / 1e3:.1f} ms",
+                    f"{fmt(ours['ratio'])} (paired {fmt(ours['paired_ratio'])}); gang.ft's phases (ms): {phases}",
+                ]
+            )
+    for op, what in (
+        ("hsdp_kill_to_commit", "SIGKILL of one process → the other replica's next commit"),
+        ("hsdp_restart_to_commit", "relaunch → first commit after healing"),
+    ):
+        row = index.get(("gang.ft", op))
+        if row:
+            body.append([what, f"{row['time_us'] / 1e6:.2f} s", cycles(row)])
+    title = "HSDP: 2 replicas of 2 processes against FSDP2's own HSDP"
+    return table(title, ["measurement", "median", "detail"], body, data.run(HSDP))
+
+
+def recorded(data: Data) -> str:
+    """The figures this machine cannot reproduce (against torchft), each with its command."""
+    body = [
+        [r["measurement"], r["gang.ft"], r["torchft"], f"``{r['command']}``; {r['conditions']}"] for r in data.recorded
+    ]
+    source = (
+        "``recorded.json``: figures of runs with torchft 0.2.0 installed in a separate environment; "
+        "re-run the command with ``--torchft-python`` to replace them."
+    )
+    return table(
+        "Against torchft 0.2.0 (recorded)", ["measurement", "gang.ft", "torchft", "command; conditions"], body, source
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The targets, each checked against the results
+# --------------------------------------------------------------------------------------------------
+
+
+def targets(data: Data) -> str:
+    """Each target, what the committed results measure, and whether that meets it."""
+    quick, traffic_rows = data.rows(QUICK), data.rows(TRAFFIC_FILE)
+    body: list[list[str]] = []
+    quiet = {r["target"]: r for r in data.recorded if "target" in r}
+
+    def also(*tags: str) -> str:
+        """The recorded quiet-machine figures of gang.ft for ``tags`` (see `recorded`), if any."""
+        found = [quiet[t]["gang.ft"] for t in tags if t in quiet]
+        return f"; on a quiet machine (recorded): {' and '.join(found)}" if found else ""
+
+    def add(target: str, measured: str, met: bool, source: str) -> None:
+        body.append([target, measured, "met" if met else "not met", f"``{source}``"])
+
+    for limit, small in ((1.05, True), (1.02, False)):
+        per_world = {}
+        for world in (2, 4):
+            below, above, _, _ = split_summary(ratios(quick, "gang", COLLECTIVES, world))
+            per_world[world] = below if small else above
+        where = "below 64 KiB" if small else "from 64 KiB"
+        measured = ", ".join(f"{fmt(v)} ({w} ranks)" for w, v in per_world.items())
+        add(
+            f"``ProcessGroupGang`` / raw torch <= {limit} {where} (median over sizes)",
+            measured,
+            max(per_world.values()) <= limit,
+            QUICK,
+        )
+    worst_jax = {w: max(ratios(quick, "gang-jax", COLLECTIVES, w).values()) for w in (2, 4)}
+    add(
+        "``JaxGang`` / raw JAX <= 1.10 at every size",
+        "worst " + ", ".join(f"{fmt(v)} ({w} ranks)" for w, v in worst_jax.items()),
+        max(worst_jax.values()) <= 1.10,
+        QUICK,
+    )
+    small_rows = [r for r in data.rows(SMALL_FILE) if r["impl"] == "gang"]
+    worst_small = max(small_rows, key=lambda r: r["paired_ratio"])
+    add(
+        "``ProcessGroupGang`` / raw torch <= 1.02 at 4 bytes on 2 ranks, every collective",
+        f"worst {fmt(worst_small['paired_ratio'])} ({worst_small['op']}); "
+        + ", ".join(f"{r['op']} {fmt(r['paired_ratio'])}" for r in small_rows if r is not worst_small),
+        worst_small["paired_ratio"] <= 1.02,
+        SMALL_FILE,
+    )
+    ft_index = by(data.rows(FT), "impl", "op")
+    for name, prefix, what, file in (
+        ("``gang.ft``", "ft_step", "10 ms step", FT),
+        ("``gang.ft`` HSDP", "hsdp_step", "shortest step", HSDP),
+    ):
+        index = by(data.rows(file), "impl", "op")
+        steps = {
+            s: index[("gang.ft", f"{prefix}_{s}")]["ratio"]
+            for s in ("50ms", "10ms")
+            if ("gang.ft", f"{prefix}_{s}") in index
+        }
+        if len(steps) == 2:
+            add(
+                f"{name}: per step <= 1.05 (50 ms step), <= 1.25 ({what})"
+                + (" of a static mesh" if prefix == "hsdp_step" else ""),
+                f"{fmt(steps['50ms'])} and {fmt(steps['10ms'])}" + also(f"{prefix}_50ms", f"{prefix}_10ms"),
+                steps["50ms"] <= 1.05 and steps["10ms"] <= 1.25,
+                file,
+            )
+    kill = ft_index.get(("gang.ft", "ft_kill_to_commit"))
+    if kill and "ft_kill" in quiet:
+        seconds, theirs = kill["time_us"] / 1e6, quiet["ft_kill"]["torchft"]
+        add(
+            "``gang.ft``: SIGKILL → the survivors' next commit no slower than torchft",
+            f"{seconds:.2f} s against torchft's {theirs} (recorded){also('ft_kill')}",
+            seconds <= float(theirs.split()[0]),
+            FT,
+        )
+    restart = ft_index.get(("gang.ft", "ft_restart_to_commit"))
+    if restart:
+        seconds = restart["time_us"] / 1e6
+        add(
+            "``gang.ft``: launch of a restarted replica → participating under 3 s",
+            f"{seconds:.2f} s, of which torch's import {restart['imported_s']:.2f} s and the model and optimizer "
+            f"until {restart['built_s']:.2f} s" + also("ft_restart"),
+            seconds < 3,
+            FT,
+        )
+    groups = by(quick, "impl", "op")
+    ratio = groups[("gang", "create_groups")]["time_us"] / groups[("torch", "create_groups")]["time_us"]
+    add(
+        "gang creation no slower than ``init_device_mesh`` (pp=2, dp=2, tp=2 on 8 ranks)",
+        fmt(ratio),
+        ratio <= 1.0,
+        QUICK,
+    )
+    median, worst, where = fake(quick)
+    add(
+        "``FakeGang`` within 2x of the plain operation",
+        f"median {fmt(median, 2)}, worst {fmt(worst, 2)} ({where})",
+        worst <= 2,
+        QUICK,
+    )
+    biggest = max(r["world_size"] for r in quick if r["op"] == "dry_run_setup")
+    gang, torch_ = index_dry(quick, biggest)
+    add(
+        f"dry run at {biggest:,} ranks: gangs <= 2 s and 512 MiB, no slower than ``init_device_mesh``",
+        f"{gang['time_us'] / 1e6:.3f} s and {gang['peak_mib']:.1f} MiB against {torch_['time_us'] / 1e6:.3f} s",
+        gang["time_us"] <= 2e6 and gang["peak_mib"] <= 512 and gang["time_us"] <= torch_["time_us"],
+        QUICK,
+    )
+    fsdp = groups[("gang-mesh", "fsdp_step")]["paired_ratio"]
+    add("FSDP2 step through our mesh 1.00 +- 0.02 of native", fmt(fsdp), abs(fsdp - 1) <= 0.02, QUICK)
+    world = traffic_rows[0]["world_size"]
+    found = ratios(traffic_rows, "gang", TRAFFIC, world)
+    moved = {k: v for k, v in found.items() if k[0] != "exchange_rows"}
+    (op, nbytes) = max(moved, key=lambda k: moved[k])
+    add(
+        "``send``/``recv``, ``send_recv`` ring, skewed ``all_to_all_uneven``, async ``all_reduce`` overlapped with "
+        "compute: gang / raw torch <= 1.02 at every size",
+        f"worst {fmt(moved[(op, nbytes)])} ({op} {size(nbytes)})",
+        moved[(op, nbytes)] <= 1.02,
+        TRAFFIC_FILE,
+    )
+    rows_ratio = {k: v for k, v in found.items() if k[0] == "exchange_rows"}
+    worst_rows = max(rows_ratio.values())
+    add(
+        "``exchange_rows`` <= 1.10 of the two raw calls at every size",
+        f"worst {fmt(worst_rows)}",
+        worst_rows <= 1.10,
+        TRAFFIC_FILE,
+    )
+    p2p = [r["paired_ratio"] for r in data.rows(JAX_P2P) if r["impl"] == "gang-jax"]
+    add(
+        "``JaxGang`` point to point (a ``send_recv`` ring) <= 1.10 of the raw JAX ``ppermute`` program",
+        ", ".join(fmt(v, 2) for v in p2p),
+        max(p2p) <= 1.10,
+        JAX_P2P,
+    )
+    return table(
+        "Targets, checked against the results on this page", ["target", "measured", "verdict", "from"], body, ""
+    )
+
+
+TABLES: dict[str, Callable[[Data], str]] = {
+    "targets": targets,
+    "collectives": collectives,
+    "collectives_summary": collectives_summary,
+    "setup": setup,
+    "traffic": traffic,
+    "small_messages": small_messages,
+    "jax_send_recv": jax_send_recv,
+    "ft": ft,
+    "hsdp": hsdp,
+    "recorded": recorded,
+}
+"""Each table's file name (``perf_<name>.rst``) and the function that writes it."""
+
+
+def write(data_folder: Path = DATA, out: Path = OUT) -> list[Path]:
+    """Write every table of :data:`TABLES` from the results in ``data_folder`` into ``out``; return the files."""
+    data = Data(data_folder)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, make in TABLES.items():
+        path = out / f"perf_{name}.rst"
+        text = make(data)
+        if not path.exists() or path.read_text() != text:  # unchanged files keep Sphinx's cache valid
+            path.write_text(text)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the arguments and write the tables."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--data", type=Path, default=DATA, help="the folder of result files (default: docs/_static/perf)"
+    )
+    parser.add_argument("--out", type=Path, default=OUT, help="where to write the tables (default: docs/_generated)")
+    args = parser.parse_args(argv)
+    for path in write(args.data, args.out):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
