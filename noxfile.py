@@ -134,17 +134,24 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 def integration_jobs() -> Jobs:
     """The cross-package tests in three jobs (``tests/launchers`` and ``tests/frameworks`` are the
-    `launchers` and `ray` sessions'): two halves of about equal length, and the dead-peer scenarios,
-    which mostly wait (see :data:`BESIDE`)."""
+    `launchers` and `ray` sessions'): the fault-tolerance tests (``tests/ft``), the dead-peer
+    scenarios, which mostly wait (see :data:`BESIDE`), and the other tests. Bare ``nox`` runs the
+    last (:func:`all_checks`); ``nox -s slow`` the first two (see :data:`SLOW_JOBS`)."""
     tests = [str(ROOT / "tests"), "--ignore", str(LAUNCHER_TESTS), "--ignore", str(RAY_TESTS)]
-    ft, debug = ROOT / "tests" / "ft", ROOT / "tests" / "reliability" / "test_debug_mode.py"
+    ft = ROOT / "tests" / "ft"
     dead_peers = [str(ROOT / "tests" / "reliability" / name) for name in DEAD_PEER_TESTS]
-    others = [arg for path in [ft, debug, *dead_peers] for arg in ("--ignore", str(path))]
+    others = [arg for path in [ft, *dead_peers] for arg in ("--ignore", str(path))]
     return {
-        "tests/ft, debug mode": [Step([*PYTEST, str(ft), str(debug)])],
+        "tests/ft": [Step([*PYTEST, str(ft)])],
         "the other tests": [Step([*PYTEST, *tests, *others])],
         "dead peers": [Step([*PYTEST, *dead_peers])],
     }
+
+
+SLOW_JOBS = ("tests/ft", "dead peers")
+"""The jobs of :func:`integration_jobs` that bare ``nox`` leaves to ``nox -s slow`` (with the
+launchers): the fault-tolerance scenarios and the dead peers, whose processes mostly wait for
+timeouts, heartbeats and restarts. ``.ci/run`` runs ``slow`` right after bare ``nox``."""
 
 
 # The scenarios in which a peer dies or hangs and the others wait for their gang's timeout (or JAX's
@@ -221,8 +228,8 @@ def plugin_jobs(pytest: list[str]) -> Jobs:
 # first, so that the short ones fill the lanes at the end. A job of BESIDE starts at once whatever
 # its place here (`dead peers` mostly waits on timeouts: about 50 CPU s).
 MEASURED = {
-    "tests/ft, debug mode": 332,
-    "the other tests": 267,
+    "tests/ft": 310,
+    "the other tests": 290,
     "dead peers": 111,
     "sphinx, examples": 115,
     "gang": 99,
@@ -236,27 +243,39 @@ MEASURED = {
 
 @nox.session(venv_backend="none", name="all")
 def all_checks(session: nox.Session) -> None:
-    """Typecheck, every test suite, the launchers, the plugin project and the docs: one pool of jobs
-    on :data:`LANES` lanes, the longest first, those of :data:`BESIDE` beside them (bare ``nox`` runs
-    it after ``lint``).
+    """Typecheck, every package's tests, the cross-package tests but the slow ones, the plugin
+    project and the docs: one pool of jobs on :data:`LANES` lanes, the longest first (bare ``nox``
+    runs it after ``lint``; ``nox -s slow`` runs the rest).
 
-    The same jobs as the sessions ``typecheck``, ``packages``, ``tests(target='integration')``,
-    ``launchers``, ``plugin`` and ``docs``, in one environment (the shared one; the plugin project is
-    installed there too, where ``nox -s plugin`` gives it an environment holding gang alone). One
-    pool instead of six sessions in a row: no lane waits for the other's last job of a session.
+    The same jobs as the sessions ``typecheck``, ``packages``, ``tests(target='integration')`` (less
+    :data:`SLOW_JOBS`), ``plugin`` and ``docs``, in one environment (the shared one; the plugin
+    project is installed there too, where ``nox -s plugin`` gives it an environment holding gang
+    alone). One pool instead of five sessions in a row: no lane waits for the other's last job of a
+    session.
     """
     shared(session)
     share_jax_compilations(session)
     jobs: Jobs = {
         **typecheck_jobs(),
         **package_jobs([]),
-        **integration_jobs(),
-        **launcher_jobs(session, session.posargs),
+        **{name: steps for name, steps in integration_jobs().items() if name not in SLOW_JOBS},
         **plugin_jobs([str(SHARED_BIN / "pytest")]),
         **docs_jobs(),
     }
     order = sorted(jobs, key=lambda name: -MEASURED.get(name, 0))
     run_side_by_side(session, {name: jobs[name] for name in order})
+
+
+@nox.session(venv_backend="none")
+def slow(session: nox.Session) -> None:
+    """The suites bare ``nox`` leaves out because they mostly wait: the fault-tolerance tests
+    (``tests/ft``), the dead-peer scenarios (beside the lanes) and the real launchers (see
+    :func:`launchers`), side by side. ``.ci/run`` runs it right after bare ``nox``."""
+    shared(session)
+    share_jax_compilations(session)
+    every = integration_jobs()
+    jobs = {**{name: every[name] for name in SLOW_JOBS}, **launcher_jobs(session, session.posargs)}
+    run_side_by_side(session, dict(sorted(jobs.items(), key=lambda job: -MEASURED.get(job[0], 0))))
 
 
 @nox.session(venv_backend="none")
@@ -582,7 +601,7 @@ def bench(session: nox.Session) -> None:
     ranks, then the repository-only benchmarks (8-rank set-up, FakeGang); writes the JSON rows to
     ``--out`` and the PNG plots next to it. See ``docs/performance.rst``.
     """
-    install(session, "matplotlib", packages=["gang", "gang-mesh", "gang-jax"])
+    install(session, "matplotlib", "optax", packages=["gang", "gang-mesh", "gang-jax"])
     session.run("python", "-m", "benchmarks.run", *session.posargs, env={"OMP_NUM_THREADS": "1"})
     # Fault tolerance (3 replica processes + the store); TORCHFT_PYTHON adds the torchft comparison.
     session.run("python", "-m", "benchmarks.ft", *session.posargs, env={"OMP_NUM_THREADS": "1"})
@@ -595,6 +614,8 @@ def bench(session: nox.Session) -> None:
     # LocalSGD and (streaming) DiLoCo on 3 replicas: time and bytes per outer step, the overlap of a
     # delayed exchange, recovery; TORCHFT_PYTHON adds torchft's LocalSGD and DiLoCo side by side.
     session.run("python", "-m", "benchmarks.ft_diloco", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    # DiLoCo for JAX models against DiLoCo for torch modules, both in the same 3 replica processes.
+    session.run("python", "-m", "benchmarks.ft_diloco_jax", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session

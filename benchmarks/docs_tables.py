@@ -365,6 +365,31 @@ def recorded(data: Data) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
+DILOCO_JAX = "quick_ft_diloco_jax.json"
+
+
+def diloco_jax(data: Data) -> str:
+    """DiLoCo for JAX models against DiLoCo for torch modules, on the same model in the same processes."""
+    index = by(data.rows(DILOCO_JAX), "impl")
+    body = []
+    for impl, what in (
+        ("gang.ft", "torch module (``gang.ft.DiLoCo``)"),
+        ("gang_jax.ft", "JAX pytree (``gang_jax.ft.DiLoCo``)"),
+    ):
+        row = index[(impl,)]
+        body.append(
+            [
+                what,
+                f"{row['time_us'] / 1e3:.1f} ms",
+                f"{row['inner_ms']:.1f} ms",
+                f"{row['sync_ms']:.1f} ms",
+                f"{fmt(row['sync_ratio'])} / {fmt(row['ratio'])}" if "sync_ratio" in row else "\\-",
+            ]
+        )
+    header = ["DiLoCo over", "outer step", "inner steps", "sync", "JAX / torch: sync / outer step"]
+    return table("DiLoCo, JAX and torch, 3 replicas of 1 process", header, body, data.run(DILOCO_JAX))
+
+
 def targets(data: Data) -> str:
     """Each target, what the committed results measure, and whether that meets it."""
     quick, traffic_rows = data.rows(QUICK), data.rows(TRAFFIC_FILE)
@@ -446,6 +471,13 @@ def targets(data: Data) -> str:
             seconds < 3,
             FT,
         )
+    jax_sync = by(data.rows(DILOCO_JAX), "impl")[("gang_jax.ft",)]["sync_ratio"]
+    add(
+        "``gang_jax.ft.DiLoCo``'s sync <= 1.10 of ``gang.ft.DiLoCo``'s (same model, same processes)",
+        fmt(jax_sync),
+        jax_sync <= 1.10,
+        DILOCO_JAX,
+    )
     groups = by(quick, "impl", "op")
     ratio = groups[("gang", "create_groups")]["time_us"] / groups[("torch", "create_groups")]["time_us"]
     add(
@@ -512,6 +544,7 @@ TABLES: dict[str, Callable[[Data], str]] = {
     "jax_send_recv": jax_send_recv,
     "ft": ft,
     "hsdp": hsdp,
+    "diloco_jax": diloco_jax,
     "recorded": recorded,
 }
 """Each table's file name (``perf_<name>.rst``) and the function that writes it."""
