@@ -133,8 +133,8 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 def integration_jobs() -> Jobs:
     """The cross-package tests in three jobs (``tests/launchers``, ``tests/frameworks`` and
-    ``tests/hosts`` are the `launchers`, `ray` and `hosts` sessions'): two halves of about equal length, and the dead-peer scenarios,
-    which mostly wait (see :data:`BESIDE`)."""
+    ``tests/hosts`` are the `launchers`, `ray` and `hosts` sessions'): two halves of about equal
+    length, and the dead-peer scenarios, which mostly wait (see :data:`BESIDE`)."""
     tests = [str(ROOT / "tests"), *(arg for path in OWN_SESSION_TESTS for arg in ("--ignore", str(path)))]
     ft, debug = ROOT / "tests" / "ft", ROOT / "tests" / "reliability" / "test_debug_mode.py"
     dead_peers = [str(ROOT / "tests" / "reliability" / name) for name in DEAD_PEER_TESTS]
