@@ -36,6 +36,7 @@ run at once on one machine, from one process or many. IPv6 is turned off in the 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import ipaddress
@@ -429,6 +430,7 @@ class TestHosts:
             self.log_dir = Path(tempfile.mkdtemp(prefix=f"gang-hosts-{self.owner}-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._open = True
+        atexit.register(self.close)  # hosts never closed are removed when the interpreter exits
         try:
             self._claim_subnet()
             self._make()
@@ -677,6 +679,7 @@ class TestHosts:
         """Stop every flap, kill every process in the namespaces and remove everything made: the
         namespaces, veths, bridge, routes and hosts files (idempotent). The logs stay in :attr:`log_dir`."""
         self._open = False
+        atexit.unregister(self.close)
         for flap in self._flaps:
             flap.stop()
         for process in self._processes:
