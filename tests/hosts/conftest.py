@@ -4,11 +4,14 @@ private bridge, made and removed by the tests. Where they cannot be made (not Li
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gang.testing import test_hosts_skip_reason
 
 REASON = test_hosts_skip_reason()
+HERE = Path(__file__).parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -16,5 +19,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason=f"test hosts: {REASON}")
     for item in items:
-        if "tests/hosts/" in item.nodeid or "hosts/" in str(item.path):
+        if item.path.is_relative_to(HERE):
             item.add_marker(skip)

@@ -32,7 +32,8 @@ def test_torchrun_two_hosts(tmp_path: Path) -> None:
         for r in found:
             assert r["root_members"] == [[0, 0], [1, 0], [2, 1], [3, 1]]
             assert len({node for _, node in r["tp"]["members"]}) == 1  # tp inside a host
-            assert sorted(node for _, node in r["rdp"]["members"]) == [0, 1]  # across the hosts
+            assert sorted(node for _, node in r["dp"]["members"]) == [0, 1]  # dp across the hosts
+            assert sorted(node for _, node in r["rdp"]["members"]) == [0, 1]
             assert r["tp"]["sum"] == 2 and r["rdp"]["sum"] == 2 and r["again"]["sum"] == 4
             assert r["jax"]["size"] == 4 and r["jax"]["members"] == r["root_members"]
         parity = results(tmp_path, "parity-*.json")

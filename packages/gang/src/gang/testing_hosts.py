@@ -71,8 +71,9 @@ SUBNETS = ipaddress.IPv4Network("10.213.0.0/16")
 _SBIN = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 _LOCK = Path(tempfile.gettempdir()) / "gang-test-hosts.lock"
 _NETNS_ETC = Path("/etc/netns")
-# The names of what an owner makes: namespaces gth<pid><k><i>, bridge gtb<pid><k>, veths gtv<pid><k><i>.
-_OWNED = re.compile(r"^gt([hbv])(\d+)([a-z])(\d*)$")
+# The names of what an owner makes: namespaces gth<pid><k><i>, bridge gtb<pid><k>, veths gtv<pid><k><i>
+# (and their peers gtp<pid><k><i> until they are moved into the namespace as eth0).
+_OWNED = re.compile(r"^gt([hbvp])(\d+)([a-z])(\d*)$")
 _letters = itertools.cycle("abcdefghijklmnopqrstuvwxyz")
 _letters_lock = threading.Lock()
 
@@ -155,7 +156,7 @@ def _remove(owner: int, letter: str | None = None) -> list[str]:
             removed.append(f"namespace {namespace}")
     for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().partition("@")[0] if ":" in line else ""
-        if mine(name, "v") or mine(name, "b"):
+        if mine(name, "v") or mine(name, "b") or mine(name, "p"):
             _run("ip", "link", "del", name, check=False)
             removed.append(f"link {name}")
     for line in _run("ip", "route", "show", "type", "blackhole", check=False).stdout.splitlines():
