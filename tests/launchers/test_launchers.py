@@ -184,6 +184,9 @@ def test_torchrun_two_nodes(tmp_path: Path) -> None:
     torchrun = which("torchrun")
     assert torchrun is not None
     rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "gangtest"]
+    # Both "nodes" are this machine: the first agent publishes 127.0.0.1 as MASTER_ADDR (without
+    # --local-addr, its host name, which a job spanning two nodes cannot take for loopback).
+    rendezvous += ["--local-addr", "127.0.0.1"]
     command = [torchrun, "--nnodes", "2", "--nproc-per-node", "2", *rendezvous, "--max-restarts", "0"]
     script = [WORKER, str(tmp_path), "torchrun", "--node-var", "GROUP_RANK"]
     agents = [

@@ -27,7 +27,15 @@ from jax.extend.backend import clear_backends
 from torch import Tensor
 
 from gang import ReduceOperation
-from gang.address import is_loopback
+from gang.address import (
+    GLOO_SOCKET_IFNAME,
+    gloo_env,
+    is_loopback,
+    is_loopback_address,
+    outward_address,
+    user_gloo_interface,
+)
+from gang.env import get_launcher
 from gang_jax import _collectives as kernels
 from gang_jax._collectives import Communicator, HostCall, Kernel
 from gang_jax._convert import as_raw_bits, to_numpy
@@ -44,17 +52,61 @@ def start_runtime(where: Rendezvous, timeout: timedelta) -> None:
         initialization_timeout=seconds,
         heartbeat_timeout_seconds=seconds,
         shutdown_timeout_seconds=seconds,
-        coordinator_bind_address=_bind_address(where.coordinator_address),
+        coordinator_bind_address=_bind_address(where.coordinator_address, where.num_processes),
     )
+    _use_gloo_interface(where.coordinator_address, where.num_processes)
 
 
-def _bind_address(coordinator: str | None) -> str | None:
-    """Where process 0's coordinator listens: on its loopback address when it is reached on one (a
-    local run stays on loopback), else where JAX binds it by default (every interface)."""
+def _several_hosts(num_processes: int | None) -> bool:
+    """Whether the launcher says the job's processes span several hosts."""
+    return (num_processes or 1) > get_launcher().local_world_size
+
+
+def _use_gloo_interface(coordinator: str | None, num_processes: int | None) -> None:
+    """Make JAX's CPU collectives (gloo) bind the interface that reaches the coordinator, when the
+    job spans several hosts and that interface is not loopback (or the one ``GLOO_SOCKET_IFNAME``
+    names), before JAX creates its CPU backend.
+
+    JAX's gloo otherwise binds the address this host's name resolves to, which is loopback on many
+    hosts: the other hosts then cannot connect. JAX offers the choice only when the CPU client is
+    made, so its factory of the ``cpu`` backend is replaced by one that passes the interface.
+    """
+    host = "" if coordinator is None else coordinator.rpartition(":")[0].strip("[]")
+    if not host or not _several_hosts(num_processes):
+        return
+    interface = user_gloo_interface() or gloo_env(host, several_hosts=True).get(GLOO_SOCKET_IFNAME)
+    if interface is None or interface in ("lo", "lo0"):
+        return
+    from jax._src import distributed, xla_bridge
+    from jax._src.lib import _jax  # type: ignore[attr-defined]
+
+    def cpu_client() -> Any:
+        client = distributed.global_state.client
+        collectives = _jax.make_gloo_tcp_collectives(distributed_client=client, interface=interface)
+        return xla_bridge.make_cpu_client(collectives=collectives)
+
+    xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
+
+
+def _bind_address(coordinator: str | None, num_processes: int | None) -> str | None:
+    """Where process 0's coordinator listens: on its loopback address when every process reaches
+    it there (a local run stays on loopback), else where JAX binds it by default (every interface).
+
+    A coordinator named by a name that resolves to loopback on this host only (its own name, as
+    many distributions map it) is reached by the other hosts at this host's real address: when
+    the launcher says the processes span several hosts, it is bound to every interface
+    (:func:`gang.address.outward_address` makes that choice).
+    """
     if coordinator is None:
         return None
     host = coordinator.rpartition(":")[0].strip("[]")
-    return coordinator if host and is_loopback(host) else None
+    if not host or not is_loopback(host):
+        return None
+    try:
+        outward = outward_address(host, several_hosts=_several_hosts(num_processes))
+    except OSError:
+        return None
+    return coordinator if is_loopback_address(outward) else None
 
 
 def stop_runtime() -> None:

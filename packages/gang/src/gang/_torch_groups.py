@@ -327,7 +327,7 @@ def is_non_member(pg: object) -> bool:
 
 
 def new_standalone_group(
-    store: Store, rank: int, size: int, device: torch.device, timeout: timedelta
+    store: Store, rank: int, size: int, device: torch.device, timeout: timedelta, address: str | None = None
 ) -> StandaloneGroup:
     """Create a gloo (CPU) or NCCL (CUDA) group on ``store`` outside torch's group registry.
 
@@ -342,6 +342,8 @@ def new_standalone_group(
     :param size: The number of members.
     :param device: ``cpu`` for gloo, ``cuda:N`` for NCCL.
     :param timeout: The collective timeout.
+    :param address: For gloo, the address of this host to bind (the one the other members reach);
+        ``None``: torch's choice (``GLOO_SOCKET_IFNAME``, else the address of this host's name).
     """
     if device.type == "cuda":
         options = dist.ProcessGroupNCCL.Options()
@@ -350,7 +352,12 @@ def new_standalone_group(
         # that is stuck on the device instead of leaving it to torch's watchdog.
         options.config.blocking = 0
         return dist.ProcessGroupNCCL(store, rank, size, options)
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
+    if address is None:
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+    gloo_options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # missing from torch's stubs
+    gloo_options._timeout = timeout
+    gloo_options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+    return dist.ProcessGroupGloo(store, rank, size, gloo_options)
 
 
 def register_python_group(pg: ProcessGroup, backend: str) -> None:

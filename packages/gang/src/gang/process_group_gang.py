@@ -30,6 +30,7 @@ from gang._torch_groups import (
     is_fake_backend,
     is_non_member,
 )
+from gang.address import use_gloo_interface
 from gang.env import get_launcher, get_master_address, get_rank, get_world_size
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_device, check_timeout, guard, operation_error
@@ -349,6 +350,8 @@ class ProcessGroupGang(Gang):
             pg_options.is_high_priority_stream = True
 
         what = f"rendezvous at {host}:{port} as rank {rank} of {world_size}"
+        if backend == "gloo":  # gloo binds the interface that reaches the rendezvous host (unless the user names one)
+            use_gloo_interface(host, several_hosts=world_size > get_launcher().local_world_size)
         try:
             serves = rank == 0 and not get_launcher().agent_store
             store = rendezvous.store(host, port, world_size, is_master=serves, timeout=timeout)

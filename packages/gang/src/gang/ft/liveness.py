@@ -31,6 +31,8 @@ import threading
 import weakref
 from contextlib import suppress
 
+from gang.address import local_address
+
 _CONNECTED = (0, errno.EISCONN)
 _PENDING = (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK)
 _KEEPALIVE_IDLE = 60  # seconds an idle watch connection waits before TCP keepalive probes start
@@ -206,15 +208,6 @@ def _greeting(token: str) -> bytes:
     return f"gang.ft {token}\n".encode()
 
 
-def _local_address(host: str) -> str:
-    """The address of this host's interface that reaches ``host``, IPv4 if it has one (no packet is sent)."""
-    found = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
-    family, _, _, _, where = next((f for f in found if f[0] == socket.AF_INET), found[0])
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect(where)
-        return str(probe.getsockname()[0])
-
-
 ROUTE = "route"
 """The ``publish`` choice for a multi-host job whose store host reaches the store over loopback
 (a host that maps its own name to 127.0.1.1): listen on every interface and publish the address of
@@ -233,14 +226,14 @@ def listen_address(toward: str, publish: str | None = None) -> tuple[str, str]:
     """
     if publish == ROUTE:
         try:
-            outward = _local_address("192.0.2.1")  # any routed address: only the route is looked up
+            outward = local_address("192.0.2.1")  # any routed address: only the route is looked up
         except OSError:  # no default route: as `None`
-            local = _local_address(toward)
+            local = local_address(toward)
             return local, local
         return ("::" if ":" in outward else "0.0.0.0"), outward
     if publish is not None:
         return publish, publish
-    local = _local_address(toward)
+    local = local_address(toward)
     return local, local
 
 

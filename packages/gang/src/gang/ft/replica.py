@@ -25,6 +25,7 @@ from gang._torch_groups import (
     register_python_group,
     unregister_python_group,
 )
+from gang.address import user_gloo_interface
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_int, check_open, check_timeout, operation_error
 from gang.ft.group import forget_frames, reaper, reduce_options, root_options, settle, wait_briefly
@@ -588,10 +589,19 @@ class ReplicaGang(Gang):
         prefix = f"{ROOT}g/{quorum.group}/rr{self._replica_rank}"  # one group per replica rank
         try:
             store = PrefixStore(prefix, self._store.raw)
-            self._pg = new_standalone_group(store, self.rank, self.size, self._device, self._timeout)
+            self._pg = new_standalone_group(
+                store, self.rank, self.size, self._device, self._timeout, self._gloo_address()
+            )
             self._pg_round = quorum.group
         except BACKEND_ERRORS as ex:
             self._record("step (building the group)", ex)
+
+    def _gloo_address(self) -> str | None:
+        """Where gloo binds: the address this process's death signal publishes (the one the other
+        replicas reach it at: see ``liveness_address``), unless the user named an interface in
+        ``GLOO_SOCKET_IFNAME`` or the death signal has no address."""
+        published = self._liveness.address.rpartition(":")[0].strip("[]")
+        return None if user_gloo_interface() is not None or not published else published
 
     def _heal(self, quorum: Quorum) -> None:
         """Send this replica's state to the members the quorum's heal plan gives it, or receive it."""
