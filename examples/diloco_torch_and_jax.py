@@ -96,9 +96,7 @@ def train_jax(rg: ReplicaGang, replica_id: str) -> list[Any]:
         return [p - INNER_LR * g for p, g in zip(params, jax.grad(loss)(params, x, y), strict=True)]
 
     params = [jnp.asarray(w.numpy()) for w in start_weights()]
-    with gang_jax.ft.DiLoCo(
-        rg, params, optax.sgd(OUTER_LR), sync_every=SYNC_EVERY, fragments=FRAGMENTS
-    ) as diloco:
+    with gang_jax.ft.DiLoCo(rg, params, optax.sgd(OUTER_LR), sync_every=SYNC_EVERY, fragments=FRAGMENTS) as diloco:
         params = diloco.params
         while diloco.local_step < STEPS:
             x, y = batch(replica_id, diloco.local_step)
