@@ -139,7 +139,7 @@ def test_size_one_dimensions(world4: World) -> None:
         assert report["dtensor_local"] and report["dtensor_full"]
         everyone = (0, 1, 2, 3)
         expected = {"root": everyone, "dp": everyone, "rdp": 1, "sdp": everyone, "cp": 1, "tp": 1, "pp": 1}
-        expected |= {"ep": 1, "edp": everyone}
+        expected |= {"ep": 1, "edp": everyone, "etp": 1}
         assert report["back"] == expected
         assert report["again"] == report["hsdp"]
         assert report["again_alone"]
@@ -390,13 +390,14 @@ def test_no_layout_gangs_that_are_not_a_grid_fail_on_every_rank(world4: World) -
 # Which mesh dimensions each role spans on torchtitan 0.3's meshes (ParallelDims.build_mesh).
 TITAN_SPANS = {
     "dataloading": {"dp": ("batch",), "rdp": ("batch",), "cp": ("cp",), "tp": ("tp",), "pp": ("pp",),
-                    "edp": ("batch", "cp")},
+                    "edp": ("batch", "cp"), "etp": ("tp",)},
     "loss": {"dp": ("loss_mesh",), "rdp": ("loss_mesh",), "edp": ("loss_mesh",)},
     "dense": {"dp": ("dp_replicate", "dp_shard"), "rdp": ("dp_replicate",), "sdp": ("dp_shard",), "cp": ("cp",),
-              "tp": ("tp",), "pp": ("pp",), "edp": ("dp_replicate", "dp_shard", "cp")},
-    "fwdbwd": {"dp": ("dp",), "rdp": ("dp",), "cp": ("cp",), "tp": ("tp",), "pp": ("pp",), "edp": ("dp", "cp")},
+              "tp": ("tp",), "pp": ("pp",), "edp": ("dp_replicate", "dp_shard", "cp"), "etp": ("tp",)},
+    "fwdbwd": {"dp": ("dp",), "rdp": ("dp",), "cp": ("cp",), "tp": ("tp",), "pp": ("pp",), "edp": ("dp", "cp"),
+               "etp": ("tp",)},
     "legacy": {"dp": ("dp_replicate", "fsdp"), "rdp": ("dp_replicate",), "sdp": ("fsdp",), "tp": ("tp",),
-               "pp": ("pp",), "edp": ("dp_replicate", "fsdp")},
+               "pp": ("pp",), "edp": ("dp_replicate", "fsdp"), "etp": ("tp",)},
     "sparse": {"dp": ("dp_replicate", "efsdp", "ep"), "rdp": ("dp_replicate",), "sdp": ("efsdp", "ep"),
                "pp": ("pp",), "ep": ("ep",), "edp": ("dp_replicate", "efsdp")},
 }  # fmt: skip
