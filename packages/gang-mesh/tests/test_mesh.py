@@ -241,6 +241,7 @@ def test_from_sub_mesh_root_spans_only_the_sub_mesh(world8: World) -> None:
     [
         ((4,), None, None, "ValueError", ["`mesh`", "dimension names"]),
         ((2, 2), ("dp", "ep"), None, "ValueError", ["`mesh`", "'ep'", "'dp'"]),
+        ((2, 2), ("tp", "etp"), None, "ValueError", ["`mesh`", "'tp' and 'etp' are the same dimension"]),
         ((2, 2), ("loss", "cp"), None, "ValueError", ["`mesh`", "'loss'", "`cp`"]),
         ((2, 2), ("a", "b"), None, "ValueError", ["`mesh`", "'a'", "be mapped by `names`"]),
         ((2, 2), ("a", "b"), {"a": "sdp", "b": "sdp"}, "ValueError", ["'a'", "'b'", "'sdp'"]),
@@ -388,6 +389,34 @@ def test_no_layout_gangs_that_are_not_a_grid_fail_on_every_rank(world4: World) -
 
 
 # Which mesh dimensions each role spans on torchtitan 0.3's meshes (ParallelDims.build_mesh).
+def test_expert_tensor_parallel_meshes(world8: World) -> None:
+    for rank, report in enumerate(world8.run(w.etp_meshes)):
+        # tp 2, ep 4, etp 1: ep gangs are blocks of 4 (two tp gangs), edp strided by 4 ...
+        assert report["wide"]["mesh"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        assert report["wide"]["lines"] == [True, True] and report["wide"]["groups"] == [True, True]
+        # ... the ranks and groups of torchtitan 0.3's sparse mesh of the same degrees.
+        assert report["titan_ranks"] and report["titan_groups"] == [True, True]
+        block, offset = tuple(range(rank - rank % 4, rank - rank % 4 + 4)), (rank % 4, rank % 4 + 4)
+        assert report["titan_back"] == {"ep": block, "edp": offset, "etp": 1}
+        assert "'tp' and 'ep' split the same ranks" in report["wide_tp_refused"]
+        # tp 4, ep 2, etp 2: rank = (edp * 2 + ep) * 2 + etp.
+        assert report["split"]["mesh"] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+        assert report["split"]["lines"] == [True] * 3 and report["split"]["groups"] == [True] * 3
+        e, x, y = rank // 4, rank // 2 % 2, rank % 2
+        assert report["split_members"] == {
+            "ep": (4 * e + y, 4 * e + 2 + y),
+            "edp": (2 * x + y, 4 + 2 * x + y),
+            "etp": (rank - y, rank - y + 1),
+            "tp": block,
+        }
+        # An (edp, ep, etp) mesh read back: etp (and tp with it) is its dimension; dp spans edp x ep.
+        back = report["back"]
+        assert back["etp"] == back["tp"] == (rank - y, rank - y + 1)
+        assert back["ep"] == (4 * e + y, 4 * e + 2 + y) and back["edp"] == (2 * x + y, 4 + 2 * x + y)
+        assert back["dp"] == back["sdp"] == (y, 2 + y, 4 + y, 6 + y) and back["rdp"] == back["cp"] == 1
+        assert report["again"]
+
+
 TITAN_SPANS = {
     "dataloading": {"dp": ("batch",), "rdp": ("batch",), "cp": ("cp",), "tp": ("tp",), "pp": ("pp",),
                     "edp": ("batch", "cp"), "etp": ("tp",)},

@@ -277,7 +277,7 @@ def mesh_spans(roles: Sequence[str], dim_names: Sequence[str]) -> dict[str, tupl
                     f"with {clash[0]!r}"
                 )
             placed = {name: split[role(name).axes[0]][0] if role(name).kind == "dense" else name for name in roles}
-            same = [(a, b) for a in roles for b in roles if a < b and placed[a] == placed[b]]
+            same = [(a, b) for i, a in enumerate(roles) for b in roles[i + 1 :] if placed[a] == placed[b]]
             if same:
                 raise ValueError(f"{same[0][0]!r} and {same[0][1]!r} are the same dimension of a mesh with experts")
         else:
