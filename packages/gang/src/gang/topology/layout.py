@@ -42,8 +42,8 @@ def _grid_of_sizes(world_size: int, **given: int) -> Grid:
     first axis that no role given is on holds the rest of the ranks, the others have size 1."""
     world_size = check_int("world_size", world_size, minimum=1)
     sizes: dict[str, int] = {}
-    for name, value in given.items():
-        sizes[role(name.removesuffix("_size")).axes[0]] = check_int(name, value, minimum=1)
+    for name, given_value in given.items():
+        value = sizes[role(name.removesuffix("_size")).axes[0]] = check_int(name, given_value, minimum=1)
         if world_size % value != 0:
             raise ValueError(f"`{name}` must be a factor of the root gang size ({world_size}), but is {value} instead.")
     if world_size % prod(sizes.values()) != 0:
