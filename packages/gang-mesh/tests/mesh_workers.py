@@ -524,6 +524,17 @@ def torchtitan_layouts(
             ok = getattr(gangs, role).as_process_group() is mesh.get_group(0)
             ok = ok and to_device_mesh(gangs, (role,)).mesh.tolist() == mesh.mesh.tolist()
         report[f"1-D {name}"] = ok
+    if ep > 1 and backend == "spmd_types":
+        # torchtitan's experts always span the tensor parallel ranks: our etp_size=1 layout.
+        ours = create_fsdp_gangs(
+            create_parallel_gangs(root, tp_size=tp, pp_size=pp, cp_size=cp, ep_size=ep, etp_size=1), dp_shard
+        )
+        sparse = dims._global_meshes["sparse"]
+        report["etp_1"] = {
+            "ep": members(ours.ep) == _line(sparse, ("ep",)),
+            "edp": members(ours.edp) == _line(sparse, ("dp_replicate", "efsdp")),
+            "etp": ours.etp.size,
+        }
     return report
 
 
