@@ -26,13 +26,15 @@ OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "_static" / "layouts.
 
 
 def draw(output: Path) -> None:
-    """Draw one panel per role: the ranks in rows of 8, each gang in its own colour."""
+    """Draw one panel per role of the table: the ranks in rows of 8, each gang in its own colour."""
     plt.switch_backend("Agg")
     layout = Layout(SHAPE, EP)
     rows = layout.size // COLUMNS
-    fig, axes = plt.subplots(3, 3, figsize=(12, 6.2))
+    fig, axes = plt.subplots(2, (len(ROLE_TABLE) + 1) // 2, figsize=(4 * ((len(ROLE_TABLE) + 1) // 2), 5.0))
     colours = plt.get_cmap("tab20")
-    for ax, row in zip(axes.flat, ROLE_TABLE, strict=True):
+    for ax in axes.flat[len(ROLE_TABLE) :]:
+        ax.set_axis_off()
+    for ax, row in zip(axes.flat, ROLE_TABLE, strict=False):
         groups = layout.groups(row.name)
         owner = np.empty(layout.size, dtype=int)
         for index, group in enumerate(groups):

@@ -305,6 +305,36 @@ def cp_ep_meshes(root: Gang) -> dict[str, Any]:
     return report
 
 
+def etp_meshes(root: Gang) -> dict[str, Any]:
+    """Expert tensor parallel through the mesh bridge, on 8 ranks.
+
+    ``wide`` (tp 2, ep 4, etp 1: the experts span the tp ranks) against torchtitan 0.3's sparse
+    mesh of the same degrees (which always lets ``ep`` span ``tp``); ``split`` (tp 4, ep 2, etp 2)
+    as an ``("edp", "ep", "etp")`` mesh; an ``("edp", "ep", "etp")`` mesh of ``init_device_mesh``
+    read back (``tp`` is its ``etp`` dimension: the mesh cannot tell them apart) and built again.
+    """
+    wide = create_parallel_gangs(root, tp_size=2, ep_size=4, etp_size=1)
+    titan = titan_meshes(1, 4, 1, 2, 1, 4)["sparse"]  # dp_replicate, dp_shard, cp, tp, pp, ep
+    ours = to_device_mesh(wide, ("edp", "ep"))
+    split = create_parallel_gangs(root, tp_size=4, ep_size=2, etp_size=2)
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("edp", "ep", "etp"))
+    back = from_device_mesh(mesh)
+    return {
+        "wide": _mesh_report(wide, ("edp", "ep")),
+        "titan_ranks": ours.mesh.reshape(-1).tolist() == titan.mesh.reshape(-1).tolist(),
+        "titan_groups": [
+            members(wide.ep) == tuple(dist.get_process_group_ranks(titan.get_group("ep"))),
+            members(wide.edp) == tuple(dist.get_process_group_ranks(titan.get_group("efsdp"))),
+        ],
+        "titan_back": {role: members(getattr(from_device_mesh(titan), role)) for role in ("ep", "edp", "etp")},
+        "wide_tp_refused": _error_of(lambda: to_device_mesh(wide, ("edp", "ep", "tp"))),
+        "split": _mesh_report(split, ("edp", "ep", "etp")),
+        "split_members": {role: members(getattr(split, role)) for role in ("ep", "edp", "etp", "tp")},
+        "back": {role: members(getattr(back, role)) for role in ROLES},
+        "again": to_device_mesh(back, ("edp", "ep", "etp")).mesh.tolist() == mesh.mesh.tolist(),
+    }
+
+
 def no_layout_not_a_grid(root: Gang) -> tuple[str, str]:
     """``to_device_mesh`` of gangs without a layout whose ``dp`` gangs do not form a grid with ``tp``.
 
@@ -494,6 +524,17 @@ def torchtitan_layouts(
             ok = getattr(gangs, role).as_process_group() is mesh.get_group(0)
             ok = ok and to_device_mesh(gangs, (role,)).mesh.tolist() == mesh.mesh.tolist()
         report[f"1-D {name}"] = ok
+    if ep > 1 and backend == "spmd_types":
+        # torchtitan's experts always span the tensor parallel ranks: our etp_size=1 layout.
+        ours = create_fsdp_gangs(
+            create_parallel_gangs(root, tp_size=tp, pp_size=pp, cp_size=cp, ep_size=ep, etp_size=1), dp_shard
+        )
+        sparse = dims._global_meshes["sparse"]
+        report["etp_1"] = {
+            "ep": members(ours.ep) == _line(sparse, ("ep",)),
+            "edp": members(ours.edp) == _line(sparse, ("dp_replicate", "efsdp")),
+            "etp": ours.etp.size,
+        }
     return report
 
 

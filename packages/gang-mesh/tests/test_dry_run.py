@@ -43,6 +43,17 @@ def test_meshes_come_from_the_layout_at_131072_ranks() -> None:
             gangs.tp.as_process_group(),
         ]
 
+        # Expert tensor parallel: the experts' grid re-factors one stage's dp x cp x tp ranks as
+        # edp x ep x etp, etp fastest; with etp 1 the ep gangs span the tp ranks too.
+        stage = DP * CP * TP
+        for etp in (1, 2):
+            experts = create_parallel_gangs(root, tp_size=TP, pp_size=PP, cp_size=CP, ep_size=EP, etp_size=etp)
+            mesh = to_device_mesh(experts, ("edp", "ep", "etp"))
+            e, x, y = np.meshgrid(np.arange(stage // (EP * etp)), np.arange(EP), np.arange(etp), indexing="ij")
+            assert np.array_equal(mesh.mesh.numpy(), pp * stage + (e * EP + x) * etp + y)
+            assert mesh.get_group("ep") is experts.ep.as_process_group()
+            assert (experts.ep.size, experts.edp.size, experts.etp.size) == (EP, stage // (EP * etp), etp)
+
         # A size-1 dimension (rdp when fully sharded): its group holds this process alone.
         single = create_fsdp_gangs(gangs)
         one = to_device_mesh(single, ("rdp", "sdp"))

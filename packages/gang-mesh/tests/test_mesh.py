@@ -139,7 +139,7 @@ def test_size_one_dimensions(world4: World) -> None:
         assert report["dtensor_local"] and report["dtensor_full"]
         everyone = (0, 1, 2, 3)
         expected = {"root": everyone, "dp": everyone, "rdp": 1, "sdp": everyone, "cp": 1, "tp": 1, "pp": 1}
-        expected |= {"ep": 1, "edp": everyone}
+        expected |= {"ep": 1, "edp": everyone, "etp": 1}
         assert report["back"] == expected
         assert report["again"] == report["hsdp"]
         assert report["again_alone"]
@@ -241,6 +241,7 @@ def test_from_sub_mesh_root_spans_only_the_sub_mesh(world8: World) -> None:
     [
         ((4,), None, None, "ValueError", ["`mesh`", "dimension names"]),
         ((2, 2), ("dp", "ep"), None, "ValueError", ["`mesh`", "'ep'", "'dp'"]),
+        ((2, 2), ("tp", "etp"), None, "ValueError", ["`mesh`", "'tp' and 'etp' are the same dimension"]),
         ((2, 2), ("loss", "cp"), None, "ValueError", ["`mesh`", "'loss'", "`cp`"]),
         ((2, 2), ("a", "b"), None, "ValueError", ["`mesh`", "'a'", "be mapped by `names`"]),
         ((2, 2), ("a", "b"), {"a": "sdp", "b": "sdp"}, "ValueError", ["'a'", "'b'", "'sdp'"]),
@@ -388,15 +389,44 @@ def test_no_layout_gangs_that_are_not_a_grid_fail_on_every_rank(world4: World) -
 
 
 # Which mesh dimensions each role spans on torchtitan 0.3's meshes (ParallelDims.build_mesh).
+def test_expert_tensor_parallel_meshes(world8: World) -> None:
+    for rank, report in enumerate(world8.run(w.etp_meshes)):
+        # tp 2, ep 4, etp 1: ep gangs are blocks of 4 (two tp gangs), edp strided by 4 ...
+        assert report["wide"]["mesh"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+        assert report["wide"]["lines"] == [True, True] and report["wide"]["groups"] == [True, True]
+        # ... the ranks and groups of torchtitan 0.3's sparse mesh of the same degrees.
+        assert report["titan_ranks"] and report["titan_groups"] == [True, True]
+        block, offset = tuple(range(rank - rank % 4, rank - rank % 4 + 4)), (rank % 4, rank % 4 + 4)
+        assert report["titan_back"] == {"ep": block, "edp": offset, "etp": 1}
+        assert "'tp' and 'ep' split the same ranks" in report["wide_tp_refused"]
+        # tp 4, ep 2, etp 2: rank = (edp * 2 + ep) * 2 + etp.
+        assert report["split"]["mesh"] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+        assert report["split"]["lines"] == [True] * 3 and report["split"]["groups"] == [True] * 3
+        e, x, y = rank // 4, rank // 2 % 2, rank % 2
+        assert report["split_members"] == {
+            "ep": (4 * e + y, 4 * e + 2 + y),
+            "edp": (2 * x + y, 4 + 2 * x + y),
+            "etp": (rank - y, rank - y + 1),
+            "tp": block,
+        }
+        # An (edp, ep, etp) mesh read back: etp (and tp with it) is its dimension; dp spans edp x ep.
+        back = report["back"]
+        assert back["etp"] == back["tp"] == (rank - y, rank - y + 1)
+        assert back["ep"] == (4 * e + y, 4 * e + 2 + y) and back["edp"] == (2 * x + y, 4 + 2 * x + y)
+        assert back["dp"] == back["sdp"] == (y, 2 + y, 4 + y, 6 + y) and back["rdp"] == back["cp"] == 1
+        assert report["again"]
+
+
 TITAN_SPANS = {
     "dataloading": {"dp": ("batch",), "rdp": ("batch",), "cp": ("cp",), "tp": ("tp",), "pp": ("pp",),
-                    "edp": ("batch", "cp")},
+                    "edp": ("batch", "cp"), "etp": ("tp",)},
     "loss": {"dp": ("loss_mesh",), "rdp": ("loss_mesh",), "edp": ("loss_mesh",)},
     "dense": {"dp": ("dp_replicate", "dp_shard"), "rdp": ("dp_replicate",), "sdp": ("dp_shard",), "cp": ("cp",),
-              "tp": ("tp",), "pp": ("pp",), "edp": ("dp_replicate", "dp_shard", "cp")},
-    "fwdbwd": {"dp": ("dp",), "rdp": ("dp",), "cp": ("cp",), "tp": ("tp",), "pp": ("pp",), "edp": ("dp", "cp")},
+              "tp": ("tp",), "pp": ("pp",), "edp": ("dp_replicate", "dp_shard", "cp"), "etp": ("tp",)},
+    "fwdbwd": {"dp": ("dp",), "rdp": ("dp",), "cp": ("cp",), "tp": ("tp",), "pp": ("pp",), "edp": ("dp", "cp"),
+               "etp": ("tp",)},
     "legacy": {"dp": ("dp_replicate", "fsdp"), "rdp": ("dp_replicate",), "sdp": ("fsdp",), "tp": ("tp",),
-               "pp": ("pp",), "edp": ("dp_replicate", "fsdp")},
+               "pp": ("pp",), "edp": ("dp_replicate", "fsdp"), "etp": ("tp",)},
     "sparse": {"dp": ("dp_replicate", "efsdp", "ep"), "rdp": ("dp_replicate",), "sdp": ("efsdp", "ep"),
                "pp": ("pp",), "ep": ("ep",), "edp": ("dp_replicate", "efsdp")},
 }  # fmt: skip

@@ -6,7 +6,9 @@ with torch's own calls. ``nox -s titan`` installs torchtitan 0.3.0 (pinned in
 ``constraints.txt``) and runs this file with ``GANG_REQUIRE_TORCHTITAN=1``, which turns a missing
 torchtitan into a failure instead of a skip. Every mesh of its three ``spmd_backend`` choices is
 checked, with experts within and across the tensor parallel ranks, all in one shared world of
-eight processes: converting a mesh a second time must create no process group.
+eight processes: converting a mesh a second time must create no process group. Its sparse mesh
+(experts across the tensor parallel ranks) has the ``ep`` and ``edp`` gangs of
+``create_parallel_gangs(..., etp_size=1)``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ CONFIGS = [(1, 2, 2, 2, 1, 2), (2, 2, 2, 1, 1, 2), (1, 2, 1, 2, 2, 1), (1, 2, 1,
 def test_parallel_dims_meshes(world8: World, config: tuple[int, ...], backend: str) -> None:
     for rank, report in enumerate(world8.run(w.torchtitan_layouts, config, TITAN_SPANS, backend)):
         for name, result in report.items():
+            if name == "etp_1":  # create_parallel_gangs(..., etp_size=1) has the sparse mesh's ep and edp
+                assert result == {"ep": True, "edp": True, "etp": 1}, rank
+                continue
             if isinstance(result, str):  # the unused sparse mesh without expert parallel
                 assert "'efsdp'" in result and "`fake` backend" in result, (rank, name)
                 continue

@@ -20,37 +20,43 @@ FLATTENED = (("sdp", "cp"), ("dp", "cp"), ("cp", "tp"))
 
 
 def expected_members(
-    rank: int, world: int, *, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, sdp: int = 1
+    rank: int, world: int, *, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, sdp: int = 1, etp: int | None = None
 ) -> dict[str | tuple[str, ...], list[int]]:
     """The members of each gang of ``rank``, from the SPEC's formula, independent of :mod:`gang.topology`.
 
     ``rank = ((pp_index * dp_size + dp_index) * cp_size + cp_index) * tp_size + tp_index``; the dp
     index is ``rdp_index * sdp + sdp_index`` (``sdp=1`` for :func:`gang.create_parallel_gangs`
-    alone); ep gangs are contiguous blocks of ``ep`` of ``j = dp_index * cp + cp_index``.
+    alone). The experts' grid numbers the ``dp x cp x tp`` ranks of one pipeline stage
+    ``j = (edp_index * ep + ep_index) * etp + etp_index`` (``etp`` is ``tp`` when ``None``), so
+    without ``etp`` the ep gangs are contiguous blocks of ``ep`` of ``dp_index * cp + cp_index``.
     """
     dp = world // (tp * pp * cp)
+    etp = tp if etp is None else etp
     t, c, d, p = rank % tp, rank // tp % cp, rank // (tp * cp) % dp, rank // (tp * cp * dp)
     r, s = divmod(d, sdp)
-    block, k = divmod(d * cp + c, ep)
+    stage = dp * cp * tp
+    j = rank % stage
+    e, x, y = j // (ep * etp), j // etp % ep, j % etp
 
     def at(p_: int, d_: int, c_: int, t_: int) -> int:
         return ((p_ * dp + d_) * cp + c_) * tp + t_
 
-    def at_j(j: int) -> int:
-        return at(p, j // cp, j % cp, t)
+    def expert(e_: int, x_: int, y_: int) -> int:
+        return p * stage + (e_ * ep + x_) * etp + y_
 
     return {
-        "tp": [at(p, d, c, x) for x in range(tp)],
-        "cp": [at(p, d, x, t) for x in range(cp)],
-        "dp": [at(p, x, c, t) for x in range(dp)],
-        "rdp": [at(p, x * sdp + s, c, t) for x in range(dp // sdp)],
-        "sdp": [at(p, r * sdp + x, c, t) for x in range(sdp)],
-        "pp": [at(x, d, c, t) for x in range(pp)],
-        "ep": [at_j(block * ep + x) for x in range(ep)],
-        "edp": [at_j(x * ep + k) for x in range(dp * cp // ep)],
-        ("sdp", "cp"): [at(p, r * sdp + x, y, t) for x in range(sdp) for y in range(cp)],
-        ("dp", "cp"): [at(p, x, y, t) for x in range(dp) for y in range(cp)],
-        ("cp", "tp"): [at(p, d, x, y) for x in range(cp) for y in range(tp)],
+        "tp": [at(p, d, c, u) for u in range(tp)],
+        "cp": [at(p, d, u, t) for u in range(cp)],
+        "dp": [at(p, u, c, t) for u in range(dp)],
+        "rdp": [at(p, u * sdp + s, c, t) for u in range(dp // sdp)],
+        "sdp": [at(p, r * sdp + u, c, t) for u in range(sdp)],
+        "pp": [at(u, d, c, t) for u in range(pp)],
+        "ep": [expert(e, u, y) for u in range(ep)],
+        "edp": [expert(u, x, y) for u in range(stage // (ep * etp))],
+        "etp": [expert(e, x, u) for u in range(etp)],
+        ("sdp", "cp"): [at(p, r * sdp + u, v, t) for u in range(sdp) for v in range(cp)],
+        ("dp", "cp"): [at(p, u, v, t) for u in range(dp) for v in range(cp)],
+        ("cp", "tp"): [at(p, d, u, v) for u in range(cp) for v in range(tp)],
     }
 
 
@@ -70,13 +76,18 @@ def _report(sub: Gang, root: Gang) -> dict[str, Any]:
 
 
 def layout_report(root: Gang, configs: list[dict[str, Any]], without_layout: bool = True) -> list[dict[str, Any]]:
-    """For each config (``tp``, ``pp``, ``cp``, ``ep``, ``intra`` or no ``intra``), the report of every
+    """For each config (``tp``, ``pp``, ``cp``, ``ep``, ``etp`` or none, ``intra`` or none), the report of every
     gang of the factories and of :data:`FLATTENED`, both from the layout and (``nolayout``, when
     ``without_layout``) from gangs without one (which gather to find the members)."""
     reports = []
     for config in configs:
         gangs = gang.create_parallel_gangs(
-            root, tp_size=config["tp"], pp_size=config["pp"], cp_size=config["cp"], ep_size=config["ep"]
+            root,
+            tp_size=config["tp"],
+            pp_size=config["pp"],
+            cp_size=config["cp"],
+            ep_size=config["ep"],
+            etp_size=config.get("etp"),
         )
         if "intra" in config:
             gangs = gang.create_fsdp_gangs(gangs, config["intra"])
@@ -112,7 +123,7 @@ def check_reports(reports: list[list[dict[str, Any]]], configs: list[dict[str, A
         sizes = {k: config[k] for k in ("tp", "pp", "cp", "ep")}
         for rank in range(world):
             got = reports[rank][index]
-            want = expected_members(rank, world, sdp=sdp, **sizes)
+            want = expected_members(rank, world, sdp=sdp, etp=config.get("etp"), **sizes)
             assert not got["layout_none"]
             for role, members in [*want.items(), ("root", list(range(world)))]:
                 name = role if isinstance(role, str) else "_".join(role)

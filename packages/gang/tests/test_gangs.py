@@ -27,9 +27,9 @@ def _gangs(rank: int = 0) -> Gangs:
 
 def test_valid_gangs_and_keyword_only() -> None:
     gangs = _gangs()
-    assert [name for name, _ in gangs.items()] == ["root", "dp", "rdp", "sdp", "cp", "tp", "pp", "ep", "edp"]
-    # Omitted, cp and ep are size-1 gangs and edp is dp.
-    assert (gangs.cp.size, gangs.ep.size, gangs.edp) == (1, 1, gangs.dp)
+    assert [name for name, _ in gangs.items()] == ["root", "dp", "rdp", "sdp", "cp", "tp", "pp", "ep", "edp", "etp"]
+    # Omitted, cp and ep are size-1 gangs, edp is dp and etp is tp.
+    assert (gangs.cp.size, gangs.ep.size, gangs.edp, gangs.etp) == (1, 1, gangs.dp, gangs.tp)
     with pytest.raises(TypeError, match="positional argument"):
         Gangs(gangs.root, gangs.dp, gangs.rdp, gangs.sdp, gangs.tp, gangs.pp)  # type: ignore[call-arg]
 
@@ -39,7 +39,8 @@ def test_valid_gangs_and_keyword_only() -> None:
     [
         ("dp", FakeGang(CPU, size=3), "`dp.size * cp.size * tp.size * pp.size` must equal `root.size` (8)"),
         ("cp", FakeGang(CPU, size=2), "`dp.size * cp.size * tp.size * pp.size` must equal `root.size` (8)"),
-        ("ep", FakeGang(CPU, size=3), "`ep.size * edp.size` must equal `dp.size * cp.size` (4)"),
+        ("ep", FakeGang(CPU, size=3), "`ep.size * edp.size * etp.size` must equal `dp.size * cp.size * tp.size` (8)"),
+        ("etp", FakeGang(CPU, size=1), "`ep.size * edp.size * etp.size` must equal `dp.size * cp.size * tp.size` (8)"),
         ("rdp", FakeGang(CPU, size=4), "`rdp.size * sdp.size` must equal `dp.size` (4)"),
         ("tp", FakeGang(torch.device("cuda", 0), size=2), "`tp` must be on the root gang's device"),
     ],
@@ -49,6 +50,16 @@ def test_validation(field: str, replacement: FakeGang, text: str) -> None:
 
     with pytest.raises(ValueError, match=re.escape(text)):
         dataclasses.replace(_gangs(), **{field: replacement})  # type: ignore[arg-type]
+
+
+def test_expert_tensor_parallel_lets_experts_span_the_tensor_parallel_ranks() -> None:
+    import dataclasses
+
+    gangs = _gangs()  # dp 4 x tp 2: ep 2 x etp 1 leaves edp 4, ep 8 x etp 1 leaves edp 1
+    wide = dataclasses.replace(gangs, ep=FakeGang(CPU, size=2), edp=FakeGang(CPU, size=4), etp=FakeGang(CPU, size=1))
+    assert (wide.ep.size, wide.edp.size, wide.etp.size) == (2, 4, 1)
+    every = dataclasses.replace(gangs, ep=FakeGang(CPU, size=8), edp=FakeGang(CPU, size=1), etp=FakeGang(CPU, size=1))
+    assert every.ep.size == 8
 
 
 def test_non_gang_field_is_a_type_error() -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import itertools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,9 +16,9 @@ from roles_workers import FLATTENED, check_reports, expected_members, flatten_no
 
 import gang
 from gang import FakeGang, Gangs, NotSupportedError, create_fake_gangs, create_fsdp_gangs, create_parallel_gangs
-from gang.roles import ALIASES, DENSE_ROLES, EXPERT_ROLES, GRID_AXES, ROLE_TABLE, ROLES
+from gang.roles import ALIASES, DENSE_ROLES, EXPERT_ROLES, GRID_AXES, ROLE_TABLE, ROLES, SIZE_RULES, VIEWS
 from gang.testing import World, dry_run
-from gang.topology import Layout, flattened_axes, parallel_layout
+from gang.topology import Grid, Layout, check_views, flattened_axes, parallel_layout
 
 CPU = torch.device("cpu")
 
@@ -23,24 +26,56 @@ CPU = torch.device("cpu")
 
 
 def test_the_table_is_the_one_source() -> None:
-    assert ROLES == ("root", "dp", "rdp", "sdp", "cp", "tp", "pp", "ep", "edp")
+    assert ROLES == ("root", "dp", "rdp", "sdp", "cp", "tp", "pp", "ep", "edp", "etp")
     assert [f.name for f in dataclasses.fields(Gangs) if f.init and f.name != "layout"] == list(ROLES)
     assert [name for name, _ in create_fake_gangs(CPU).items()] == list(ROLES)
     assert set(DENSE_ROLES) | set(EXPERT_ROLES) | {"root"} == set(ROLES)
     assert GRID_AXES == ("pp", "rdp", "sdp", "cp", "tp")  # the SPEC's layout order, slowest first
     assert {row.name: row.axes for row in ROLE_TABLE}["dp"] == ("rdp", "sdp")
-    aliases = {a.name: (a.role, a.folds_cp) for a in ALIASES}
-    assert aliases["dp_replicate"] == ("rdp", False) and aliases["dp_shard"] == ("sdp", False)
-    assert aliases["efsdp"] == ("edp", False) and aliases["batch"] == ("dp", False)
+    aliases = {a.name: (a.role, a.folds) for a in ALIASES}
+    assert aliases["dp_replicate"] == ("rdp", None) and aliases["dp_shard"] == ("sdp", None)
+    assert aliases["efsdp"] == ("edp", None) and aliases["batch"] == ("dp", None)
+    assert aliases["expert_tensor_parallel"] == ("etp", None)
     for folded in ("fsdp", "dp_shard_cp"):
-        assert aliases[folded] == ("sdp", True)
+        assert aliases[folded] == ("sdp", "cp")
     for folded in ("loss", "loss_mesh", "dp_cp"):
-        assert aliases[folded] == ("dp", True)
+        assert aliases[folded] == ("dp", "cp")
+    # The views of the one grid: the dense axes, and the experts' re-factoring of one pipeline stage.
+    assert [(v.name, v.axes, v.derived) for v in VIEWS] == [
+        ("dense", ("pp", "rdp", "sdp", "cp", "tp"), None),
+        ("expert", ("pp", "edp", "ep", "etp"), "edp"),
+    ]
+    assert SIZE_RULES[-1] == (("ep", "edp", "etp"), ("dp", "cp", "tp"))
     assert not hasattr(gang.extend, "ROLES")  # the kit for writing gangs no longer carries the roles
 
 
+def role_literals(source: str) -> dict[str, int]:
+    """The role and axis names that ``source`` spells as string literals, each with its first line."""
+    names = set(ROLES) | {axis for view in VIEWS for axis in view.axes}
+    found: dict[str, int] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+            found.setdefault(node.value, node.lineno)
+    return found
+
+
+def test_library_modules_read_role_names_from_the_table() -> None:
+    # One source of truth: a library module that spells three or more role names by hand holds a
+    # second copy of the table (a new role would be a change in two places).
+    packages = Path(__file__).parents[2]
+    modules = sorted(packages.glob("*/src/**/*.py"))
+    assert any(path.name == "roles.py" for path in modules) and len(modules) > 20
+    spelled = {}
+    for path in modules:
+        if path.name != "roles.py":
+            found = role_literals(path.read_text())
+            if len(found) >= 3:
+                spelled[str(path.relative_to(packages))] = found
+    assert spelled == {}, f"modules that spell role names instead of reading gang.roles: {spelled}"
+    assert len(role_literals('x = ("tp", "pp", "cp")\n"""tp"""')) == 3  # the check sees what it looks for
+
+
 def test_the_docs_glossary_lists_the_table() -> None:
-    from pathlib import Path
 
     text = (Path(__file__).parents[3] / "docs" / "what-is-a-gang.rst").read_text()
     start = text.index(".. glossary-of-roles-start")
@@ -65,6 +100,11 @@ SMALL_LAYOUTS = [
     dict(tp=2, cp=2, pp=2, ep=2, sdp=2),
     dict(cp=4, ep=2, sdp=2),
     dict(pp=2, cp=2, ep=4, sdp=2),
+    dict(tp=2, ep=4, etp=1),  # the experts span the tensor parallel ranks (torchtitan's sparse mesh)
+    dict(tp=4, cp=2, ep=2, etp=2),  # experts split in two within a tensor parallel gang of four
+    dict(tp=2, cp=2, pp=2, ep=8, etp=1, sdp=2),
+    dict(tp=4, ep=4, etp=4),  # etp given as tp: the same gangs as without it
+    dict(tp=2, cp=2, ep=2, etp=4),  # etp wider than tp
 ]
 
 
@@ -75,7 +115,7 @@ def test_layout_members_follow_the_formula(config: dict[str, int]) -> None:
     layout = parallel_layout(world, **{f"{k}_size": v for k, v in sizes.items()})  # type: ignore[arg-type]
     if "sdp" in config:
         pp, dp, _, cp, tp = layout.shape
-        layout = Layout((pp, dp // config["sdp"], config["sdp"], cp, tp), layout.ep)
+        layout = Layout((pp, dp // config["sdp"], config["sdp"], cp, tp), layout.ep, etp=layout.etp)
     for rank in range(world):
         want = expected_members(rank, world, **config)
         for role, members in want.items():
@@ -84,6 +124,65 @@ def test_layout_members_follow_the_formula(config: dict[str, int]) -> None:
             assert layout.members(rank, *reversed(roles)) == members  # order-free
             row = [list(g) for g in layout.groups(*roles).tolist() if rank in g]
             assert row == [members]
+
+
+def _brute_force_groups(world: int, config: dict[str, int]) -> dict[str, list[list[int]]]:
+    """Every gang of every role by enumerating the ranks of both views in nested loops (slowest
+    outermost) and grouping the ranks that agree on every other coordinate of that view."""
+    tp, pp, cp, ep, sdp = (config.get(k, 1) for k in ("tp", "pp", "cp", "ep", "sdp"))
+    etp = config.get("etp", tp)
+    dp = world // (tp * pp * cp)
+    edp = dp * cp * tp // (ep * etp)
+    dense = itertools.product(range(pp), range(dp // sdp), range(sdp), range(cp), range(tp))
+    expert = itertools.product(range(pp), range(edp), range(ep), range(etp))
+    views: dict[tuple[str, ...], list[tuple[int, ...]]] = {
+        ("pp", "rdp", "sdp", "cp", "tp"): list(dense),
+        ("pp", "edp", "ep", "etp"): list(expert),
+    }
+    spans = {"dp": ("rdp", "sdp"), **{name: (name,) for name in ("rdp", "sdp", "cp", "tp", "pp", "ep", "edp", "etp")}}
+    result = {}
+    for role, axes in spans.items():
+        names, coords = next((names, coords) for names, coords in views.items() if set(axes) <= set(names))
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for rank, at in enumerate(coords):
+            others = tuple(c for name, c in zip(names, at, strict=True) if name not in axes)
+            groups.setdefault(others, []).append(rank)
+        result[role] = sorted(groups.values())
+    return result
+
+
+@pytest.mark.parametrize("config", SMALL_LAYOUTS)
+def test_layout_and_formula_agree_with_brute_force_enumeration(config: dict[str, int]) -> None:
+    world = 16
+    layout = parallel_layout(world, **{f"{k}_size": v for k, v in config.items() if k != "sdp"})  # type: ignore[arg-type]
+    if "sdp" in config:
+        layout = layout.resized(rdp=layout.sizes["rdp"] // config["sdp"], sdp=config["sdp"])
+    brute = _brute_force_groups(world, config)
+    for role, groups in brute.items():
+        assert sorted(layout.groups(role).tolist()) == groups, role
+        for rank in range(world):
+            assert expected_members(rank, world, **config)[role] in groups, (role, rank)
+    # Omitted, etp is tp: its gangs are the tp gangs and the expert gangs are those without etp.
+    if config.get("etp", config.get("tp", 1)) == config.get("tp", 1):
+        assert brute["etp"] == brute["tp"]
+        without = {k: v for k, v in config.items() if k != "etp"}
+        assert brute["ep"] == _brute_force_groups(world, without)["ep"]
+
+
+def test_views_agree_and_span_grids_together() -> None:
+    layout = parallel_layout(16, tp_size=2, cp_size=2, ep_size=2)
+    assert set(layout.views) == {"dense", "expert"}
+    assert layout.views["expert"].names == ("pp", "edp", "ep", "etp") and layout.views["expert"].shape == (1, 4, 2, 2)
+    assert layout.key("etp") == layout.key("tp")  # one gang: etp is tp
+    assert layout.key("ep") == layout.key("cp") != layout.key("edp")  # ep blocks of 2 are the cp gangs
+    # With etp = tp the experts' axes meet the tensor parallel axis in one grid.
+    assert layout.submesh(5, ["edp", "ep", "tp"]).shape == (4, 2, 2)
+    narrow = parallel_layout(16, tp_size=2, cp_size=2, ep_size=4, etp_size=1)
+    assert narrow.key("ep") == narrow.key("cp", "tp")
+    with pytest.raises(ValueError, match=r"`dims` must name dimensions that form a grid, but 'tp' and 'ep' split"):
+        narrow.submesh(5, ["edp", "ep", "tp"])
+    with pytest.raises(ValueError, match="the views 'dense' and 'expert' disagree on 'pp'"):
+        check_views({"dense": Grid((("pp", 2), ("tp", 4))), "expert": Grid((("ep", 2), ("pp", 2), ("etp", 2)))})
 
 
 def test_spec_examples_literally() -> None:
@@ -143,6 +242,16 @@ def test_factory_errors() -> None:
         create_parallel_gangs(root, cp_size=4, tp_size=4)
     with pytest.raises(TypeError, match="`ep_size` must be an `int`"):
         create_parallel_gangs(root, ep_size=2.0)  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError,
+        match=r"`ep_size \* etp_size` must be a factor of `dp_size \* cp_size \* tp_size` \(8\), "
+        r"but is 2 \* 3 = 6",
+    ):
+        create_parallel_gangs(root, tp_size=2, ep_size=2, etp_size=3)
+    with pytest.raises(ValueError, match="`etp_size` must be at least 1, but is 0"):
+        create_parallel_gangs(root, etp_size=0)
+    with pytest.raises(TypeError, match="`etp_size` must be an `int`"):
+        create_parallel_gangs(root, etp_size=1.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="`root` must be a `Gang`"):
         create_parallel_gangs("root")  # type: ignore[arg-type]
 
@@ -171,6 +280,8 @@ GLOO_CONFIGS: list[dict[str, Any]] = [
     dict(tp=2, pp=1, cp=2, ep=2),
     dict(tp=1, pp=1, cp=2, ep=4, intra=2),
     dict(tp=2, pp=1, cp=2, ep=2, intra=None),
+    dict(tp=2, pp=1, cp=1, ep=4, etp=1),  # the experts span the tensor parallel ranks
+    dict(tp=4, pp=1, cp=1, ep=2, etp=2, intra=2),  # two experts' halves within each tp gang of four
 ]
 
 
@@ -199,6 +310,8 @@ DRY_LAYOUTS = [
     dict(tp=8, pp=8, cp=2, ep=8, sdp=64),
     dict(tp=4, pp=4, cp=4, ep=32, sdp=8),
     dict(tp=8, pp=1, cp=1, ep=1, sdp=1),
+    dict(tp=8, pp=4, cp=2, ep=32, etp=1, sdp=8),
+    dict(tp=8, pp=8, cp=2, ep=16, etp=2, sdp=64),
 ]
 
 

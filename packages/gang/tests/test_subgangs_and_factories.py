@@ -80,12 +80,13 @@ def test_factory_layout(
 
 
 def test_spec_examples_of_the_layout() -> None:
-    # The SPEC's worked examples, checked on the pure topology the factories use.
+    # The SPEC's worked examples, checked on the pure topology the factories use (dp is the grid's
+    # rdp x sdp axes, with sdp of size 1).
     grid = parallel_grid(8, tp_size=2)
     assert grid.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert grid.groups("dp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert grid.groups("rdp", "sdp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
     grid = parallel_grid(8, tp_size=2, pp_size=2)
-    assert grid.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert grid.groups("rdp", "sdp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert grid.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
     hsdp = sharded_grid(8, 4)
     assert hsdp.groups("sdp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -111,7 +112,7 @@ def test_factories_on_fake_gangs_agree_with_topology(rank: int) -> None:
     gangs = create_fsdp_gangs(create_parallel_gangs(FakeGang(torch.device("cpu"), rank=rank, size=8), tp_size=2), 2)
     grid = parallel_grid(8, tp_size=2)
     assert (gangs.tp.rank, gangs.tp.size) == (grid.group_of(rank, "tp").index(rank), 2)
-    assert (gangs.dp.rank, gangs.dp.size) == (grid.group_of(rank, "dp").index(rank), 4)
+    assert (gangs.dp.rank, gangs.dp.size) == (grid.group_of(rank, "rdp", "sdp").index(rank), 4)
     assert (gangs.sdp.size, gangs.rdp.size) == (2, 2)
     assert gangs.sdp.rank == gangs.dp.rank % 2
     assert gangs.rdp.rank == gangs.dp.rank // 2

@@ -12,11 +12,12 @@ from gang.topology import Grid, parallel_grid, role_spans, sharded_grid
 
 def test_row_major_rank_formula() -> None:
     grid = parallel_grid(48, tp_size=2, pp_size=3, cp_size=2)
-    assert grid.names == ("pp", "dp", "cp", "tp") and grid.shape == (3, 4, 2, 2)
+    # The dense view's axes, from the table: the data parallel ranks are all replicated (rdp = dp).
+    assert grid.names == ("pp", "rdp", "sdp", "cp", "tp") and grid.shape == (3, 4, 1, 2, 2)
     for pp, dp, cp, tp in itertools.product(range(3), range(4), range(2), range(2)):
         rank = ((pp * 4 + dp) * 2 + cp) * 2 + tp  # the SPEC's layout formula
-        assert grid.rank({"pp": pp, "dp": dp, "cp": cp, "tp": tp}) == rank
-        assert grid.coords(rank) == {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
+        assert grid.rank({"pp": pp, "rdp": dp, "sdp": 0, "cp": cp, "tp": tp}) == rank
+        assert grid.coords(rank) == {"pp": pp, "rdp": dp, "sdp": 0, "cp": cp, "tp": tp}
 
 
 def test_groups_partition_the_ranks() -> None:

@@ -21,8 +21,8 @@ ALIASES: dict[str, str] = MESH_ALIASES
 def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None) -> Gangs:
     """Wrap the process groups of ``mesh`` as :class:`~gang.Gangs`.
 
-    Dimensions named ``dp``, ``rdp``, ``sdp``, ``cp``, ``tp``, ``pp``, ``ep`` or ``edp`` become that
-    gang; the names other libraries use (:data:`ALIASES`, from :data:`gang.roles.ALIASES`) are
+    Dimensions named ``dp``, ``rdp``, ``sdp``, ``cp``, ``tp``, ``pp``, ``ep``, ``edp`` or ``etp``
+    become that gang; the names other libraries use (:data:`ALIASES`, from :data:`gang.roles.ALIASES`) are
     understood: torchtitan's ``dp_replicate`` (``rdp``), ``dp_shard`` (``sdp``), ``efsdp``
     (``edp``), ``batch`` (``dp``) and its flattened dimensions, which count as their data
     parallel role with context parallel folded in (``fsdp`` and ``dp_shard_cp`` as ``sdp``,
@@ -38,13 +38,14 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
       given, or a new group of the processes that share this process's position on every other
       dimension when both are; ``rdp = dp`` and a size-1 ``sdp`` when only ``dp`` is given (as
       :func:`gang.create_parallel_gangs` does). These rules are :func:`gang.topology.role_spans`;
-    * ``ep`` and ``edp``: a mesh without expert dimensions gets a size-1 ``ep`` and ``edp``
-      spanning ``dp`` and ``cp``. On an expert (sparse) mesh, such as torchtitan's
+    * ``ep``, ``edp`` and ``etp``: a mesh without expert dimensions gets a size-1 ``ep``, ``edp``
+      spanning ``dp`` and ``cp``, and ``etp`` equal to ``tp``. On an expert (sparse) mesh, such as torchtitan's
       ``("pp", "dp_replicate", "efsdp", "ep")``, ``ep`` is its dimension, ``edp`` spans every
       data parallel dimension but ``ep`` (``dp_replicate`` and ``efsdp``: the processes that hold
       the same experts), and the data parallel gangs are what the mesh can say: ``dp`` spans
-      ``rdp``, ``edp`` and ``ep``, ``sdp`` spans ``edp`` and ``ep``; ``cp`` and ``sdp``
-      dimensions cannot be on such a mesh;
+      ``rdp``, ``edp`` and ``ep``, ``sdp`` spans ``edp`` and ``ep``, and ``tp`` and ``etp`` are one
+      dimension (an ``etp`` dimension is ``tp`` too); ``cp`` and ``sdp`` dimensions, and ``tp``
+      next to ``etp``, cannot be on such a mesh;
     * every other role absent from the mesh, and every dimension of size 1: a size-1
       :class:`~gang.FakeGang`. torchtitan builds its disabled axes (size 1) on torch's ``fake``
       backend; those are fine, a ``fake`` dimension of size greater than 1 is refused.
@@ -63,7 +64,8 @@ def from_device_mesh(mesh: DeviceMesh, *, names: Mapping[str, str] | None = None
     :raises TypeError: If ``mesh`` is not a ``DeviceMesh`` or ``names`` not a mapping of ``str``.
     :raises ValueError: If the mesh has no dimension names, a dimension has no role, two dimensions
         play the same role, ``dp`` comes with ``rdp`` or ``sdp``, a dimension with context
-        parallel folded in comes with ``cp``, an expert role comes with ``dp``, ``sdp`` or ``cp``,
+        parallel folded in comes with ``cp``, an expert role comes with ``dp``, ``sdp`` or ``cp``
+        (or ``etp`` with ``tp``),
         ``names`` holds a key that is not a dimension or a value that is not a role, this process
         is not in the mesh, or a dimension of size greater than 1 has its group on torch's
         ``fake`` backend (which computes nothing).

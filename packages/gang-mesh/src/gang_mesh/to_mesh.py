@@ -15,6 +15,7 @@ from gang import Gang, Gangs, ReduceOperation
 from gang._torch_groups import as_mesh_subclass
 from gang.extend import check_values_exchangeable
 from gang.rendezvous import alone_group
+from gang.roles import alias
 from gang.topology import Grid, MeshDim, mesh_dims
 
 Dim = MeshDim
@@ -56,7 +57,7 @@ def to_device_mesh(gangs: Gangs, dims: Sequence[Dim]) -> DeviceMesh:
 
     :param gangs: The gangs of this process.
     :param dims: Names of fields of :class:`~gang.Gangs` (``root``, ``dp``, ``rdp``, ``sdp``, ``cp``,
-        ``tp``, ``pp``, ``ep``, ``edp``) or tuples of dense roles, outermost first; for example
+        ``tp``, ``pp``, ``ep``, ``edp``, ``etp``) or tuples of dense roles, outermost first; for example
         ``("rdp", "sdp", "tp")`` or ``("rdp", ("sdp", "cp"))``.
     :returns: A :class:`GangDeviceMesh` with those ``mesh_dim_names`` on ``gangs.root.device``'s
         type: equal only to meshes over the same process groups, so DTensor's caches never mix it up
@@ -210,7 +211,8 @@ def fsdp_mesh(gangs: Gangs) -> DeviceMesh:
     """
     if not isinstance(gangs, Gangs):
         raise TypeError(f"`gangs` must be a `Gangs`, but is of type `{type(gangs).__name__}` instead.")
-    shard: Dim = ("sdp", "cp") if gangs.cp.size > 1 else "sdp"
+    sharded, folded = _SHARD.role, cast(str, _SHARD.folds)
+    shard: Dim = (sharded, folded) if gangs.cp.size > 1 else sharded
     if gangs.cp.size == 1 and not gangs.sdp.supports_process_group:
         raise ValueError(
             f"`gangs.sdp` must have a process group for `fsdp_mesh`, but is {gangs.sdp!r} instead "
@@ -218,7 +220,14 @@ def fsdp_mesh(gangs: Gangs) -> DeviceMesh:
         )
     if gangs.rdp.size == 1:
         return to_device_mesh(gangs, (shard,))
-    return to_device_mesh(gangs, ("rdp", shard))
+    return to_device_mesh(gangs, (_REPLICATE, shard))
+
+
+_SHARD = alias("dp_shard_cp")
+"""torchtitan's dimension that FSDP shards over: ``sdp`` with ``cp`` folded in (:data:`gang.roles.ALIASES`)."""
+
+_REPLICATE = alias("dp_replicate").role
+"""The role of torchtitan's dimension that HSDP replicates over, ``rdp``."""
 
 
 def _check_dims(gangs: Gangs, dims: Sequence[Dim]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,13 @@ def split_along(gang: Gang, grid: Grid, *names: str) -> Gang:
 
 
 def create_parallel_gangs(
-    root: Gang, *, tp_size: int = 1, pp_size: int = 1, cp_size: int = 1, ep_size: int = 1
+    root: Gang,
+    *,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    cp_size: int = 1,
+    ep_size: int = 1,
+    etp_size: int | None = None,
 ) -> Gangs:
     """Split ``root`` into data, context, tensor, pipeline and expert parallel gangs.
 
@@ -52,8 +59,12 @@ def create_parallel_gangs(
     ranks and ``tp_size=2`` the tp gangs are ``[0,1] [2,3] [4,5] [6,7]`` and the dp gangs
     ``[0,2,4,6] [1,3,5,7]``. Expert parallel gangs are carved from the ``dp x cp`` ranks of one
     (pp, tp) position: contiguous blocks of ``ep_size`` in (dp, cp) order, cp fastest; ``edp``
-    holds the ranks of equal position in those blocks. The result has ``rdp = dp`` and an ``sdp``
-    of size 1, ready for DDP, and knows its :attr:`~gang.Gangs.layout`.
+    holds the ranks of equal position in those blocks. With ``etp_size`` the experts' grid
+    factorises the ``dp x cp x tp`` ranks of one pipeline stage as ``edp x ep x etp`` instead
+    (``etp`` fastest, then ``ep``: Megatron-Core's expert tensor parallel), so ``etp_size=1`` lets
+    the ``ep`` gangs span the tensor parallel ranks too (torchtitan's sparse mesh); omitted, ``etp``
+    is ``tp`` and the ``ep`` and ``edp`` gangs are as above. The result has ``rdp = dp`` and an
+    ``sdp`` of size 1, ready for DDP, and knows its :attr:`~gang.Gangs.layout`.
 
     Size-1 gangs are :class:`FakeGang` and a gang spanning all of ``root`` is ``root`` itself.
     On a :class:`ProcessGroupGang` each process computes only its own gangs' members (O(gang
@@ -64,9 +75,12 @@ def create_parallel_gangs(
     :param tp_size: The tensor parallel size.
     :param pp_size: The pipeline parallel size.
     :param cp_size: The context parallel size.
-    :param ep_size: The expert parallel size; it divides ``dp_size * cp_size``.
+    :param ep_size: The expert parallel size; it divides ``dp_size * cp_size`` (with ``etp_size``,
+        ``ep_size * etp_size`` divides ``dp_size * cp_size * tp_size``).
+    :param etp_size: The expert tensor parallel size; ``None`` is ``tp_size``.
     :raises ValueError: If a size is not positive or does not divide ``root.size``, or ``ep_size``
-        does not divide ``dp_size * cp_size``.
+        does not divide ``dp_size * cp_size`` (``ep_size * etp_size`` does not divide
+        ``dp_size * cp_size * tp_size``).
     :raises TypeError: If ``root`` is not a :class:`Gang` or a size is not an ``int``.
     :raises GangError: If creating a sub-gang fails.
     """
@@ -75,7 +89,13 @@ def create_parallel_gangs(
     check_open(root, "create_parallel_gangs")
     global_ranks = root.global_ranks if isinstance(root, ProcessGroupGang) else None
     layout = parallel_layout(
-        root.size, tp_size=tp_size, pp_size=pp_size, cp_size=cp_size, ep_size=ep_size, global_ranks=global_ranks
+        root.size,
+        tp_size=tp_size,
+        pp_size=pp_size,
+        cp_size=cp_size,
+        ep_size=ep_size,
+        etp_size=etp_size,
+        global_ranks=global_ranks,
     )
     return gangs_of_layout(root, layout)
 
@@ -86,9 +106,9 @@ def create_fsdp_gangs(gangs: Gangs, intra_node_size: int | None = None) -> Gangs
     With ``None``, ``sdp = dp`` and ``rdp`` has size 1 (fully sharded, FSDP). With an integer,
     ``dp`` is split into contiguous ``sdp`` gangs of that size and strided ``rdp`` gangs (hybrid
     sharding, HSDP): with a dp gang of 8 and ``intra_node_size=4``, sdp ``[0,1,2,3] [4,5,6,7]`` and
-    rdp ``[0,4] [1,5] [2,6] [3,7]`` (ranks of the dp gang). Works whatever ``tp``, ``pp``, ``cp``
-    and ``ep`` are; ``cp``, ``ep`` and ``edp`` are kept, and so is the layout (with the new
-    ``rdp x sdp`` split) when ``gangs`` has one.
+    rdp ``[0,4] [1,5] [2,6] [3,7]`` (ranks of the dp gang). Works whatever ``tp``, ``pp``, ``cp``,
+    ``ep`` and ``etp`` are; ``cp``, ``ep``, ``edp`` and ``etp`` are kept, and so is the layout
+    (with the new ``rdp x sdp`` split) when ``gangs`` has one.
 
     :raises ValueError: If ``intra_node_size`` is not positive or does not divide ``dp.size``.
     :raises TypeError: If ``gangs`` is not a :class:`Gangs`.
@@ -101,7 +121,8 @@ def create_fsdp_gangs(gangs: Gangs, intra_node_size: int | None = None) -> Gangs
     plane = Layout.of(dict(grid.dims))
     split = _split_by_role(gangs.dp, plane, roles=grid.names)
     layout = None if gangs.layout is None else gangs.layout.resized(**dict(grid.dims))
-    return dataclasses.replace(gangs, rdp=split["rdp"], sdp=split["sdp"], layout=layout)
+    changes: dict[str, Any] = {**split, "layout": layout}
+    return dataclasses.replace(gangs, **changes)
 
 
 def gangs_of_layout(root: Gang, layout: Layout) -> Gangs:
@@ -123,7 +144,7 @@ def _split_by_role(gang: Gang, layout: Layout, roles: Sequence[str] = ROLES) -> 
     Roles whose gangs are the same (equal :meth:`Layout.key`) share one gang, and every member
     splits in the same order (the table's), so the members agree on every group's name.
     """
-    made: dict[tuple[str, ...], Gang] = {}
+    made: dict[tuple[tuple[int, int], ...], Gang] = {}
     result = {}
     for name in roles:
         key = layout.key(name)

@@ -39,13 +39,15 @@ class Gangs:
     :param pp: Pipeline parallel.
     :param ep: Expert parallel (ranks that hold different experts); a size-1 gang when omitted.
     :param edp: Expert data parallel (ranks that hold the same experts); ``dp`` when omitted.
+    :param etp: Expert tensor parallel (ranks that split one expert's weights); ``tp`` when
+        omitted, so every ``ep`` and ``edp`` gang is then what it is without it.
     :param layout: Where every rank of ``root`` sits (the factories set it); ``None`` when not
         known. :meth:`flatten` and the mesh bridge use it instead of communicating.
     :raises TypeError: If a role is not a :class:`~gang.Gang`, or ``layout`` not a
         :class:`~gang.topology.Layout`.
     :raises ValueError: If the gangs do not share one device, or
         ``dp.size * cp.size * tp.size * pp.size != root.size``, ``rdp.size * sdp.size != dp.size``
-        or ``ep.size * edp.size != dp.size * cp.size`` (the rules of
+        or ``ep.size * edp.size * etp.size != dp.size * cp.size * tp.size`` (the rules of
         :data:`gang.roles.SIZE_RULES`), or ``layout`` disagrees with the sizes.
 
     ``with gangs:`` makes them the calling thread's current gangs (see
@@ -61,6 +63,7 @@ class Gangs:
     pp: Gang
     ep: Gang = field(default_factory=_omitted)
     edp: Gang = field(default_factory=_omitted)
+    etp: Gang = field(default_factory=_omitted)
     layout: Layout | None = field(default=None, repr=False, compare=False)
     _flattened: dict[tuple[str, ...], Gang] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -113,7 +116,7 @@ class Gangs:
         communicating; others gather ``len(GRID_AXES)`` integers per process over ``root``.
 
         :raises ValueError: If ``roles`` is empty, or names an unknown or repeated role, or
-            overlapping roles (``dp`` with ``rdp`` or ``sdp``; ``root``, ``ep`` or ``edp`` with any
+            overlapping roles (``dp`` with ``rdp`` or ``sdp``; ``root`` or an expert role with any
             other role).
         :raises TypeError: If a role is not a ``str``.
         :raises NotSupportedError: If the gangs have no layout and ``root`` cannot exchange values

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -21,7 +22,15 @@ import torch.distributed as dist
 import gang
 from gang.bench import collectives, metrics
 from gang.bench.metrics import OPS, TRAFFIC_OPS, Row
-from gang.roles import ROLES
+from gang.roles import ROLES, role
+
+LAYOUT_SIZES: dict[str, int | None] = {
+    name.removesuffix("_size"): parameter.default
+    for name, parameter in inspect.signature(gang.create_parallel_gangs).parameters.items()
+    if name.endswith("_size")
+}
+"""The roles whose sizes lay out ``--gang`` (``--tp``, ``--pp``, ...), with their defaults: the
+``<role>_size`` arguments of :func:`gang.create_parallel_gangs`."""
 
 
 def _size(text: str) -> int:
@@ -73,13 +82,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--gang",
         default="root",
         choices=ROLES,
-        help="the gang to time: root (every process), or one gang of the layout --tp/--pp/--cp/--ep, "
+        help="the gang to time: root (every process), or one gang of the layout --tp/--pp/--cp/--ep/--etp, "
         "each gang of that role at once (torch and gang only)",
     )
-    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size of the layout (default: 1)")
-    parser.add_argument("--pp", type=int, default=1, help="pipeline parallel size of the layout (default: 1)")
-    parser.add_argument("--cp", type=int, default=1, help="context parallel size of the layout (default: 1)")
-    parser.add_argument("--ep", type=int, default=1, help="expert parallel size of the layout (default: 1)")
+    for name, default in LAYOUT_SIZES.items():
+        shown = default if default is not None else f"the {role(name).omitted} size"
+        parser.add_argument(
+            f"--{name}", type=int, default=default, help=f"{role(name).title} size of the layout (default: {shown})"
+        )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda:LOCAL_RANK when available)")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here, and PNG plots next to it")
     parser.add_argument("--no-plots", action="store_true", help="write the JSON only")
@@ -90,9 +100,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"`--nproc` must be at least 1, but is {args.nproc} instead.")
     if args.iters is not None and args.iters < 1:
         parser.error(f"`--iters` must be at least 1, but is {args.iters} instead.")
-    for name in ("tp", "pp", "cp", "ep"):
+    for name in LAYOUT_SIZES:
         value = getattr(args, name)
-        if value < 1:
+        if value is not None and value < 1:
             parser.error(f"`--{name}` must be at least 1, but is {value} instead.")
     if args.impls is not None:
         known = [*collectives.TorchImpls.names]
@@ -183,12 +193,12 @@ def layout_gang(root: gang.ProcessGroupGang, args: argparse.Namespace) -> gang.G
     """Return the gang that ``--gang`` names: ``root``, or this rank's gang of that role in the layout."""
     if args.gang == "root":
         return root
-    gangs = gang.create_parallel_gangs(root, tp_size=args.tp, pp_size=args.pp, cp_size=args.cp, ep_size=args.ep)
+    gangs = gang.create_parallel_gangs(root, **{f"{name}_size": getattr(args, name) for name in LAYOUT_SIZES})
     chosen: gang.Gang = getattr(gangs, args.gang)
     if chosen.size == 1:
         raise ValueError(
             f"`--gang` must name a gang of more than one rank, but `{args.gang}` has 1 rank in this layout "
-            f"(world {root.size}, tp {args.tp}, pp {args.pp}, cp {args.cp}, ep {args.ep}) instead."
+            f"(world {root.size}, {_layout_text(args, ' ')}) instead."
         )
     return chosen
 
@@ -287,11 +297,17 @@ def measure_and_report(root: gang.ProcessGroupGang, args: argparse.Namespace, de
     return wrong
 
 
+def _layout_text(args: argparse.Namespace, between: str) -> str:
+    """The layout's sizes given on the command line, such as ``tp=2, pp=1, cp=1, ep=1``."""
+    given = {name: getattr(args, name) for name in LAYOUT_SIZES}
+    return ", ".join(f"{name}{between}{value}" for name, value in given.items() if value is not None)
+
+
 def print_header(
     root: gang.ProcessGroupGang, args: argparse.Namespace, info: dict[str, Any], impls: Sequence[str], size: int
 ) -> None:
     """Print the run's first line: ranks, backend, versions, implementations, dtype and layout."""
-    grid = f"tp={args.tp}, pp={args.pp}, cp={args.cp}, ep={args.ep}"
+    grid = _layout_text(args, "=")
     layout = "" if args.gang == "root" else f"; {args.gang} gangs of {size} ({grid})"
     print(
         f"# gang.bench: {root.size} ranks, {info['backend']} on {info['device']}, torch {info['torch']}"
