@@ -508,6 +508,20 @@ class Layout:
         axes = flattened_axes(roles)
         return self._grid(axes).group_table(*axes)
 
+    def describe(self, rank: int, roles: Sequence[str]) -> str:
+        """The role and position of the gang spanning ``roles`` through root rank ``rank``, as a person names it.
+
+        ``"tp of pp 1, dp 0"``: the roles, then the index along every other axis of size above 1
+        (``rdp`` is called ``dp`` when ``sdp`` has size 1). The flight recorder names gangs so.
+        """
+        axes = flattened_axes(roles)
+        sizes, coords = self.sizes, self.coords(rank)
+        grid_axes = EXPERT_GRID if set(axes) & set(EXPERT_AXES) else GRID_AXES
+        others = [a for a in grid_axes if a not in axes and sizes[a] > 1]
+        where = ", ".join(f"{'dp' if a == 'rdp' and sizes['sdp'] == 1 else a} {coords[a]}" for a in others)
+        name = " x ".join(roles)
+        return f"{name} of {where}" if where else name
+
     def key(self, *roles: str) -> tuple[str, ...]:
         """A name for the partition of the ranks into the gangs spanning ``roles``: equal keys, equal gangs.
 
