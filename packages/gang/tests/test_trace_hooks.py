@@ -79,7 +79,7 @@ def test_a_hook_that_raises_is_reported_not_swallowed(caplog: pytest.LogCaptureF
     assert "hook raised" in caplog.text
     hook = gang.trace.add_hook(ended=refuse)
     try:
-        with pytest.raises(KeyError):
+        with pytest.raises(KeyError, match="all_reduce"):
             g.all_reduce(t, ReduceOperation.SUM)
     finally:
         hook.remove()

@@ -38,8 +38,8 @@ import torch
 from torch import Tensor
 
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
-from gang.trace._recorder import claim_rank
 from gang.ops import ReduceOperation
+from gang.trace._recorder import claim_rank
 
 __all__ = [
     "SUPPORTED_DTYPES",

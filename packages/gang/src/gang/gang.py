@@ -313,7 +313,9 @@ class Gang(ABC):
         if self._debug:
             self._verify_same_call(f"all_gather(input {_describe(inp)})")
         if _TRACING.on:
-            return self._trace.run("all_gather", async_op, (inp,), (out,), self._all_gather, (out, inp.contiguous(), async_op))
+            return self._trace.run(
+                "all_gather", async_op, (inp,), (out,), self._all_gather, (out, inp.contiguous(), async_op)
+            )
         work = self._all_gather(out, inp.contiguous(), async_op)
         return None if work is None and not async_op else self._result("all_gather", work, async_op)
 
@@ -350,7 +352,9 @@ class Gang(ABC):
         if self._debug:
             self._verify_same_call(f"all_gather_to_list(input {_describe(inp)})")
         if _TRACING.on:
-            self._trace.run("all_gather_to_list", False, (inp,), outs, self._all_gather_to_list, (outs, inp.contiguous()))
+            self._trace.run(
+                "all_gather_to_list", False, (inp,), outs, self._all_gather_to_list, (outs, inp.contiguous())
+            )
             return
         self._all_gather_to_list(outs, inp.contiguous())
 
@@ -402,7 +406,9 @@ class Gang(ABC):
         if self._debug:
             self._verify_same_call(f"reduce_scatter(input {_describe(inp)}, op={op.name})")
         if _TRACING.on:
-            return self._trace.run("reduce_scatter", async_op, (inp,), (out,), self._reduce_scatter, (out, inp.contiguous(), op, async_op))
+            return self._trace.run(
+                "reduce_scatter", async_op, (inp,), (out,), self._reduce_scatter, (out, inp.contiguous(), op, async_op)
+            )
         work = self._reduce_scatter(out, inp.contiguous(), op, async_op)
         return None if work is None and not async_op else self._result("reduce_scatter", work, async_op)
 
@@ -448,7 +454,9 @@ class Gang(ABC):
         if self._debug:
             self._verify_same_call(f"all_to_all(input {_describe(inp)})")
         if _TRACING.on:
-            return self._trace.run("all_to_all", async_op, (inp,), (out,), self._all_to_all, (out, inp.contiguous(), async_op))
+            return self._trace.run(
+                "all_to_all", async_op, (inp,), (out,), self._all_to_all, (out, inp.contiguous(), async_op)
+            )
         work = self._all_to_all(out, inp.contiguous(), async_op)
         return None if work is None and not async_op else self._result("all_to_all", work, async_op)
 
@@ -527,7 +535,9 @@ class Gang(ABC):
         if self._debug:
             self._verify_pairs(sends, [])
         if _TRACING.on:
-            return self._trace.run("send", async_op, (t,), (), self._send_recv, (sends, [], async_op, "send"), _peers(sends, []))
+            return self._trace.run(
+                "send", async_op, (t,), (), self._send_recv, (sends, [], async_op, "send"), _peers(sends, [])
+            )
         work = self._send_recv(sends, [], async_op, "send")
         return None if work is None and not async_op else self._result("send", work, async_op)
 
@@ -565,7 +575,9 @@ class Gang(ABC):
         if self._debug:
             self._verify_pairs([], recvs)
         if _TRACING.on:
-            return self._trace.run("recv", async_op, (), (t,), self._send_recv, ([], recvs, async_op, "recv"), _peers([], recvs))
+            return self._trace.run(
+                "recv", async_op, (), (t,), self._send_recv, ([], recvs, async_op, "recv"), _peers([], recvs)
+            )
         work = self._send_recv([], recvs, async_op, "recv")
         return None if work is None and not async_op else self._result("recv", work, async_op)
 

@@ -43,8 +43,8 @@ from gang.ft.policy import Policy, Quorum, watched
 from gang.ft.quorum import ROOT, IdentityError, QuorumClient, QuorumTimeoutError, StoreClient
 from gang.ft.replica_process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
 from gang.gang import Gang, ReduceOperation
-from gang.trace import process_rank
 from gang.process_group_gang import real_view
+from gang.trace import process_rank
 from gang.work import Work
 
 DEFAULT_REPLICA_TIMEOUT = timedelta(seconds=60)

@@ -142,7 +142,9 @@ def _spec(r: dict[str, Any]) -> str:
     def one(sizes: list[list[int]], dtypes: list[str]) -> str:
         return ", ".join(f"{d}{list(s)}" for s, d in zip(sizes, dtypes, strict=False)) or "nothing"
 
-    return f"{r['operation']}({one(r['input_sizes'], r['input_dtypes'])} -> {one(r['output_sizes'], r['output_dtypes'])})"
+    return (
+        f"{r['operation']}({one(r['input_sizes'], r['input_dtypes'])} -> {one(r['output_sizes'], r['output_dtypes'])})"
+    )
 
 
 def where(r: dict[str, Any] | None) -> str:
@@ -183,9 +185,9 @@ def analyze(dumps: list[Dump]) -> dict[str, Any]:
     def position(rank: int, role: str, seq: int, p2p: bool = False) -> int | None:
         """Where ``rank`` ran the operation #``seq`` of its gang of ``role`` (``p2p``: its ``seq``-th transfer call)."""
         for r in by_rank[rank].records:
-            if (r.get("peers") is not None) == p2p and r["p2p_seq" if p2p else "seq"] == seq:
-                if r["operation"] != "step" and _role(group_name(r, rank)) == role:
-                    return int(r["record_id"])
+            same = (r.get("peers") is not None) == p2p and r["p2p_seq" if p2p else "seq"] == seq
+            if same and r["operation"] != "step" and _role(group_name(r, rank)) == role:
+                return int(r["record_id"])
         return None
 
     def precedes(blocked: dict[str, Any], blocked_rank: int, role: str, seq: int) -> bool:
@@ -257,7 +259,9 @@ def analyze(dumps: list[Dump]) -> dict[str, Any]:
                 seq = last.get(rank, 0) + 1
                 missed = next(iter(by_seq[seq].values()))
                 blocked = _blocked(by_rank[rank])
-                explained = blocked is not None and blocked["gang"] != g.uid and precedes(blocked, rank, _role(g.name), seq)
+                explained = (
+                    blocked is not None and blocked["gang"] != g.uid and precedes(blocked, rank, _role(g.name), seq)
+                )
                 now = (
                     "it is not in any operation (finished, or busy outside the gangs)"
                     if blocked is None

@@ -683,7 +683,9 @@ def dump_on_error(error: BaseException) -> None:
         return
     if path not in _dumped_to:
         _dumped_to.add(path)
-        _LOG.warning("gang.trace: a GangError dumped the flight recorder to %s (read it with python -m gang.trace)", path)
+        _LOG.warning(
+            "gang.trace: a GangError dumped the flight recorder to %s (read it with python -m gang.trace)", path
+        )
 
 
 _signal_installed = False
