@@ -273,7 +273,7 @@ class Gang(ABC):
         if self._debug:
             self._verify_same_call(f"all_reduce({_describe(t)}, op={op.name})")
         if _TRACING.on:
-            return self._trace.run("all_reduce", async_op, (t,), (t,), self._all_reduce, (t, op, async_op))
+            return self._trace.run("all_reduce", async_op, (t,), None, self._all_reduce, (t, op, async_op))
         work = self._all_reduce(t, op, async_op)
         return None if work is None and not async_op else self._result("all_reduce", work, async_op)
 
@@ -491,7 +491,7 @@ class Gang(ABC):
         if self._debug:
             self._verify_same_call(f"broadcast({_describe(t)}, source_rank={source_rank})")
         if _TRACING.on:
-            return self._trace.run("broadcast", async_op, (t,), (t,), self._broadcast, (t, source_rank, async_op))
+            return self._trace.run("broadcast", async_op, (t,), None, self._broadcast, (t, source_rank, async_op))
         work = self._broadcast(t, source_rank, async_op)
         return None if work is None and not async_op else self._result("broadcast", work, async_op)
 

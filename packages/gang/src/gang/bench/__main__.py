@@ -167,9 +167,9 @@ def default_impls(args: argparse.Namespace, device: torch.device) -> tuple[list[
     torch and gang, plus those of every provider (:func:`gang.bench.collectives.providers`) that
     runs on ``device`` (raw JAX and JaxGang on the CPU when gang_jax is installed), unless
     ``--impls`` names some or ``--no-jax`` leaves out the ``jax`` provider. The ``-untraced``
-    implementations (the flight recorder off) only with ``--recorder`` or when ``--impls`` names them. Only the root gang
-    (``--gang root``) is timed by providers, and only on the collectives (not on the traffic
-    operations of ``--traffic``).
+    implementations (the flight recorder off) come only with ``--recorder`` or when ``--impls``
+    names them. Only the root gang (``--gang root``) is timed by providers, and only on the
+    collectives (not on the traffic operations of ``--traffic``).
     """
     wanted = None if args.impls is None else set(args.impls)
     makers: list[collectives.Provider] = []

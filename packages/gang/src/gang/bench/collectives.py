@@ -35,7 +35,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gang import Gang, ReduceOperation
-from gang.trace._recorder import STATE as TRACING
 from gang.bench.metrics import (
     OPS,
     OVERLAP_PAIRS,
@@ -48,6 +47,7 @@ from gang.bench.metrics import (
     paired_ratio,
     percentile,
 )
+from gang.trace._recorder import STATE as TRACING
 
 Call = Callable[[], object]
 

@@ -1017,7 +1017,7 @@ class ReplicaGang(Gang):
         """The global rank of each member of ``quorum`` in the flight recorder's dumps (``None``: unknown)."""
         try:
             return [int(self._store.raw.get(_trace_key(m, self._replica_rank))) for m in quorum.members]
-        except (*BACKEND_ERRORS, TypeError):
+        except BACKEND_ERRORS:
             return None
 
     def _drop_group(self) -> None:

@@ -180,7 +180,7 @@ def analyze(dumps: list[Dump]) -> dict[str, Any]:
 
     def group_name(record: dict[str, Any], rank: int) -> str:
         uid = record["gang"]
-        return names.get((uid, by_rank[rank].members.get(uid, ())), record.get("gang_name") or uid)
+        return str(names.get((uid, by_rank[rank].members.get(uid, ())), record.get("gang_name") or uid))
 
     def position(rank: int, role: str, seq: int, p2p: bool = False) -> int | None:
         """Where ``rank`` ran the operation #``seq`` of its gang of ``role`` (``p2p``: its ``seq``-th transfer call)."""

@@ -47,14 +47,16 @@ FORMAT_VERSION = "2.10"
 DEFAULT_BUFFER_SIZE = 2000
 """How many operations each gang keeps when ``GANG_TRACE_BUFFER_SIZE`` is not set."""
 
-DEFAULT_FRAMES = 4
+DEFAULT_FRAMES = 1
 """How many frames of the caller each record keeps when ``GANG_TRACE_FRAMES`` is not set."""
 
 DUMP_SIGNAL = signal.SIGUSR1
 """The signal that makes a process dump its recorder (installed only where nothing else handles it)."""
 
 # Indices into a record (a list, the cheapest mutable record to build on the hot path).
-_ID, _SEQ, _P2P, _OP, _IN, _OUT, _PEERS, _START, _END, _STATE, _ERROR, _FRAMES, _CONTEXT, _THREAD = range(14)
+# While the operation runs, _IN and _OUT hold its tensors (_OUT None: in place, the inputs); once it
+# ended (or a hook or a dump asks), the (shape, dtype) of each (_META True): the ring keeps no tensor.
+_ID, _SEQ, _P2P, _OP, _IN, _OUT, _PEERS, _START, _END, _STATE, _ERROR, _FRAMES, _CONTEXT, _META = range(14)
 
 _STARTED, _COMPLETED, _FAILED = "started", "completed", "failed"
 
@@ -290,17 +292,48 @@ class GangTrace:
         operation: str,
         async_op: bool,
         inputs: Sequence[Tensor],
-        outputs: Sequence[Tensor],
+        outputs: Sequence[Tensor] | None,
         impl: Callable[..., Work | None],
         args: tuple[Any, ...],
         peers: tuple[Sequence[int], Sequence[int]] | None = None,
     ) -> Work | None:
         """Record ``operation``, call ``impl(*args)`` (a gang's protected method) and record its end.
 
+        ``outputs`` ``None``: the inputs are updated in place (``all_reduce``, ``broadcast``).
+
         Returns what the public method returns: ``None``, or with ``async_op`` a :class:`Work` that
         records the end when its ``wait()`` returns or raises.
         """
-        entry = self.start(operation, inputs, outputs, peers)
+        if STATE.hooks or STATE.frames > 1:
+            entry = self.start(operation, inputs, outputs, peers, 3)
+        else:  # the common case, inlined: this runs between a wake-up and the collective
+            if peers is None:
+                self.seq += 1
+            else:
+                self.p2p_seq += 1
+            f = sys._getframe(2) if STATE.frames else None  # the caller of the gang's method
+            frames = None if f is None else ((f.f_code, f.f_lasti),)  # the line is found at dump time
+            entry = [
+                next(_RECORD_IDS),
+                self.seq,
+                self.p2p_seq,
+                operation,
+                inputs,
+                outputs,
+                peers,
+                _now(),
+                None,
+                _STARTED,
+                None,
+                frames,
+                self.context,
+                False,
+            ]
+            ring = self.ring
+            if ring:
+                pos = self.pos
+                ring[pos] = entry
+                self.pos = pos + 1 if pos + 1 < len(ring) else 0
         try:
             work = impl(*args)
             if work is not None and not async_op:
@@ -308,22 +341,31 @@ class GangTrace:
         except BaseException as ex:
             self.end(entry, ex)
             raise
-        if work is None:
-            self.end(entry, None)
-            return CompletedWork(operation) if async_op else None
-        if async_op:
+        if work is not None and async_op:
             return _TracedWork(work, self, entry)
-        self.end(entry, None)
-        return None
+        if STATE.hooks:
+            self.end(entry, None)
+        else:  # the common case, inlined
+            entry[_END] = _now()
+            _settle(entry)
+            if entry[_STATE] == _STARTED:
+                entry[_STATE] = _COMPLETED
+        return CompletedWork(operation) if async_op else None
 
     def start(
         self,
         operation: str,
         inputs: Sequence[Tensor] = (),
-        outputs: Sequence[Tensor] = (),
+        outputs: Sequence[Tensor] | None = (),
         peers: tuple[Sequence[int], Sequence[int]] | None = None,
+        caller: int = 2,
     ) -> list[Any]:
-        """Record the start of ``operation`` (and call the hooks' ``started``); return its entry."""
+        """Record the start of ``operation`` (and call the hooks' ``started``); return its entry.
+
+        ``outputs`` ``None``: the inputs, updated in place. ``caller``: how many frames up the caller is.
+        As little as possible happens here, before the operation is posted: the tensors are kept
+        as they are until the operation ends (:meth:`end` keeps their shapes and dtypes instead).
+        """
         if peers is not None:
             self.p2p_seq += 1
         elif operation != "step":
@@ -331,26 +373,26 @@ class GangTrace:
         frames: Any = None
         depth = STATE.frames
         if depth:
-            f: Any = sys._getframe(3)
+            f: Any = sys._getframe(caller)
             frames = []
             while f is not None and len(frames) < depth:
-                frames.append((f.f_code, f.f_lineno))
+                frames.append((f.f_code, f.f_lasti))
                 f = f.f_back
         entry = [
             next(_RECORD_IDS),
             self.seq,
             self.p2p_seq,
             operation,
-            tuple([(t.shape, t.dtype) for t in inputs]),
-            tuple([(t.shape, t.dtype) for t in outputs]),
+            inputs,
+            outputs,
             peers,
-            time.time_ns(),
+            _now(),
             None,
             _STARTED,
             None,
             frames,
             self.context,
-            threading.get_ident(),
+            False,
         ]
         ring = self.ring
         if ring:
@@ -358,16 +400,19 @@ class GangTrace:
             ring[pos] = entry
             self.pos = pos + 1 if pos + 1 < len(ring) else 0
         if STATE.hooks:
+            _settle(entry)
             try:
                 _call_hooks(self, entry, "started")
             except BaseException as ex:  # the operation does not run: record why
-                entry[_END], entry[_STATE], entry[_ERROR] = time.time_ns(), _FAILED, ex
+                entry[_END], entry[_STATE], entry[_ERROR] = _now(), _FAILED, ex
                 raise
         return entry
 
     def end(self, entry: list[Any], error: BaseException | None) -> None:
         """Record the end of an operation (``error``: what it raised); a :class:`GangError` dumps the recorder."""
-        entry[_END] = time.time_ns()
+        entry[_END] = _now()
+        if not entry[_META]:
+            _settle(entry)
         if error is None:
             if entry[_STATE] == _STARTED:  # a replica gang may have marked it failed meanwhile (`failed`)
                 entry[_STATE] = _COMPLETED
@@ -399,6 +444,24 @@ class GangTrace:
         kept = self.entries()[-size:] if size else []
         self.ring = [*kept, *([None] * (size - len(kept)))]
         self.pos = len(kept) % size if size else 0
+
+
+_now = time.time_ns
+
+
+def _settle(entry: list[Any]) -> None:
+    """Replace an entry's tensors by their shapes and dtypes (the ring must not keep tensors alive)."""
+    if entry[_META]:
+        return
+    inputs, outputs = entry[_IN], entry[_OUT]
+    if len(inputs) == 1:
+        t = inputs[0]
+        metas: tuple[tuple[Any, torch.dtype], ...] = ((t.shape, t.dtype),)
+    else:
+        metas = tuple([(t.shape, t.dtype) for t in inputs])
+    entry[_IN] = metas
+    entry[_OUT] = metas if outputs is None else tuple([(t.shape, t.dtype) for t in outputs])
+    entry[_META] = True
 
 
 def _call_hooks(trace: GangTrace, entry: list[Any], which: str) -> None:
@@ -476,9 +539,18 @@ def trace_directory() -> Path:
 
 
 def _frames(frames: Any) -> list[dict[str, Any]]:
+    """Recorded ``(code, offset of the instruction)`` pairs as torch's analyzer reads frames."""
     if not frames:
         return []
-    return [{"name": code.co_name, "filename": code.co_filename, "line": line} for code, line in frames]
+    return [{"name": code.co_name, "filename": code.co_filename, "line": _line(code, at)} for code, at in frames]
+
+
+def _line(code: Any, offset: int) -> int:
+    """The source line of the instruction at ``offset`` of ``code``."""
+    for start, end, line in code.co_lines():
+        if start <= offset < end and line is not None:
+            return int(line)
+    return int(code.co_firstlineno)
 
 
 def _members(trace: GangTrace) -> list[int]:
@@ -518,6 +590,7 @@ def snapshot(reason: str) -> dict[str, Any]:
         last = {"last_enqueued_collective": -1, "last_started_collective": -1, "last_completed_collective": -1}
         transfers = itertools.count(1)
         for e in trace.entries():
+            _settle(e)
             records.append(_own_record(trace, e))
             if e[_OP] == "split" or e[_OP] == "step":
                 continue
@@ -530,8 +603,8 @@ def snapshot(reason: str) -> dict[str, Any]:
         pg_status[trace.uid] = last
     entries.sort(key=lambda pair: pair[0])
     torch_entries = [e for _, e in entries]
-    for i, e in enumerate(torch_entries):
-        e["record_id"] = i  # torch's analyzer aligns ranks by record id: count this dump's entries only
+    for i, torch_entry in enumerate(torch_entries):
+        torch_entry["record_id"] = i  # torch's analyzer aligns ranks by record id: count this dump's entries only
     records.sort(key=lambda r: r["record_id"])
     return {
         "version": FORMAT_VERSION,
@@ -607,7 +680,7 @@ def _torch_entries(trace: GangTrace, pg_id: int, e: list[Any], transfers: Iterat
         "retired": e[_STATE] != _STARTED,
         "timeout_ms": 0,
         "frames": _frames(e[_FRAMES]),
-        "thread_id": str(e[_THREAD]),
+        "thread_id": "",
         "thread_name": "python",
     }
     if e[_ERROR] is not None:
