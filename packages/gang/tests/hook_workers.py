@@ -20,7 +20,7 @@ def observe(root: Gang) -> dict[str, Any]:
 
     def seen(when: str) -> Any:
         def hook(r: gang.trace.OpRecord) -> None:
-            error = None if r.error is None else type(r.error).__name__
+            error = r.error
             events.append((when, r.operation, r.seq, r.p2p_seq, r.gang_name, r.shapes, r.bytes, error))
             assert r.gang is not None
             if when == "ended":

@@ -137,3 +137,21 @@ def test_gang_error_dumps(tmp_path: Path) -> None:
     finally:
         gang.trace.set_rank(None)
     assert (tmp_path / "gang_trace_rank_3").is_file()
+
+
+def test_the_ring_keeps_no_tensor_and_no_traceback_alive() -> None:
+    import gc
+    import weakref
+
+    g = FakeGang(torch.device("cpu"), size=2)
+    t = torch.ones(3)
+    alive = weakref.ref(t)
+    g.all_reduce(t, ReduceOperation.SUM)
+    g.send_recv([(t, 1)], [(torch.zeros(3), 1)])
+    g.all_reduce(t, ReduceOperation.SUM, async_op=True).wait()
+    entry = g._trace.start("all_reduce", (t,), None)
+    g._trace.end(entry, ValueError("kept as text"))
+    del t
+    gc.collect()
+    assert alive() is None
+    assert entry[10] == "ValueError: kept as text"

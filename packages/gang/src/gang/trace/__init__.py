@@ -11,7 +11,7 @@ and ``python -m gang.trace DIR`` both read it. ``SIGUSR1`` (when nothing else ha
 
 Environment: ``GANG_TRACE_DIR`` (where dumps go; default ``<temp dir>/gang_trace``),
 ``GANG_TRACE_BUFFER_SIZE`` (operations kept per gang, default 2000; ``0`` turns the recorder
-off), ``GANG_TRACE_FRAMES`` (caller frames kept per operation, default 4), ``GANG_TRACE_RANK``
+off), ``GANG_TRACE_FRAMES`` (caller frames kept per operation, default 1), ``GANG_TRACE_RANK``
 (this process's global rank in file names, when no root gang knows it).
 """
 

@@ -152,7 +152,8 @@ def where(r: dict[str, Any] | None) -> str:
     frames = [] if r is None else r.get("frames") or []
     if not frames:
         return "?"
-    f = frames[0]
+    # torch's own dumps start in torch.distributed: show the first frame of the caller's code
+    f = next((f for f in frames if "torch/distributed/" not in f["filename"]), frames[0])
     return f"{f['filename']}:{f['line']} in {f['name']}"
 
 
@@ -180,7 +181,8 @@ def analyze(dumps: list[Dump]) -> dict[str, Any]:
 
     def group_name(record: dict[str, Any], rank: int) -> str:
         uid = record["gang"]
-        return str(names.get((uid, by_rank[rank].members.get(uid, ())), record.get("gang_name") or uid))
+        fallback = record.get("gang_name") or by_rank[rank].names.get(uid, uid)
+        return str(names.get((uid, by_rank[rank].members.get(uid, ())), fallback))
 
     def position(rank: int, role: str, seq: int, p2p: bool = False) -> int | None:
         """Where ``rank`` ran the operation #``seq`` of its gang of ``role`` (``p2p``: its ``seq``-th transfer call)."""

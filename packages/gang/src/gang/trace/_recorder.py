@@ -216,10 +216,13 @@ class OpRecord:
         return None if end is None else (end - self._entry[_START]) / 1e9
 
     @property
-    def error(self) -> BaseException | None:
-        """What the operation raised (or a replica gang recorded), else ``None``."""
+    def error(self) -> str | None:
+        """What the operation raised (or a replica gang recorded), as ``"Type: message"``, else ``None``.
+
+        Only the text is kept: the exception's traceback would keep what its frames hold alive.
+        """
         error = self._entry[_ERROR]
-        return error if isinstance(error, BaseException) else None
+        return None if error is None else str(error)
 
     def __repr__(self) -> str:
         return f"OpRecord({self.operation} #{self.seq} of {self.gang_name!r}, shapes={self.shapes})"
@@ -404,7 +407,7 @@ class GangTrace:
             try:
                 _call_hooks(self, entry, "started")
             except BaseException as ex:  # the operation does not run: record why
-                entry[_END], entry[_STATE], entry[_ERROR] = _now(), _FAILED, ex
+                entry[_END], entry[_STATE], entry[_ERROR] = _now(), _FAILED, _text(ex)
                 raise
         return entry
 
@@ -417,7 +420,7 @@ class GangTrace:
             if entry[_STATE] == _STARTED:  # a replica gang may have marked it failed meanwhile (`failed`)
                 entry[_STATE] = _COMPLETED
         else:
-            entry[_STATE], entry[_ERROR] = _FAILED, error
+            entry[_STATE], entry[_ERROR] = _FAILED, _text(error)
             if isinstance(error, GangError):
                 dump_on_error(error)
         if STATE.hooks:
@@ -431,7 +434,7 @@ class GangTrace:
         if running or entries:
             entry = (running or entries)[-1]
             entry[_END] = entry[_END] or time.time_ns()
-            entry[_STATE], entry[_ERROR] = _FAILED, error
+            entry[_STATE], entry[_ERROR] = _FAILED, _text(error)
         dump_on_error(error)
 
     def entries(self) -> list[list[Any]]:
@@ -447,6 +450,12 @@ class GangTrace:
 
 
 _now = time.time_ns
+
+
+def _text(error: BaseException) -> str:
+    """What the ring keeps of an error: its text (the exception's traceback would keep its frames, and what
+    they hold, such as a process group, alive)."""
+    return f"{type(error).__name__}: {error}"
 
 
 def _settle(entry: list[Any]) -> None:
@@ -646,7 +655,7 @@ def _own_record(trace: GangTrace, e: list[Any]) -> dict[str, Any]:
         "output_dtypes": out_dtypes,
         "peers": None if e[_PEERS] is None else [list(e[_PEERS][0]), list(e[_PEERS][1])],
         "state": e[_STATE],
-        "error": None if error is None else f"{type(error).__name__}: {error}",
+        "error": error,
         "time_created_ns": e[_START],
         "time_ended_ns": e[_END],
         "frames": _frames(e[_FRAMES]),
@@ -684,7 +693,7 @@ def _torch_entries(trace: GangTrace, pg_id: int, e: list[Any], transfers: Iterat
         "thread_name": "python",
     }
     if e[_ERROR] is not None:
-        base["error"] = f"{type(e[_ERROR]).__name__}: {e[_ERROR]}"
+        base["error"] = e[_ERROR]
     if e[_PEERS] is None:
         in_sizes, in_dtypes = _shapes(e[_IN])
         out_sizes, out_dtypes = _shapes(e[_OUT])
