@@ -268,8 +268,9 @@ class ProcessGroupGang(Gang):
         self._owns_group = owns_group
         self._is_default = is_default
         self._global_ranks = tuple(dist.get_process_group_ranks(pg))
-        claim_rank(self._global_ranks[self._rank])
         self._dry_run = is_fake_backend(pg)
+        if not self._dry_run:  # a dry run's rank is not this process's
+            claim_rank(self._global_ranks[self._rank])
         # Members create (or wrap) a group in the same order, so the name is the same on all of them.
         self._name = rendezvous.wrapped_name(pg.group_name, self._size) if name is None else name
         self._splits = 0
