@@ -37,6 +37,7 @@ def main() -> None:
         load_state_dict=load,
         min_replicas=3,
         timeout=timedelta(seconds=float(timeout_s)),
+        quorum_timeout=timedelta(seconds=300),  # the three replicas start slowly on a loaded machine
     )
     for step in range(1, 4):
         with g.step():

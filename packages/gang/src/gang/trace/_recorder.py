@@ -260,7 +260,7 @@ class GangTrace:
             k = STATE.roots.get(kind, 0)
             STATE.roots[kind] = k + 1
         self.uid = kind if k == 0 else f"{kind}#{k}"  # a root's; a sub-gang's is set by `adopt`
-        self.name = "world" if k == 0 and gang.size > 1 else self.uid
+        self.name = "world" if gang.size > 1 else self.uid  # a root of several ranks
         self.members: tuple[int, ...] | None = None  # global ranks; None: as `gang._trace_members()` says
         self.backend = "nccl" if gang.device.type == "cuda" else "gloo"
         self.seq = 0
