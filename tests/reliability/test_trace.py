@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -140,6 +141,12 @@ def test_replica_stuck_in_step(tmp_path: Path) -> None:
         for out in survivors:
             assert "ABORTED 3" in out and "DUMPED" in out, out[-3000:]
         assert sorted(p.name for p in dumps.iterdir()) == ["gang_trace_rank_0", "gang_trace_rank_1"]
+        for rank in (0, 1):  # the collective the replica gang recorded as failed is marked so, with its error
+            with (dumps / f"gang_trace_rank_{rank}").open("rb") as f:
+                records = pickle.load(f)["gang"]["records"]
+            last = [r for r in records if r["operation"] == "all_reduce"][-1]
+            assert last["state"] == "failed" and f"replica '{rank}' in step 3" in last["error"], last
+            assert [r["state"] for r in records if r["operation"] == "step"][-1] == "failed", records
         summary = _gang_trace(dumps)
         first = summary["suspects"][0]
         assert first["rank"] == 2 and first["gang"] == "replica gang at step 3", summary["suspects"]
