@@ -21,7 +21,7 @@ import torch.distributed as dist
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gang.bench.cases import Case, reference
-from gang.bench.collectives import gang_call, iterations, time_interleaved, without_gloo_notice
+from gang.bench.collectives import gang_call, iterations, time_interleaved, untraced, without_gloo_notice
 from gang.bench.metrics import Row, make_row, median, paired_ratio
 from gang_jax._convert import to_numpy
 from gang_jax.gang import JaxGang
@@ -38,7 +38,7 @@ class JaxImpls:
     :meth:`close` closes that gang.
     """
 
-    names = ("jax", "gang-jax")
+    names = ("jax", "gang-jax", "gang-jax-untraced")
     """The implementation names."""
     device_types = ("cpu",)
     """JaxGang works on CPU tensors."""
@@ -112,6 +112,8 @@ class JaxImpls:
         :class:`JaxGang` turns on for its own calls only), so 64-bit dtypes time ``gang-jax`` alone.
         """
         out = {"gang-jax": self._sendrecv(numel, dtype) if op == SENDRECV else gang_call(self.gang, op, numel, dtype)}
+        if op != SENDRECV:
+            out["gang-jax-untraced"] = untraced(gang_call(self.gang, op, numel, dtype))
         if dtype.itemsize <= 4:
             out = {"jax": self._raw(op, numel, dtype), **out}
         return out

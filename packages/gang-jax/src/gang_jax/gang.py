@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from gang import Gang, InvalidOperationError, NotSupportedError, ReduceOperation, Work
 from gang.errors import BACKEND_ERRORS
-from gang.extend import check_int, check_rank, check_timeout, guard, operation_error
+from gang.extend import check_int, check_rank, check_timeout, claim_rank, guard, operation_error
 from gang_jax._collectives import Communicator
 from gang_jax._engine import Engine, LocalEngine, Op, start_runtime, stop_runtime
 from gang_jax._isolated import IsolatedEngine
@@ -59,6 +59,7 @@ class JaxGang(Gang):
         self._owns_runtime = owns_runtime
         self._owns_lane = lane is None
         self._lane = Lane() if lane is None else lane
+        claim_rank(engine.members[engine.rank])
 
     @classmethod
     def _in_process(cls, *, owns_runtime: bool, debug: bool | None) -> JaxGang:
@@ -201,6 +202,10 @@ class JaxGang(Gang):
                     engine = self._lane.run(partial(self._engine.split, group))
                 return JaxGang(engine, lane=self._lane)
         return None
+
+    @override
+    def _trace_members(self) -> Sequence[int]:
+        return self._engine.members
 
     @override
     def _as_process_group(self) -> ProcessGroup:

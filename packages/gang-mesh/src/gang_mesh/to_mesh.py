@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import prod
+from typing import cast
 
 import numpy as np
 import torch

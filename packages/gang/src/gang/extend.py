@@ -39,6 +39,7 @@ from torch import Tensor
 
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
 from gang.ops import ReduceOperation
+from gang.trace._recorder import claim_rank
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -54,6 +55,7 @@ __all__ = [
     "check_splits",
     "check_timeout",
     "check_values_exchangeable",
+    "claim_rank",
     "guard",
     "operation_error",
     "pickle_or_error",

@@ -37,6 +37,8 @@ from gang.extend import (
     pickle_or_error,
 )
 from gang.ops import ReduceOperation
+from gang.trace._recorder import STATE as _TRACING
+from gang.trace._recorder import GangTrace
 from gang.work import CompletedWork, Work
 
 __all__ = ["Gang", "ReduceOperation", "TensorLike", "Work", "debug_from_env"]
@@ -87,6 +89,7 @@ class Gang(ABC):
         self._closed = False
         self._children: list[Gang] = []
         self._debug = debug_from_env() if debug is None else bool(debug)
+        self._trace = GangTrace(self)
 
     # -- properties -------------------------------------------------------------------------
 
@@ -155,7 +158,7 @@ class Gang(ABC):
         group = self._check_ranks("ranks", ranks)
         if self._debug:
             self._verify_same_call(f"create_gang(ranks={group})")
-        return self._register(self._split([group]))
+        return self._register(self._traced_split(self._split, [group]), group)
 
     @final
     def split(self, groups: Sequence[Sequence[int]]) -> Gang | None:
@@ -187,7 +190,8 @@ class Gang(ABC):
             seen.update(group)
         if self._debug:
             self._verify_same_call(f"split(groups={checked})")
-        return self._register(self._split(checked))
+        child = self._traced_split(self._split, checked)
+        return self._register(child, next((g for g in checked if self.rank in g), None))
 
     @final
     def split_own_group(self, members: Sequence[int], every_group: Callable[[], list[list[int]]]) -> Gang | None:
@@ -212,7 +216,7 @@ class Gang(ABC):
             raise ValueError(f"`members` must hold this process's rank {self.rank}, but is {group} instead.")
         if self._debug:
             self._verify_same_call(f"split(groups={sorted(every_group())})")
-        return self._register(self._split_own_group(group, every_group))
+        return self._register(self._traced_split(self._split_own_group, group, every_group), group)
 
     @final
     def as_process_group(self) -> ProcessGroup:
@@ -232,6 +236,9 @@ class Gang(ABC):
         check_open(self, "barrier")
         if self._debug:
             self._verify_same_call("barrier()")
+        if _TRACING.on:
+            self._trace.run("barrier", False, (), (), self._barrier, ())
+            return
         self._barrier()
 
     @overload
@@ -265,6 +272,8 @@ class Gang(ABC):
         check_op("op", op, t.dtype)
         if self._debug:
             self._verify_same_call(f"all_reduce({_describe(t)}, op={op.name})")
+        if _TRACING.on:
+            return self._trace.run("all_reduce", async_op, (t,), None, self._all_reduce, (t, op, async_op))
         work = self._all_reduce(t, op, async_op)
         return None if work is None and not async_op else self._result("all_reduce", work, async_op)
 
@@ -303,6 +312,10 @@ class Gang(ABC):
         self._check_shape("output_tensor", out, (self.size, *inp.shape))
         if self._debug:
             self._verify_same_call(f"all_gather(input {_describe(inp)})")
+        if _TRACING.on:
+            return self._trace.run(
+                "all_gather", async_op, (inp,), (out,), self._all_gather, (out, inp.contiguous(), async_op)
+            )
         work = self._all_gather(out, inp.contiguous(), async_op)
         return None if work is None and not async_op else self._result("all_gather", work, async_op)
 
@@ -338,6 +351,11 @@ class Gang(ABC):
             outs.append(o)
         if self._debug:
             self._verify_same_call(f"all_gather_to_list(input {_describe(inp)})")
+        if _TRACING.on:
+            self._trace.run(
+                "all_gather_to_list", False, (inp,), outs, self._all_gather_to_list, (outs, inp.contiguous())
+            )
+            return
         self._all_gather_to_list(outs, inp.contiguous())
 
     @overload
@@ -387,6 +405,10 @@ class Gang(ABC):
         check_op("op", op, out.dtype)
         if self._debug:
             self._verify_same_call(f"reduce_scatter(input {_describe(inp)}, op={op.name})")
+        if _TRACING.on:
+            return self._trace.run(
+                "reduce_scatter", async_op, (inp,), (out,), self._reduce_scatter, (out, inp.contiguous(), op, async_op)
+            )
         work = self._reduce_scatter(out, inp.contiguous(), op, async_op)
         return None if work is None and not async_op else self._result("reduce_scatter", work, async_op)
 
@@ -431,6 +453,10 @@ class Gang(ABC):
             self._check_shape("output_tensor", out, tuple(inp.shape))
         if self._debug:
             self._verify_same_call(f"all_to_all(input {_describe(inp)})")
+        if _TRACING.on:
+            return self._trace.run(
+                "all_to_all", async_op, (inp,), (out,), self._all_to_all, (out, inp.contiguous(), async_op)
+            )
         work = self._all_to_all(out, inp.contiguous(), async_op)
         return None if work is None and not async_op else self._result("all_to_all", work, async_op)
 
@@ -464,6 +490,8 @@ class Gang(ABC):
         source_rank = check_rank("source_rank", source_rank, self._size)
         if self._debug:
             self._verify_same_call(f"broadcast({_describe(t)}, source_rank={source_rank})")
+        if _TRACING.on:
+            return self._trace.run("broadcast", async_op, (t,), None, self._broadcast, (t, source_rank, async_op))
         work = self._broadcast(t, source_rank, async_op)
         return None if work is None and not async_op else self._result("broadcast", work, async_op)
 
@@ -506,6 +534,10 @@ class Gang(ABC):
             self._refuse_traffic("send")
         if self._debug:
             self._verify_pairs(sends, [])
+        if _TRACING.on:
+            return self._trace.run(
+                "send", async_op, (t,), (), self._send_recv, (sends, [], async_op, "send"), _peers(sends, [])
+            )
         work = self._send_recv(sends, [], async_op, "send")
         return None if work is None and not async_op else self._result("send", work, async_op)
 
@@ -542,6 +574,10 @@ class Gang(ABC):
             self._refuse_traffic("recv")
         if self._debug:
             self._verify_pairs([], recvs)
+        if _TRACING.on:
+            return self._trace.run(
+                "recv", async_op, (), (t,), self._send_recv, ([], recvs, async_op, "recv"), _peers([], recvs)
+            )
         work = self._send_recv([], recvs, async_op, "recv")
         return None if work is None and not async_op else self._result("recv", work, async_op)
 
@@ -611,6 +647,11 @@ class Gang(ABC):
             self._verify_pairs(checked_sends, checked_recvs)
         if not checked_sends and not checked_recvs:
             return CompletedWork("send_recv") if async_op else None
+        if _TRACING.on:
+            pairs = (checked_sends, checked_recvs, async_op, "send_recv")
+            sent, received = [t for t, _ in checked_sends], [t for t, _ in checked_recvs]
+            peers = _peers(checked_sends, checked_recvs)
+            return self._trace.run("send_recv", async_op, sent, received, self._send_recv, pairs, peers)
         work = self._send_recv(checked_sends, checked_recvs, async_op, "send_recv")
         return None if work is None and not async_op else self._result("send_recv", work, async_op)
 
@@ -702,6 +743,9 @@ class Gang(ABC):
             self._refuse_traffic("all_to_all_uneven")
         if self._debug:
             self._verify_splits(out, out_splits, in_splits)
+        if _TRACING.on:
+            args = (out, inp.contiguous(), out_splits, in_splits, async_op)
+            return self._trace.run("all_to_all_uneven", async_op, (inp,), (out,), self._all_to_all_uneven, args)
         work = self._all_to_all_uneven(out, inp.contiguous(), out_splits, in_splits, async_op)
         return None if work is None and not async_op else self._result("all_to_all_uneven", work, async_op)
 
@@ -727,6 +771,9 @@ class Gang(ABC):
         check_values_exchangeable(self, "broadcast_objects")
         if self._debug:
             self._verify_same_call(f"broadcast_objects(source_rank={source_rank})")
+        if _TRACING.on:
+            self._trace.run("broadcast_objects", False, (), (), self._broadcast_objects, (objects, source_rank))
+            return
         self._broadcast_objects(objects, source_rank)
 
     @final
@@ -856,11 +903,27 @@ class Gang(ABC):
 
     # -- shared checks -------------------------------------------------------------------------
 
-    def _register(self, child: Gang | None) -> Gang | None:
+    def _register(self, child: Gang | None, members: list[int] | None = None) -> Gang | None:
+        index = self._trace.splits  # every member of this gang counts every split, so the index names the child
+        self._trace.splits += 1
         if child is not None and child is not self:
             child._debug = self._debug
+            child._trace.adopt(self._trace, index, members)
             self._children.append(child)
         return child
+
+    def _traced_split(self, impl: Callable[..., Gang | None], *args: Any) -> Gang | None:
+        """Run a split (recorded as the operation ``split`` while tracing is on)."""
+        if not _TRACING.on:
+            return impl(*args)
+        made: list[Gang | None] = []
+        self._trace.run("split", False, (), (), lambda: made.append(impl(*args)), ())
+        return made[0]
+
+    def _trace_members(self) -> Sequence[int] | None:
+        """The global rank of each member, for the flight recorder's table of gangs (``None``: not known to
+        this kind of gang; the recorder then derives them from the gang it was split from)."""
+        return None
 
     @staticmethod
     def _result(operation: str, work: Work | None, async_op: bool) -> Work | None:
@@ -1061,6 +1124,11 @@ def debug_from_env() -> bool:
     """Return whether the environment variable ``GANG_DEBUG`` turns debug mode on (``1``, ``true``, ``yes``, ``on``;
     any case, surrounding spaces ignored)."""
     return os.environ.get("GANG_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _peers(sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]]) -> tuple[list[int], list[int]]:
+    """The peers of the sends and of the receives of a point-to-point call, for the flight recorder."""
+    return [p for _, p in sends], [p for _, p in recvs]
 
 
 def _check_async(async_op: object) -> None:

@@ -33,7 +33,7 @@ from gang._torch_groups import (
 from gang.address import use_gloo_interface
 from gang.env import get_launcher, get_master_address, get_rank, get_world_size
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
-from gang.extend import check_device, check_timeout, guard, operation_error
+from gang.extend import check_device, check_timeout, claim_rank, guard, operation_error
 from gang.gang import Gang, ReduceOperation
 from gang.work import Work
 
@@ -270,6 +270,8 @@ class ProcessGroupGang(Gang):
         self._is_default = is_default
         self._global_ranks = tuple(dist.get_process_group_ranks(pg))
         self._dry_run = is_fake_backend(pg)
+        if not self._dry_run:  # a dry run's rank is not this process's
+            claim_rank(self._global_ranks[self._rank])
         # Members create (or wrap) a group in the same order, so the name is the same on all of them.
         self._name = rendezvous.wrapped_name(pg.group_name, self._size) if name is None else name
         self._splits = 0
@@ -476,6 +478,10 @@ class ProcessGroupGang(Gang):
     @override
     def _as_process_group(self) -> ProcessGroup:
         return self._pg
+
+    @override
+    def _trace_members(self) -> Sequence[int]:
+        return self._global_ranks
 
     @override
     def _barrier(self) -> None:

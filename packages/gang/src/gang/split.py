@@ -55,6 +55,7 @@ def split_layout(gang: Gang, layout: Layout, roles: Sequence[str]) -> Gang:
     sub = gang.split_own_group(members, every_group)
     if sub is None:  # Impossible: the groups partition the gang.
         raise AssertionError(f"rank {gang.rank} is in no group of {roles}")
+    sub._trace.rename(layout.describe(gang.rank, roles))
     return sub
 
 

@@ -76,6 +76,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--no-jax", action="store_true", help="leave out raw JAX and JaxGang")
     parser.add_argument(
+        "--recorder",
+        action="store_true",
+        help="also time the gangs with the flight recorder off (gang-untraced, gang-jax-untraced), paired: its cost",
+    )
+    parser.add_argument(
         "--dtype", default="float32", choices=list(collectives.DTYPES), help="the element type (default: float32)"
     )
     parser.add_argument(
@@ -171,9 +176,10 @@ def default_impls(args: argparse.Namespace, device: torch.device) -> tuple[list[
 
     torch and gang, plus those of every provider (:func:`gang.bench.collectives.providers`) that
     runs on ``device`` (raw JAX and JaxGang on the CPU when gang_jax is installed), unless
-    ``--impls`` names some or ``--no-jax`` leaves out the ``jax`` provider. Only the root gang
-    (``--gang root``) is timed by providers, and only on the collectives (not on the traffic
-    operations of ``--traffic``).
+    ``--impls`` names some or ``--no-jax`` leaves out the ``jax`` provider. The ``-untraced``
+    implementations (the flight recorder off) come only with ``--recorder`` or when ``--impls``
+    names them. Only the root gang (``--gang root``) is timed by providers, and only on the
+    collectives (not on the traffic operations of ``--traffic``).
     """
     wanted = None if args.impls is None else set(args.impls)
     makers: list[collectives.Provider] = []
@@ -186,7 +192,10 @@ def default_impls(args: argparse.Namespace, device: torch.device) -> tuple[list[
             if wanted is None or wanted & set(make.names):
                 makers.append(make)
                 names += make.names
-    return [name for name in names if wanted is None or name in wanted], makers
+    chosen = [name for name in names if (name in wanted if wanted is not None else True)]
+    if wanted is None and not args.recorder:  # the recorder's cost only when asked for
+        chosen = [name for name in chosen if not name.endswith("-untraced")]
+    return chosen, makers
 
 
 def layout_gang(root: gang.ProcessGroupGang, args: argparse.Namespace) -> gang.Gang:

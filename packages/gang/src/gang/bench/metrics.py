@@ -24,8 +24,9 @@ TRAFFIC_OPS = ("send", "send_recv_ring", "all_to_all_uneven", "exchange_rows", "
 ``all_to_all_uneven`` and ``exchange_rows``, and all the buckets of ``overlap`` (all-reduced).
 """
 
-PAIRS = (("gang", "torch"), ("gang-jax", "jax"))
-"""(ours, the raw baseline) pairs whose time ratio is the overhead of our API."""
+PAIRS = (("gang", "torch"), ("gang-jax", "jax"), ("gang", "gang-untraced"), ("gang-jax", "gang-jax-untraced"))
+"""(ours, the baseline) pairs whose time ratio is the overhead of our API over the raw one, then the cost of the
+flight recorder (``-untraced``: the same gang with it off, see ``--recorder``)."""
 
 ROW_KEYS = ("impl", "op", "bytes", "world_size", "time_us", "algbw_gbps", "busbw_gbps")
 """The keys every JSON row has (extra keys may follow)."""
@@ -190,7 +191,7 @@ def ratio_table(rows: Iterable[Mapping[str, Any]], ours: str, baseline: str) -> 
         base = times.get((baseline, op, world, nbytes))
         if base is None or base <= 0:
             continue
-        paired = row.get("paired_ratio")
+        paired = _paired(row, baseline)
         out[(op, world, nbytes)] = float(paired) if paired is not None else float(row["time_us"]) / base
     return out
 
@@ -230,8 +231,14 @@ def pair_ratio(rows: Mapping[str, Mapping[str, Any]], ours: str, baseline: str) 
     """
     if ours not in rows or baseline not in rows:
         return None
-    paired = rows[ours].get("paired_ratio")
+    paired = _paired(rows[ours], baseline)
     return float(paired) if paired is not None else float(rows[ours]["time_us"]) / float(rows[baseline]["time_us"])
+
+
+def _paired(row: Mapping[str, Any], baseline: str) -> Any:
+    """A row's paired ratio to ``baseline`` (``paired_ratios``; a row without them has one, ``paired_ratio``)."""
+    ratios = row.get("paired_ratios")
+    return row.get("paired_ratio") if ratios is None else ratios.get(baseline)
 
 
 TIME_COLUMNS = ("mean(us)", "p50(us)", "p95(us)", "algbw", "busbw", "#wrong")

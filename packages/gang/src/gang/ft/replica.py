@@ -27,7 +27,7 @@ from gang._torch_groups import (
 )
 from gang.address import user_gloo_interface
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
-from gang.extend import check_int, check_open, check_timeout, operation_error
+from gang.extend import check_int, check_open, check_timeout, claim_rank, operation_error
 from gang.ft.group import forget_frames, reaper, reduce_options, root_options, settle, wait_briefly
 from gang.ft.heal import receive_state, send_state
 from gang.ft.heartbeat import Heartbeat
@@ -45,6 +45,7 @@ from gang.ft.quorum import ROOT, IdentityError, PolicyMismatchError, QuorumClien
 from gang.ft.replica_process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
 from gang.gang import Gang, ReduceOperation
 from gang.process_group_gang import real_view
+from gang.trace import process_rank
 from gang.work import Work
 
 DEFAULT_REPLICA_TIMEOUT = timedelta(seconds=60)
@@ -190,6 +191,11 @@ class ReplicaGang(Gang):
         self._commit: bool | None = None
         self._restored = False  # `load_state_dict` was called since the last step
         self._store = self._connect()
+        if replica_id.isdigit():  # torchft's numbering: a replica's processes follow the previous replica's
+            claim_rank(int(replica_id) * replica_size + replica_rank)
+        self._trace_step: list[Any] | None = None  # the flight recorder's entry of the running step
+        with suppress(*BACKEND_ERRORS):  # the flight recorder names the members of each group by these
+            self._store.raw.set(_trace_key(replica_id, replica_rank), str(process_rank()))
         self._liveness = Liveness(address[0], self._token, liveness_address)
         args = (replica_id, replica_rank, replica_size, self._token, policy, self._liveness.address)
         self._protocol = QuorumClient(self._store, *args)
@@ -475,6 +481,8 @@ class ReplicaGang(Gang):
         except BaseException:
             self._in_step = False
             raise
+        self._trace.context = f"step {self._step_number + 1}"
+        self._trace_step = self._trace.start("step")
         ok = False
         try:
             yield self
@@ -486,6 +494,9 @@ class ReplicaGang(Gang):
         finally:
             self._in_step = False
             self._forget_pending()
+            if self._trace_step is not None:
+                self._trace.end(self._trace_step, None if self._commit else self._error)
+                self._trace_step = None
             try:
                 if self._commit is None:
                     try:
@@ -565,6 +576,7 @@ class ReplicaGang(Gang):
         except BACKEND_ERRORS as ex:
             raise self._store_error("step", ex) from ex
         log_quorum(self._replica_id, self._quorum, quorum, self._replica_rank)
+        self._trace.rename(f"replica gang at step {self._step_number + 1}")
         self._heartbeat.watch(watched(quorum, self._replica_id, self._replica_rank))
         self._quorum = quorum
         self._round = quorum.round
@@ -593,6 +605,7 @@ class ReplicaGang(Gang):
                 store, self.rank, self.size, self._device, self._timeout, self._gloo_address()
             )
             self._pg_round = quorum.group
+            self._trace.rename(self._trace.name, f"{prefix}", self._trace_ranks(quorum))
         except BACKEND_ERRORS as ex:
             self._record("step (building the group)", ex)
 
@@ -800,6 +813,7 @@ class ReplicaGang(Gang):
         )
         error.__cause__ = ex
         self._error = self._last_error = error
+        self._trace.failed(error)
         if abort and self._in_step:
             self._forget_pending()
             self._drop_group()
@@ -1016,10 +1030,22 @@ class ReplicaGang(Gang):
         if error is not None:
             raise self._store_error(operation, error) from error
 
+    def _trace_ranks(self, quorum: Quorum) -> list[int] | None:
+        """The global rank of each member of ``quorum`` in the flight recorder's dumps (``None``: unknown)."""
+        try:
+            return [int(self._store.raw.get(_trace_key(m, self._replica_rank))) for m in quorum.members]
+        except BACKEND_ERRORS:
+            return None
+
     def _drop_group(self) -> None:
         pg, self._pg, self._pg_round = self._pg, None, -1
         if pg is not None:
             reaper.drop(pg)
+
+
+def _trace_key(replica_id: str, replica_rank: int) -> str:
+    """Where a replica's process publishes its global rank in the flight recorder's dumps."""
+    return f"{ROOT}trace/{replica_id}/{replica_rank}"
 
 
 __all__ = ["DEFAULT_HEARTBEAT_TIMEOUT", "DEFAULT_REPLICA_TIMEOUT", "ReplicaGang", "ReplicaStatus"]

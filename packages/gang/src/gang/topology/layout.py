@@ -313,6 +313,29 @@ class Layout:
         axes = flattened_axes(roles)
         return self._grid(axes).group_table(*axes)
 
+    def describe(self, rank: int, roles: Sequence[str]) -> str:
+        """The role and position of the gang spanning ``roles`` through root rank ``rank``, as a person names it.
+
+        ``"tp of pp 1, dp 0"``: the roles, then the index of the gang along every other role of its
+        view whose size is above 1 (the dense roles that cover the other dense axes, in table order,
+        as :func:`gang.roles.covering` gives them; the expert axes by name), slowest first. The flight
+        recorder names gangs so.
+        """
+        axes = flattened_axes(roles)
+        view = next((v for v in VIEWS if set(axes) <= set(v.axes)), VIEWS[0])
+        rest = [axis for axis in view.axes if axis not in axes]
+        names = [*covering([a for a in rest if a in GRID_AXES]), *(a for a in rest if a not in GRID_AXES)]
+        coords, sizes = self.coords(rank), self._sizes
+        parts = []
+        for name in sorted(names, key=lambda n: view.axes.index(flattened_axes((n,))[0])):
+            index = 0
+            for axis in flattened_axes((name,)):
+                index = index * sizes[axis] + coords[axis]
+            if self.size_of(name) > 1:
+                parts.append(f"{name} {index}")
+        label = " x ".join(roles)
+        return f"{label} of {', '.join(parts)}" if parts else label
+
     def key(self, *roles: str) -> tuple[tuple[int, int], ...]:
         """A name for the partition of the ranks into the gangs spanning ``roles``: equal keys, equal
         gangs in the same rank order (:func:`~gang.topology.partition_key`).
