@@ -157,7 +157,7 @@ timeouts, heartbeats and restarts. ``.ci/run`` runs ``slow`` right after bare ``
 
 # The scenarios in which a peer dies or hangs and the others wait for their gang's timeout (or JAX's
 # heartbeat) to notice: each starts its own processes, which are mostly asleep.
-DEAD_PEER_TESTS = ("test_process_group_faults.py", "test_jax_faults.py")
+DEAD_PEER_TESTS = ("test_process_group_faults.py", "test_jax_faults.py", "test_trace.py")
 
 
 def package_jobs(posargs: list[str]) -> Jobs:
