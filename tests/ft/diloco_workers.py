@@ -14,7 +14,8 @@ Pauses (``FT_PAUSE``): ``enter:1`` before entering DiLoCo (``FT_GATE=1``), ``ste
 local step ``t``, ``exchange:<t>`` inside the sync that follows local step ``t``, as its
 all-to-all (the exchange's first collective) starts (through ``gang.ft.replica``'s test-only
 fault seam). ``FT_FRAGMENTS``, ``FT_DELAY``,
-``FT_ALPHA`` and ``FT_SYNC_EVERY`` configure DiLoCo; ``FT_TIMEOUT``, ``FT_QUORUM_TIMEOUT``,
+``FT_ALPHA``, ``FT_SYNC_EVERY`` and ``FT_QUANTIZE`` (``int8`` or ``float8``; unset: full precision)
+configure DiLoCo (``FT_SYNC_EVERY`` and ``FT_QUANTIZE`` also LocalSGD); ``FT_TIMEOUT``, ``FT_QUORUM_TIMEOUT``,
 ``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` the gang.
 
 :func:`replay` is DiLoCo from its definition in plain torch, in one process: it needs only the
@@ -39,6 +40,7 @@ from torch import Tensor, nn
 import gang.ft.replica as replica_module
 from gang import GangError, create_default_gang, create_fsdp_gangs, create_parallel_gangs, get_rank
 from gang.ft import DiLoCo, LocalSGD, ReplicaGang
+from gang.ft.quantize import reference_mean
 
 IN, HIDDEN, OUT, BATCH = 8, 16, 4, 16
 INNER_LR, OUTER_LR, MOMENTUM = 0.05, 0.7, 0.9
@@ -78,8 +80,32 @@ def flat(tensors: list[Tensor]) -> list[float]:
     return values
 
 
+def quantized_mean(rows: dict[str, list[Tensor]], averaged: list[str], procs: int, quantize: str) -> list[Tensor]:
+    """The quantized exchange's average of the tensors ``rows[rid]`` (one per synced parameter, in
+    registration order) over the members ``averaged``, from :func:`gang.ft.quantize.reference_mean`:
+    each of the ``procs`` processes of a replica exchanges the flat concatenation of its own shards
+    (FSDP2 shards dim 0 in ``procs`` chunks) with the process of equal replica rank."""
+    first = rows[averaged[0]]
+    out = [torch.empty_like(t) for t in first]
+    for k in range(procs):
+        flat_rows = [torch.cat([t.chunk(procs)[k].reshape(-1) for t in rows[rid]]) for rid in averaged]
+        mean = reference_mean(flat_rows, quantize).to(first[0].dtype)
+        at = 0
+        for t in out:
+            shard = t.chunk(procs)[k]
+            shard.copy_(mean[at : at + shard.numel()].view(shard.shape))
+            at += shard.numel()
+    return out
+
+
 def replay(
-    syncs: list[dict[str, Any]], *, procs: int, delay: int, alpha: float, local_sgd: bool = False
+    syncs: list[dict[str, Any]],
+    *,
+    procs: int,
+    delay: int,
+    alpha: float,
+    local_sgd: bool = False,
+    quantize: str | None = None,
 ) -> list[dict[str, Any]]:
     """DiLoCo from its definition, in one process and plain torch (it reads of each sync only its
     local step, fragments, quorum and heals).
@@ -95,7 +121,7 @@ def replay(
     Returns, per sync, the full ``global`` parameters after it and every replica's ``local``
     parameters once it was applied. With ``local_sgd``, a sync instead sets every member's
     parameters of the fragments to the mean of the other members' (summed in quorum order), and
-    there are no global parameters.
+    there are no global parameters. With ``quantize``, each mean is :func:`quantized_mean`'s.
     """
     start = [p.detach().clone() for p in build_model("0").parameters()]
     glob = [p.clone().requires_grad_(True) for p in start]
@@ -156,6 +182,12 @@ def replay(
         if local_sgd:
             averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
             with torch.no_grad():
+                if quantize is not None and indices:
+                    values = {rid: [params(rid)[i].detach() for i in indices] for rid in averaged}
+                    for i, mean in zip(indices, quantized_mean(values, averaged, procs, quantize), strict=True):
+                        for rid in sync["quorum"]:
+                            params(rid)[i].copy_(mean)
+                    indices = []
                 for i in indices:
                     total = params(averaged[0])[i].detach().clone()
                     for rid in averaged[1:]:
@@ -169,9 +201,15 @@ def replay(
             continue
         if indices:
             averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
+            means: dict[int, Tensor] = {}
+            if quantize is not None:
+                pseudo = {rid: [glob[i].detach() - params(rid)[i].detach() for i in indices] for rid in averaged}
+                means = dict(zip(indices, quantized_mean(pseudo, averaged, procs, quantize), strict=True))
             for i, g in enumerate(glob):
                 g.grad = None
-                if i in indices:
+                if i in means:
+                    g.grad = means[i]
+                elif i in indices:
                     rows = [g.detach() - params(rid)[i].detach() for rid in averaged]
                     total = rows[0].clone()
                     for row in rows[1:]:
@@ -287,9 +325,10 @@ def main() -> None:
         worker.pauses.add(("enter", 1))  # every process waits to enter until the harness lets it
         worker.maybe_pause("enter", 1)
     sync_every = int(os.environ.get("FT_SYNC_EVERY", "4"))
+    quantize = os.environ.get("FT_QUANTIZE") or None
     diloco: DiLoCo | LocalSGD
     if mode == "localsgd":
-        diloco = LocalSGD(rg, worker.model, worker.inner, sync_every=sync_every)
+        diloco = LocalSGD(rg, worker.model, worker.inner, sync_every=sync_every, quantize=quantize)
     else:
         diloco = DiLoCo(
             rg,
@@ -300,6 +339,7 @@ def main() -> None:
             fragments=int(os.environ.get("FT_FRAGMENTS", "1")),
             fragment_sync_delay=int(os.environ.get("FT_DELAY", "0")),
             fragment_update_alpha=float(os.environ.get("FT_ALPHA", "0")),
+            quantize=quantize,
         )
     worker.diloco = diloco
     try:
