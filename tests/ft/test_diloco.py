@@ -214,16 +214,18 @@ def test_streaming_diloco_uneven_schedule_and_asymmetric_alpha(make_cluster: Any
     assert got == [(0, [], 0), (2, [0], 3), (5, [1], 6), (7, [0], 8), (10, [1], 11)], got
 
 
-def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: Any) -> None:
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: Any, quantize: str | None) -> None:
     # Three replicas of 2 processes (one torchrun each), each sharding the model with fully_shard
     # on gang_mesh.fsdp_mesh; each process averages its own shards with the process of equal
     # replica rank. Replica rank 1 of replica 1 is SIGKILLed between syncs (before local step 6;
     # its torchrun ends the replica) and the replica restarted: each of its processes heals from
     # the process of equal replica rank (shards of the global parameters and of the outer
     # momentum). Replica rank 0 of replica 2 is SIGKILLed inside the exchange after local step 11.
-    # Brand-new replica 3 (2 processes) joins at the last sync, after local step 15.
+    # Brand-new replica 3 (2 processes) joins at the last sync, after local step 15. Quantized, each
+    # process quantizes the flat concatenation of its own shards.
     cluster = make_cluster("fsdp")
-    env = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2"} | TIMEOUTS
+    env = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2"} | TIMEOUTS | _quantize_env(quantize)
     plan = {"0": "step:8,step:14", "1": "step:6", "2": "step:8,exchange:11@0"}
     for rid, pause in plan.items():
         cluster.start(rid, pause=pause, steps=16, nproc=2, env=env)
@@ -251,7 +253,7 @@ def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: A
         cluster.release(rid, "step", 14)
     cluster.finish({"0": 0, "1": 0, "3": 0})
 
-    syncs = cluster.check_replay(delay=0, alpha=0.0)
+    syncs = cluster.check_replay(delay=0, alpha=0.0, quantize=quantize)
     got = [(s["local_steps"], s["fragments"], s["quorum"], sorted(s["healed"]), s["averaged"]) for s in syncs]
     all3, survivors, pair = ["0", "1", "2"], ["0", "2"], ["0", "1"]
     assert got == [
