@@ -554,6 +554,8 @@ def bench(session: nox.Session) -> None:
     # LocalSGD and (streaming) DiLoCo on 3 replicas: time and bytes per outer step, the overlap of a
     # delayed exchange, recovery; TORCHFT_PYTHON adds torchft's LocalSGD and DiLoCo side by side.
     session.run("python", "-m", "benchmarks.ft_diloco", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    # What quantizing DiLoCo's exchange costs in quality (one process, about a minute of CPU): JSON and a PNG.
+    session.run("python", "-m", "benchmarks.ft_diloco_quality", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session
