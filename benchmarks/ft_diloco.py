@@ -11,7 +11,9 @@ optimizer is SGD with Nesterov momentum. Three measurements:
 * **Time and bytes per outer step** (ops ``diloco_<config>_outer_step`` and
   ``diloco_<config>_bytes``; configs ``localsgd``, ``diloco`` (1 fragment), ``streaming`` (2 fragments,
   each synced every ``SYNC_EVERY`` steps, ``fragment_sync_delay=1``) and ``streaming_d2`` (the
-  same with ``fragment_sync_delay=2``); each implementation follows its own schedule for these
+  same with ``fragment_sync_delay=2``), and gang.ft quantized (``localsgd_int8``, ``diloco_int8``,
+  ``diloco_float8``, ``streaming_int8``) against torchft's unquantized same configuration (torchft's
+  quantization needs Triton on a CUDA GPU); each implementation follows its own schedule for these
   arguments, the same number of syncs and bytes per outer step): under the torchft interpreter
   every replica process holds *both* implementations, each on its own copy of the model, both
   entered, and runs them in interleaved rounds (the order alternates every round), so both see the
@@ -19,9 +21,11 @@ optimizer is SGD with Nesterov momentum. Three measurements:
   Its breakdown: ``compute_ms`` (forward and backward), ``inner_ms`` (``SYNC_EVERY`` times the
   median ``inner.step()`` of the round) and ``sync_ms`` (what the ``step()`` calls took beyond
   that: the syncs run in their hooks), and of that ``quorum_ms`` (gang.ft: forming the quorum
-  through the store, ``ReplicaGang``'s ``_begin``; torchft: ``Manager.start_quorum()``) and
-  ``vote_ms`` (gang.ft's vote; torchft's ``should_commit()``), the rest being the exchange and the
-  update. Bytes are counted by the kernel: the growth of
+  through the store, ``ReplicaGang``'s ``_begin``; torchft: ``Manager.start_quorum()``),
+  ``vote_ms`` (gang.ft's vote; torchft's ``should_commit()``), and for gang.ft ``pack_ms`` (the
+  contribution written, and quantized, into the send buffer) and ``update_ms`` (the average
+  applied: LocalSGD's copy, DiLoCo's outer step), the rest being the exchange (and torchft's
+  update). Bytes are counted by the kernel: the growth of
   ``tcpi_bytes_acked`` over every TCP socket the implementation opened in the process (socket
   ownership by the moment a socket first appears), during that implementation's own rounds, per
   outer step, as ``bytes_to_peers`` and ``bytes_to_coordinator`` (the gang.ft store or torchft's
@@ -97,13 +101,18 @@ DEPTH = 4
 MICRO_BATCH = 32
 SYNC_EVERY = 20
 """Local steps per outer step (each fragment is synced once per outer step)."""
-CONFIGS: dict[str, tuple[int, int]] = {
-    "localsgd": (1, 0),
-    "diloco": (1, 0),
-    "streaming": (2, 1),
-    "streaming_d2": (2, 2),
+CONFIGS: dict[str, tuple[int, int, str | None]] = {
+    "localsgd": (1, 0, None),
+    "localsgd_int8": (1, 0, "int8"),
+    "diloco": (1, 0, None),
+    "diloco_int8": (1, 0, "int8"),
+    "diloco_float8": (1, 0, "float8"),
+    "streaming": (2, 1, None),
+    "streaming_int8": (2, 1, "int8"),
+    "streaming_d2": (2, 2, None),
 }
-"""Per config: ``fragments`` and ``fragment_sync_delay``."""
+"""Per config: ``fragments``, ``fragment_sync_delay`` and gang.ft's ``quantize`` (torchft's side of a
+quantized config runs unquantized: its quantization needs Triton on a CUDA GPU)."""
 TIMEOUT_S = 5.0
 """The timeout of both implementations while their per-step cost is measured."""
 LAUNCH_TIMEOUT_S = 600.0
@@ -227,8 +236,9 @@ def make_gang(
         quorum_timeout=timedelta(seconds=max(timeout_s, MANAGER_TIMEOUT_S)),
     )
     manager: Any
-    if kind == "localsgd":
-        manager = LocalSGD(rg, replica.model, replica.inner, sync_every=SYNC_EVERY)
+    quantize = CONFIGS[kind][2] if kind in CONFIGS else None
+    if kind.startswith("localsgd"):
+        manager = LocalSGD(rg, replica.model, replica.inner, sync_every=SYNC_EVERY, quantize=quantize)
     else:
         outer = replica.outer(replica.model.parameters())
         manager = DiLoCo(
@@ -239,11 +249,15 @@ def make_gang(
             sync_every=SYNC_EVERY,
             fragments=fragments,
             fragment_sync_delay=delay,
+            quantize=quantize,
         )
     impl = Impl("gang.ft", replica, lambda: rg.step_number, lambda: rg.size, rg.close)
     # The quorum (formed through the store, with a heal if one is due) and the vote.
     time_calls(rg, "_begin", impl.phases, "quorum")
     time_calls(rg, "_vote", impl.phases, "vote")
+    # The contribution written (and quantized) into the send buffer, and the update applied.
+    time_calls(manager, "_pack", impl.phases, "pack")
+    time_calls(manager, "_land", impl.phases, "update")
     return impl, manager
 
 
@@ -259,7 +273,7 @@ def make_torchft(
     store, manager = make_manager(
         replica, args.replica, args.min_replicas, args.lighthouse, timeout_s, use_async_quorum=False
     )
-    if kind == "localsgd":
+    if kind.startswith("localsgd"):
         wrapper = local_sgd.LocalSGD(manager, replica.model, replica.inner, sync_every=SYNC_EVERY)
     else:
         parts = replica.fragments(fragments)
@@ -337,7 +351,7 @@ def payload_bytes(model: nn.Module) -> int:
 
 def worker_paired(args: argparse.Namespace) -> None:
     """Time both implementations (or gang.ft alone) in interleaved rounds; print each replica's result."""
-    fragments, delay = CONFIGS[args.config]
+    fragments, delay, _ = CONFIGS[args.config]
     counter = ByteCounter()
     impls: list[tuple[Impl, Any]] = []
     for name in args.impls:
@@ -373,7 +387,7 @@ def worker_paired(args: argparse.Namespace) -> None:
             record.setdefault("bytes_to_peers", []).append(peers / args.outer_steps)
             record.setdefault("bytes_to_coordinator", []).append(coord / args.outer_steps)
             record.setdefault("syncs", []).append((impl.syncs() - syncs) / args.outer_steps)
-            for phase in ("quorum", "vote"):
+            for phase in PHASES:
                 record.setdefault(f"{phase}_s", []).append(impl.phases.get(phase, 0.0) / args.outer_steps)
             if impl.size() != REPLICAS:
                 raise RuntimeError(f"{impl.name} synced with {impl.size()} replicas, not {REPLICAS}")
@@ -399,6 +413,9 @@ class SyncRecords(logging.Handler):
             self.seconds.append(fields["seconds"])
             self.waited.append(fields["waited"])
 
+
+PHASES = ("quorum", "pack", "vote", "update")
+"""The timed phases of a sync (gang.ft has all four, torchft ``quorum`` and ``vote``)."""
 
 OVERLAP_DELAYS = (0, 1, 2)
 """The ``fragment_sync_delay`` values of the overlap measurement."""
@@ -620,8 +637,10 @@ def paired_rows(config: str, results: list[dict[str, Any]], rounds: int) -> list
             "syncs": median(mine["syncs"]),
             # Per outer step, the median over rounds and replicas; the rest of `sync_ms` is the
             # exchange and the update.
-            "quorum_ms": round(1e3 * median(q for r in results for q in r[name]["quorum_s"]), 2),
-            "vote_ms": round(1e3 * median(q for r in results for q in r[name]["vote_s"]), 2),
+            **{
+                f"{phase}_ms": round(1e3 * median(q for r in results for q in r[name][f"{phase}_s"]), 2)
+                for phase in PHASES
+            },
             "iters": len(outer[name]),
             "times_ms": [round(t * 1e3, 2) for t in outer[name]],
         }
@@ -669,7 +688,7 @@ def overlap_row(results: list[dict[str, Any]]) -> Row:
             # At the vote, delay 0 waits for nothing of the exchange (it blocked before): what a
             # delay's vote waits for beyond that is the part of the exchange left unhidden.
             extra[f"hidden_delay{d}"] = round(1 - (waited[d] - waited[0]) / exchange, 3)
-    # One sync of delay 0 from its quorum to its update (the sync records' `seconds`).
+    # One sync of delay 0 from the exchange's start (its quorum formed) to its update (the sync records' `seconds`).
     extra["sync_record_ms_delay0"] = round(1e3 * median(s for r in results for s in r["seconds_0"]), 2)
     return make_row("gang.ft", "diloco_overlap", 0, REPLICAS, times[max(OVERLAP_DELAYS)], bandwidth=False, **extra)
 
@@ -703,7 +722,8 @@ def table(rows: list[Row]) -> str:
         elif row["op"].endswith("_outer_step"):
             notes = (
                 f"compute {row['compute_ms']:.1f} ms, inner steps {row['inner_ms']:.1f} ms, "
-                f"syncs {row['sync_ms']:.1f} ms (quorum {row['quorum_ms']:.1f}, vote {row['vote_ms']:.1f}) "
+                f"syncs {row['sync_ms']:.1f} ms (quorum {row['quorum_ms']:.1f}, pack {row['pack_ms']:.1f}, "
+                f"vote {row['vote_ms']:.1f}, update {row['update_ms']:.1f}) "
                 f"({row['syncs']:g} per outer step, {row['iters']} outer steps)"
             )
         elif row["op"] == "diloco_overlap":

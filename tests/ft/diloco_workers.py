@@ -17,7 +17,8 @@ Pauses (``FT_PAUSE``): ``enter:1`` before entering DiLoCo (``FT_GATE=1``), ``ste
 local step ``t``, ``exchange:<t>`` inside the sync that follows local step ``t``, as its
 all-to-all (the exchange's first collective) starts (through ``gang.ft.replica``'s test-only
 fault seam). ``FT_FRAGMENTS``, ``FT_DELAY``,
-``FT_ALPHA`` and ``FT_SYNC_EVERY`` configure DiLoCo; ``FT_TIMEOUT``, ``FT_QUORUM_TIMEOUT``,
+``FT_ALPHA``, ``FT_SYNC_EVERY`` and ``FT_QUANTIZE`` (``int8`` or ``float8``; unset: full precision)
+configure DiLoCo (``FT_SYNC_EVERY`` and ``FT_QUANTIZE`` also LocalSGD); ``FT_TIMEOUT``, ``FT_QUORUM_TIMEOUT``,
 ``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` the gang.
 
 :func:`replay` is DiLoCo from its definition in plain torch, in one process: it needs only the
@@ -43,6 +44,7 @@ from torch import Tensor, nn
 import gang.ft.replica as replica_module
 from gang import GangError, create_default_gang, create_fsdp_gangs, create_parallel_gangs, get_rank
 from gang.ft import DiLoCo, LocalSGD, ReplicaGang
+from gang.ft.quantize import reference_mean
 
 IN, HIDDEN, OUT, BATCH = 8, 16, 4, 16
 INNER_LR, OUTER_LR, MOMENTUM = 0.05, 0.7, 0.9
@@ -129,6 +131,24 @@ def flat(tensors: list[Tensor]) -> list[float]:
     return values
 
 
+def quantized_mean(rows: dict[str, list[Tensor]], averaged: list[str], procs: int, quantize: str) -> list[Tensor]:
+    """The quantized exchange's average of the tensors ``rows[rid]`` (one per synced parameter, in
+    registration order) over the members ``averaged``, from :func:`gang.ft.quantize.reference_mean`:
+    each of the ``procs`` processes of a replica exchanges the flat concatenation of its own shards
+    (FSDP2 shards dim 0 in ``procs`` chunks) with the process of equal replica rank."""
+    first = rows[averaged[0]]
+    out = [torch.empty_like(t) for t in first]
+    for k in range(procs):
+        flat_rows = [torch.cat([t.chunk(procs)[k].reshape(-1) for t in rows[rid]]) for rid in averaged]
+        mean = reference_mean(flat_rows, quantize).to(first[0].dtype)
+        at = 0
+        for t in out:
+            shard = t.chunk(procs)[k]
+            shard.copy_(mean[at : at + shard.numel()].view(shard.shape))
+            at += shard.numel()
+    return out
+
+
 def replay(
     syncs: list[dict[str, Any]],
     *,
@@ -137,14 +157,16 @@ def replay(
     alpha: float,
     local_sgd: bool = False,
     jax_replicas: bool = False,
+    quantize: str | None = None,
 ) -> list[dict[str, Any]]:
     """:func:`_replay`, with JAX in 64-bit mode for ``jax_replicas`` (as the JAX replicas run)."""
+    kwargs: dict[str, Any] = {"procs": procs, "delay": delay, "alpha": alpha, "local_sgd": local_sgd}
     if not jax_replicas:
-        return _replay(syncs, procs=procs, delay=delay, alpha=alpha, local_sgd=local_sgd, jax_replicas=False)
+        return _replay(syncs, **kwargs, jax_replicas=False, quantize=quantize)
     import jax
 
     with jax.enable_x64(True):
-        return _replay(syncs, procs=procs, delay=delay, alpha=alpha, local_sgd=local_sgd, jax_replicas=True)
+        return _replay(syncs, **kwargs, jax_replicas=True, quantize=quantize)
 
 
 def _replay(
@@ -155,6 +177,7 @@ def _replay(
     alpha: float,
     local_sgd: bool,
     jax_replicas: bool,
+    quantize: str | None,
 ) -> list[dict[str, Any]]:
     """DiLoCo from its definition, in one process and plain torch (it reads of each sync only its
     local step, fragments, quorum and heals).
@@ -172,7 +195,8 @@ def _replay(
     parameters of the fragments to the mean of the other members' (summed in quorum order), and
     there are no global parameters. With ``jax_replicas``, every replica's inner step is
     :func:`jax_inner_step` and the outer optimizer :func:`jax_outer`, one ``optax`` state per
-    fragment, its update jitted (as ``gang_jax.ft`` runs them).
+    fragment, its update jitted (as ``gang_jax.ft`` runs them). With ``quantize``, each mean is
+    :func:`quantized_mean`'s.
     """
     start = [p.detach().clone() for p in build_model("0").parameters()]
     glob = [p.clone().requires_grad_(True) for p in start]
@@ -242,6 +266,12 @@ def _replay(
         if local_sgd:
             averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
             with torch.no_grad():
+                if quantize is not None and indices:
+                    values = {rid: [params(rid)[i].detach() for i in indices] for rid in averaged}
+                    for i, mean in zip(indices, quantized_mean(values, averaged, procs, quantize), strict=True):
+                        for rid in sync["quorum"]:
+                            params(rid)[i].copy_(mean)
+                    indices = []
                 for i in indices:
                     total = params(averaged[0])[i].detach().clone()
                     for rid in averaged[1:]:
@@ -253,15 +283,20 @@ def _replay(
             waiting.append((index, [], [], done - 1))
             apply_due(done - 1)
             continue
+        means: dict[int, Tensor] = {}
+        averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
+        if indices and quantize is not None:  # one exchange row holds every due fragment
+            pseudo = {rid: [glob[i].detach() - params(rid)[i].detach() for i in indices] for rid in averaged}
+            means = dict(zip(indices, quantized_mean(pseudo, averaged, procs, quantize), strict=True))
         if indices and jax_replicas:
-            averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
             for k in sync["fragments"]:
-                _jax_outer_step(glob, sync["fragment_params"][k], averaged, params, k, jax_states)
+                _jax_outer_step(glob, sync["fragment_params"][k], averaged, params, k, jax_states, means)
         elif indices:
-            averaged = [m for m in sync["quorum"] if m not in sync["healed"]]
             for i, g in enumerate(glob):
                 g.grad = None
-                if i in indices:
+                if i in means:
+                    g.grad = means[i]
+                elif i in indices:
                     rows = [g.detach() - params(rid)[i].detach() for rid in averaged]
                     total = rows[0].clone()
                     for row in rows[1:]:
@@ -286,9 +321,11 @@ def _jax_outer_step(
     params: Any,
     k: int,
     states: dict[int, Any],
+    means: dict[int, Tensor],
 ) -> None:
     """Fragment ``k``'s outer step with :func:`jax_outer`: the pseudo-gradients of ``averaged``
-    summed in quorum order and divided, then the jitted optax update added to ``glob``'s leaves."""
+    summed in quorum order and divided (or ``means``' where given: the quantized exchange's), then
+    the jitted optax update added to ``glob``'s leaves."""
     global _JAX_APPLY
     import jax
     import jax.numpy as jnp
@@ -304,6 +341,9 @@ def _jax_outer_step(
     values = [jnp.asarray(glob[i].detach().numpy()) for i in indices]
     grads = []
     for i in indices:
+        if i in means:
+            grads.append(jnp.asarray(means[i].numpy()))
+            continue
         rows = [glob[i].detach() - params(rid)[i].detach() for rid in averaged]
         total = rows[0].clone()
         for row in rows[1:]:
@@ -432,12 +472,13 @@ def main() -> None:
         worker.pauses.add(("enter", 1))  # every process waits to enter until the harness lets it
         worker.maybe_pause("enter", 1)
     sync_every = int(os.environ.get("FT_SYNC_EVERY", "4"))
+    quantize = os.environ.get("FT_QUANTIZE") or None
     diloco: Any  # a torch or a JAX DiLoCo / LocalSGD
     if jax_mode(mode):
         import gang_jax.ft
 
         if mode == "jaxlocalsgd":
-            diloco = gang_jax.ft.LocalSGD(rg, worker.jax_params, sync_every=sync_every)
+            diloco = gang_jax.ft.LocalSGD(rg, worker.jax_params, sync_every=sync_every, quantize=quantize)
         else:
             diloco = gang_jax.ft.DiLoCo(
                 rg,
@@ -447,9 +488,10 @@ def main() -> None:
                 fragments=int(os.environ.get("FT_FRAGMENTS", "1")),
                 fragment_sync_delay=int(os.environ.get("FT_DELAY", "0")),
                 fragment_update_alpha=float(os.environ.get("FT_ALPHA", "0")),
+                quantize=quantize,
             )
     elif mode == "localsgd":
-        diloco = LocalSGD(rg, worker.model, worker.inner, sync_every=sync_every)
+        diloco = LocalSGD(rg, worker.model, worker.inner, sync_every=sync_every, quantize=quantize)
     else:
         diloco = DiLoCo(
             rg,
@@ -460,6 +502,7 @@ def main() -> None:
             fragments=int(os.environ.get("FT_FRAGMENTS", "1")),
             fragment_sync_delay=int(os.environ.get("FT_DELAY", "0")),
             fragment_update_alpha=float(os.environ.get("FT_ALPHA", "0")),
+            quantize=quantize,
         )
     worker.diloco = diloco
     try:

@@ -66,7 +66,7 @@ class DiLoCoCluster(Cluster):
             assert logged == sorted((m, p) for m in first["quorum"] for p in range(procs)), (step, logged)
         return [by_step[s][0][2] for s in sorted(by_step)], by_step
 
-    def check_replay(self, *, delay: int, alpha: float) -> list[dict[str, Any]]:
+    def check_replay(self, *, delay: int, alpha: float, quantize: str | None = None) -> list[dict[str, Any]]:
         """Check every member's parameters after every sync against the replay; return the syncs."""
         syncs, by_step = self.syncs()
         procs = FSDP_PROCS if self.mode == "fsdp" else 1
@@ -77,6 +77,7 @@ class DiLoCoCluster(Cluster):
             alpha=alpha,
             local_sgd=self.mode.endswith("localsgd"),
             jax_replicas=self.mode.startswith("jax"),
+            quantize=quantize,
         )
         for sync, expected in zip(syncs, history, strict=True):
             for rid, process, e in by_step[sync["step"]]:
@@ -121,8 +122,19 @@ STREAMING = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2", "FT_DELAY": "1", "FT_ALP
 TIMEOUTS = {"FT_TIMEOUT": "30", "FT_QUORUM_TIMEOUT": "20", "FT_HEARTBEAT_TIMEOUT": "3"}
 
 
-@pytest.mark.parametrize("mode", ["one", "jax"])
-def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(make_cluster: Any, mode: str) -> None:
+QUANTIZE = [None, "int8", "float8"]
+
+
+def _quantize_env(quantize: str | None) -> dict[str, str]:
+    return {"FT_QUANTIZE": quantize} if quantize else {}
+
+
+@pytest.mark.parametrize(
+    ("mode", "quantize"), [("one", None), ("one", "int8"), ("one", "float8"), ("jax", None), ("jax", "int8")]
+)
+def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(
+    make_cluster: Any, mode: str, quantize: str | None
+) -> None:
     # Three one-process replicas (min_replicas=2). Each exchange starts through async handles and
     # is voted on and applied one local step later. Replica 1 is SIGKILLed between syncs (before
     # local step 7, with nothing in flight) and restarted while the others wait before local step
@@ -131,10 +143,11 @@ def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(make_cluste
     # exchange started after local step 11: that sync is aborted on 0 and 1 (after local step 12)
     # and retried after local step 13, together with the fragment due then. Brand-new replica 3
     # joins at the sync after local step 17. Replicas 1 and 3 stop after 21 local steps; replica
-    # 0, alone, cannot form its next quorum: GangError. `jax`: the same with JAX replicas
+    # 0, alone, cannot form its next quorum: GangError. Quantized (int8, float8), every member
+    # gets the same bits as the replay that quantizes alike. `jax`: the same with JAX replicas
     # (gang_jax.ft.DiLoCo over pytrees, optax outside), judged by the replay of the same in JAX.
     cluster = make_cluster(mode)
-    env = STREAMING | TIMEOUTS
+    env = STREAMING | TIMEOUTS | _quantize_env(quantize)
     plan = {"0": ("step:8,step:16", 24), "1": ("step:7", 21), "2": ("step:8,exchange:11", 24)}
     for rid, (pause, steps) in plan.items():
         cluster.start(rid, pause=pause, steps=steps, min_replicas=2, env=env)
@@ -164,7 +177,7 @@ def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(make_cluste
     error = cluster.wait("0", "error")["error"]
     assert "min_replicas" in error, error
 
-    syncs = cluster.check_replay(delay=1, alpha=0.5)
+    syncs = cluster.check_replay(delay=1, alpha=0.5, quantize=quantize)
     got = [(s["local_steps"], s["fragments"], s["quorum"], sorted(s["healed"]), s["averaged"]) for s in syncs]
     all3, survivors, late = ["0", "1", "2"], ["0", "2"], ["0", "1", "3"]
     assert got == [
@@ -181,7 +194,9 @@ def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(make_cluste
         (20, [1], late, [], late),
     ], got
     assert syncs[0]["fragment_params"] == [[0], [1, 2, 3]]  # 1024 bytes, then 128 + 512 + 32
-    assert syncs[1]["bytes"] == 16 * 8 * 8, syncs[1]  # fragment 0: the first weight, float64
+    # Fragment 0, the first weight: 128 float64 values, or quantized one chunk of 128 codes and a
+    # 4-byte scale per member (the chunks are whole blocks of 128: padding included).
+    assert syncs[1]["bytes"] == (16 * 8 * 8 if quantize is None else 3 * (128 + 4)), syncs[1]
     assert all(s["applied_after"] == s["local_steps"] + 1 for s in syncs[1:]), syncs  # one step later
     for rid in ("1", "3"):  # the new incarnations healed before their first sync
         events = [e["event"] for e in cluster.events(cluster.current(rid)[0])]
@@ -196,16 +211,32 @@ def test_streaming_diloco_kills_restart_new_replica_and_min_replicas(make_cluste
         assert aborts, rid
 
 
-def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: Any) -> None:
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_streaming_diloco_uneven_schedule_and_asymmetric_alpha(make_cluster: Any, quantize: str | None) -> None:
+    # Streaming DiLoCo with a schedule that 2 fragments do not divide (sync_every=5: fragment 0
+    # after local steps t % 5 == 5 // 2 - 1 == 1, fragment 1 after t % 5 == 10 // 2 - 1 == 4) and
+    # an asymmetric alpha (a quarter local, three quarters global) on 3 replicas, without faults.
+    cluster = make_cluster("one")
+    env = {"FT_SYNC_EVERY": "5", "FT_FRAGMENTS": "2", "FT_DELAY": "1", "FT_ALPHA": "0.25"} | _quantize_env(quantize)
+    cluster.start_all(dict.fromkeys(("0", "1", "2"), ""), steps=dict.fromkeys(("0", "1", "2"), 11), env=env)
+    cluster.finish(dict.fromkeys(("0", "1", "2"), 0))
+    syncs = cluster.check_replay(delay=1, alpha=0.25, quantize=quantize)
+    got = [(s["local_steps"], s["fragments"], s["applied_after"]) for s in syncs]
+    assert got == [(0, [], 0), (2, [0], 3), (5, [1], 6), (7, [0], 8), (10, [1], 11)], got
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: Any, quantize: str | None) -> None:
     # Three replicas of 2 processes (one torchrun each), each sharding the model with fully_shard
     # on gang_mesh.fsdp_mesh; each process averages its own shards with the process of equal
     # replica rank. Replica rank 1 of replica 1 is SIGKILLed between syncs (before local step 6;
     # its torchrun ends the replica) and the replica restarted: each of its processes heals from
     # the process of equal replica rank (shards of the global parameters and of the outer
     # momentum). Replica rank 0 of replica 2 is SIGKILLed inside the exchange after local step 11.
-    # Brand-new replica 3 (2 processes) joins at the last sync, after local step 15.
+    # Brand-new replica 3 (2 processes) joins at the last sync, after local step 15. Quantized, each
+    # process quantizes the flat concatenation of its own shards.
     cluster = make_cluster("fsdp")
-    env = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2"} | TIMEOUTS
+    env = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2"} | TIMEOUTS | _quantize_env(quantize)
     plan = {"0": "step:8,step:14", "1": "step:6", "2": "step:8,exchange:11@0"}
     for rid, pause in plan.items():
         cluster.start(rid, pause=pause, steps=16, nproc=2, env=env)
@@ -233,7 +264,7 @@ def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: A
         cluster.release(rid, "step", 14)
     cluster.finish({"0": 0, "1": 0, "3": 0})
 
-    syncs = cluster.check_replay(delay=0, alpha=0.0)
+    syncs = cluster.check_replay(delay=0, alpha=0.0, quantize=quantize)
     got = [(s["local_steps"], s["fragments"], s["quorum"], sorted(s["healed"]), s["averaged"]) for s in syncs]
     all3, survivors, pair = ["0", "1", "2"], ["0", "2"], ["0", "1"]
     assert got == [
@@ -253,14 +284,14 @@ def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: A
             assert "healed" in events and events.index("healed") < events.index("sync"), (log.name, events)
 
 
-@pytest.mark.parametrize("mode", ["localsgd", "jaxlocalsgd"])
-def test_local_sgd_replica_killed_in_the_exchange(make_cluster: Any, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "quantize"), [("localsgd", None), ("localsgd", "int8"), ("jaxlocalsgd", None)])
+def test_local_sgd_replica_killed_in_the_exchange(make_cluster: Any, mode: str, quantize: str | None) -> None:
     # LocalSGD over 3 one-process replicas, averaging their parameters every 3 local steps.
     # Replica 2 is SIGKILLed inside the exchange after local step 5: the sync is aborted on 0 and
     # 1, which keep their local progress and retry it after local step 6 (`jaxlocalsgd`: the same
     # with gang_jax.ft.LocalSGD over JAX pytrees).
     cluster = make_cluster(mode)
-    env = {"FT_SYNC_EVERY": "3"} | TIMEOUTS
+    env = {"FT_SYNC_EVERY": "3"} | TIMEOUTS | _quantize_env(quantize)
     plan = {"0": "", "1": "", "2": "exchange:5"}
     for rid, pause in plan.items():
         cluster.start(rid, pause=pause, steps=9, env=env)
@@ -271,7 +302,7 @@ def test_local_sgd_replica_killed_in_the_exchange(make_cluster: Any, mode: str) 
     cluster.wait("2", "paused", 5)
     cluster.signal("2", signal.SIGKILL)
     cluster.finish({"0": 0, "1": 0})
-    syncs = cluster.check_replay(delay=0, alpha=0.0)
+    syncs = cluster.check_replay(delay=0, alpha=0.0, quantize=quantize)
     got = [(s["local_steps"], s["fragments"], s["quorum"], sorted(s["healed"]), s["averaged"]) for s in syncs]
     all3, pair = ["0", "1", "2"], ["0", "1"]
     assert got == [
@@ -356,6 +387,8 @@ def test_bad_arguments_are_refused_before_any_sync(solo: ReplicaGang) -> None:
         ({"fragment_sync_delay": -1}, (), ValueError, "`fragment_sync_delay` must be at least 0, but is -1"),
         ({"fragment_update_alpha": 1.5}, (), ValueError, "`fragment_update_alpha` must be in [0, 1], but is 1.5"),
         ({"fragment_update_alpha": "0"}, (), TypeError, "`fragment_update_alpha` must be a `float`, but is '0'"),
+        ({"quantize": "int4"}, (), ValueError, '`quantize` must be None, "int8" or "float8", but is \'int4\' instead'),
+        ({"quantize": 8}, (), ValueError, '`quantize` must be None, "int8" or "float8", but is 8 instead'),
     ]
     for changes, args, error, text in cases:
         with pytest.raises(error, match=re.escape(text)):
@@ -367,6 +400,8 @@ def test_bad_arguments_are_refused_before_any_sync(solo: ReplicaGang) -> None:
         TypeError, match=re.escape("`optimizer` must be a `torch.optim.Optimizer`, but is of type `int`")
     ):
         LocalSGD(solo, model, 3, sync_every=4)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=re.escape('`quantize` must be None, "int8" or "float8", but is \'FP8\'')):
+        LocalSGD(solo, model, sgd, sync_every=4, quantize="FP8")
     with pytest.raises(ValueError, match=re.escape("`state_dict` must have the keys ['global', 'outer']")):
         DiLoCo(solo, model, sgd, outer, sync_every=4).load_state_dict({"local_step": 0, "due": [], "pending": []})
     assert solo.step_number == 0  # nothing ran a step

@@ -185,13 +185,15 @@ class LocalSGD(_JaxSync, _SemiSync):
     :param rg: The replica gang.
     :param params: The starting parameters: a pytree of floating-point ``jax.Array``.
     :param sync_every: The number of local steps between syncs.
+    :param quantize: ``None`` (full precision), ``"int8"`` or ``"float8"``: the exchange quantizes
+        as :class:`gang.ft.LocalSGD`'s does (blocks of 128 elements, ``float32`` absmax scales).
     :raises TypeError: If an argument has the wrong type.
-    :raises ValueError: If ``sync_every`` is below 1 or ``params`` has no leaves.
+    :raises ValueError: If ``sync_every`` is below 1, ``params`` has no leaves or ``quantize`` is unknown.
     """
 
     _kind = "LocalSGD"
 
-    def __init__(self, rg: ReplicaGang, params: Any, *, sync_every: int) -> None:
+    def __init__(self, rg: ReplicaGang, params: Any, *, sync_every: int, quantize: str | None = None) -> None:
         module, count = self._setup(params)
         _SemiSync.__init__(
             self,
@@ -202,6 +204,7 @@ class LocalSGD(_JaxSync, _SemiSync):
             fragments=1,
             fragment_sync_delay=0,
             fragment_update_alpha=0.0,
+            quantize=quantize,
             optimizer_name="optimizer",
         )
 
@@ -250,6 +253,9 @@ class DiLoCo(_JaxSync, _SemiSync):
     :param fragment_sync_delay: The number of local steps between a fragment's exchange and its
         application; less than ``sync_every // fragments``.
     :param fragment_update_alpha: The weight of the local values when a fragment is applied, in ``[0, 1]``.
+    :param quantize: ``None`` (full precision), ``"int8"`` or ``"float8"``: the pseudo-gradients
+        travel quantized as :class:`gang.ft.DiLoCo`'s do (blocks of 128 elements, ``float32`` absmax
+        scales; every member gets the same bits).
     :raises TypeError: If an argument has the wrong type.
     :raises ValueError: If an argument has a bad value.
     """
@@ -266,6 +272,7 @@ class DiLoCo(_JaxSync, _SemiSync):
         fragments: int = 1,
         fragment_sync_delay: int = 0,
         fragment_update_alpha: float = 0.0,
+        quantize: str | None = None,
     ) -> None:
         if not (
             callable(getattr(outer_optimizer, "init", None)) and callable(getattr(outer_optimizer, "update", None))
@@ -284,6 +291,7 @@ class DiLoCo(_JaxSync, _SemiSync):
             fragments=fragments,
             fragment_sync_delay=fragment_sync_delay,
             fragment_update_alpha=fragment_update_alpha,
+            quantize=quantize,
             optimizer_name="inner_optimizer",
         )
         self._tx = outer_optimizer

@@ -22,7 +22,12 @@ How a sync goes (one ``rg.step()``):
    order on every member, so every member, and a replay in one process, gets the same bits.
    The contribution is written straight into the buffer the all-to-all sends from, and the
    all-gather writes the averages back into it; a fragment's buffers (about ``2 + 1/n`` times its
-   bytes for ``n`` members) are kept for its next exchange, unless this one failed.
+   bytes for ``n`` members) are kept for its next exchange, unless this one failed. With
+   ``quantize="int8"`` or ``"float8"`` the row is quantized before the all-to-all (blocks of 128
+   elements with ``float32`` scales, :mod:`gang.ft.quantize`); the member averaging a chunk
+   dequantizes the chunks, sums them in ``float32`` in rank order, divides and quantizes the
+   average once; the all-gather sends the quantized averages, which every member dequantizes:
+   the same bits everywhere, and about a quarter of ``float32``'s bytes.
 3. The members vote (:meth:`~gang.ft.ReplicaGang.should_commit`). Only a committed sync changes
    anything: ``LocalSGD`` writes the average into the parameters; ``DiLoCo`` sets the fragment's
    parameters to their global values, puts the average in ``.grad`` and calls
@@ -37,10 +42,12 @@ How a sync goes (one ``rg.step()``):
 
 Every committed sync is logged on the ``gang.ft`` logger (event ``sync``: ``step``,
 ``local_steps`` when the exchange started, ``applied_after`` local steps, ``fragments``,
-``quorum``, ``healed``, ``averaged``, ``bytes`` this process contributed, ``seconds`` from the
-exchange's start and ``waited``, the seconds of those spent blocked in the vote and the
-application: with a delay, the part of the exchange that the local steps did not hide). The
-guide is ``docs/diloco.rst``.
+``quorum``, ``healed``, ``averaged``, ``bytes`` this process contributed (quantized: its codes and
+scales as sent, padding included), ``seconds`` from the exchange's start (once the quorum formed
+and any heal ended) to the end of the application, ``waited``, the seconds of those spent blocked
+in the vote and the application (with a delay, the part of the exchange that the local steps did
+not hide), and ``quorum_seconds``, what forming the quorum and healing took before. The guide is
+``docs/diloco.rst``.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ from torch.utils.hooks import RemovableHandle
 from gang.errors import InvalidOperationError
 from gang.extend import check_int, check_open
 from gang.ft.log import log_event
+from gang.ft.quantize import check_quantize, chunk_width, dequantize_rows, mean_of_rows, quantize_rows, wire_bytes
 from gang.ft.replica import ReplicaGang
 
 
@@ -125,6 +133,7 @@ class _SemiSync:
         fragments: int,
         fragment_sync_delay: int,
         fragment_update_alpha: float,
+        quantize: str | None,
         optimizer_name: str,
     ) -> None:
         if not isinstance(rg, ReplicaGang):
@@ -158,6 +167,7 @@ class _SemiSync:
         alpha = float(fragment_update_alpha)
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"`fragment_update_alpha` must be in [0, 1], but is {fragment_update_alpha!r} instead.")
+        self._quantize = check_quantize(quantize)
         self._rg = rg
         self._module = module
         self._optimizer = optimizer
@@ -281,10 +291,11 @@ class _SemiSync:
         ``fragment_sync_delay=d`` it goes through async handles and the step stays open while
         ``d`` more local steps compute, until :meth:`_finish` after local step ``t + d``.
         """
-        started = time.monotonic()
+        begun = time.monotonic()
         rg = self._rg
         stack = ExitStack()
         stack.enter_context(rg.step())  # forms the quorum; heals this replica if it is behind
+        started = time.monotonic()  # the exchange starts: the quorum and the heal are behind
         buffers = None
         try:
             quorum = rg.current_quorum
@@ -297,7 +308,7 @@ class _SemiSync:
             # The first half of the exchange: chunk j of every member's row goes to member j.
             works = [
                 rg.all_to_all(out, inp, async_op=True) if self._delay > 0 else rg.all_to_all(out, inp)
-                for out, inp in zip(buffers.received, buffers.sends, strict=True)
+                for out, inp in zip(buffers.received, buffers.wire_sends, strict=True)
             ]
         except BaseException as ex:
             if buffers is not None:  # a collective started before the failure may still write them
@@ -315,6 +326,7 @@ class _SemiSync:
             local_steps=t + 1,
             apply_after=t + self._delay if due else t,
             started=started,
+            quorum_seconds=started - begun,
         )
         return self._flight
 
@@ -338,17 +350,24 @@ class _SemiSync:
         if not committed:
             return False
         if flight.due:
+            if self._quantize is not None:  # every member's averaged chunk, quantized: its values
+                for send, wire in zip(flight.buffers.sends, flight.buffers.wire_sends, strict=True):
+                    dequantize_rows(wire, send.shape[1], self._quantize, out=send)
             self._land(self._split(flight.buffers))
         self._due = [k for k in self._due if k not in flight.due]
         now = time.monotonic()
         buffers = flight.buffers
-        sent = sum(n * send.element_size() for n, send in zip(buffers.numels, buffers.sends, strict=True))
+        if self._quantize is None:
+            sent = sum(n * send.element_size() for n, send in zip(buffers.numels, buffers.sends, strict=True))
+        else:  # the quantized row as sent: codes and scales, padding included
+            sent = sum(wire.numel() for wire in buffers.wire_sends)
         averaged = [flight.members[r] for r in flight.averaged]
         log_event(
             "sync",
             f"{self._kind} sync at step {rg.step_number} after {flight.local_steps} local steps on replica "
             f"{rg.replica_id!r} rank {rg.replica_rank}: fragments {flight.due} averaged over {averaged} of "
-            f"{flight.members}, {sent} bytes sent in {now - flight.started:.3f} s ({now - waiting:.3f} s waited)",
+            f"{flight.members}, {sent} bytes sent; exchange and update {now - flight.started:.3f} s "
+            f"({now - waiting:.3f} s waited) after {flight.quorum_seconds:.3f} s of quorum and heal",
             level=logging.INFO,
             replica=rg.replica_id,
             replica_rank=rg.replica_rank,
@@ -362,6 +381,7 @@ class _SemiSync:
             bytes=sent,
             seconds=round(now - flight.started, 6),
             waited=round(now - waiting, 6),
+            quorum_seconds=round(flight.quorum_seconds, 6),
         )
         return True
 
@@ -376,8 +396,13 @@ class _SemiSync:
         was sent from (then waited for by the vote)."""
         flight.gathered = True
         buffers = flight.buffers
-        for table, received, mine in zip(buffers.sends, buffers.received, buffers.mine, strict=True):
-            _ordered_mean(received, flight.averaged, out=mine)
+        for table, received, mine, send in zip(
+            buffers.wire_sends, buffers.received, buffers.mine, buffers.sends, strict=True
+        ):
+            if self._quantize is None:
+                _ordered_mean(received, flight.averaged, out=mine)
+            else:
+                mean_of_rows(received, flight.averaged, send.shape[1], self._quantize, out=mine.view(1, -1))
             if async_op:
                 self._rg.all_gather(table, mine, async_op=True)
             else:
@@ -395,15 +420,23 @@ class _SemiSync:
             for i in self._fragments[k]:
                 by_dtype.setdefault(self._params[i].dtype, []).append(i)
         groups = list(by_dtype.values())
-        numels, sends, received, mine = [], [], [], []
+        numels, sends, wire_sends, received, mine = [], [], [], [], []
         for group in groups:
             first = _local(self._params[group[0]])
             numels.append(sum(_local(self._params[i]).numel() for i in group))
-            width = -(-numels[-1] // size)
-            sends.append(first.new_zeros(size, width))
-            received.append(first.new_empty(size, width))
-            mine.append(first.new_empty(width))
-        buffers = _Buffers(key, size, groups, numels, sends, received, mine)
+            if self._quantize is None:
+                width = -(-numels[-1] // size)
+                sends.append(first.new_zeros(size, width))
+                wire_sends.append(sends[-1])
+                received.append(first.new_empty(size, width))
+                mine.append(first.new_empty(width))
+            else:  # chunks of whole blocks; the wire tables hold their codes and scales
+                width = chunk_width(numels[-1], size)
+                sends.append(first.new_zeros(size, width))
+                wire_sends.append(torch.empty(size, wire_bytes(width), dtype=torch.uint8, device=first.device))
+                received.append(torch.empty_like(wire_sends[-1]))
+                mine.append(torch.empty(wire_bytes(width), dtype=torch.uint8, device=first.device))
+        buffers = _Buffers(key, size, groups, numels, sends, wire_sends, received, mine)
         if len(due) == 1:  # a retry of several fragments at once is rare: not kept
             self._buffers[key] = buffers
         return buffers
@@ -424,6 +457,9 @@ class _SemiSync:
                     self._contribute(i, local, row[at : at + local.numel()].view(local.shape))
                     at += local.numel()
                 row[at:].zero_()
+            if self._quantize is not None:
+                for send, wire in zip(buffers.sends, buffers.wire_sends, strict=True):
+                    quantize_rows(send, self._quantize, out=wire)
 
     def _split(self, buffers: _Buffers) -> dict[int, Tensor]:
         """The averaged rows (gathered into ``buffers.sends``) as one view per parameter index (local shapes)."""
@@ -467,7 +503,10 @@ class _Buffers:
 
     ``sends`` holds this process's rows cut into one chunk per member (zero-padded), sent by the
     all-to-all; once that is complete, the all-gather writes every member's averaged chunk into
-    it. Kept for the next exchange of the same fragment unless the exchange failed.
+    it. Kept for the next exchange of the same fragment unless the exchange failed. Quantized,
+    ``wire_sends`` holds ``sends`` quantized (:mod:`gang.ft.quantize`, chunks of whole blocks) and
+    is what the all-to-all sends and the all-gather fills; the averages are then dequantized
+    into ``sends``. Unquantized, ``wire_sends`` is ``sends``.
     """
 
     key: tuple[int, ...]  # the fragments
@@ -475,8 +514,9 @@ class _Buffers:
     groups: list[list[int]]  # the parameter indices of each dtype group
     numels: list[int]  # the elements of each group's row (without the padding)
     sends: list[Tensor]  # (size, width): this process's row, then the averaged chunks of every member
-    received: list[Tensor]  # (size, width): chunk `rank` of every member's row
-    mine: list[Tensor]  # (width,): this member's averaged chunk
+    wire_sends: list[Tensor]  # what is sent and gathered: `sends`, or (size, wire bytes) of its codes and scales
+    received: list[Tensor]  # like `wire_sends`: chunk `rank` of every member's row
+    mine: list[Tensor]  # this member's averaged chunk (width,), or its wire bytes
 
 
 @dataclass
@@ -492,7 +532,8 @@ class _Exchange:
     healed: dict[str, str]
     local_steps: int  # the local steps taken when the exchange started
     apply_after: int  # the local step after which it is voted on and applied
-    started: float
+    started: float  # when the exchange started (after the quorum and the heal)
+    quorum_seconds: float  # the seconds `rg.step()` took to form the quorum and heal
     gathered: bool = False  # whether the second half (the all-gather) started
 
 
@@ -537,14 +578,24 @@ class LocalSGD(_SemiSync):
     :param module: The model whose parameters are averaged (under FSDP2, each process's shards).
     :param optimizer: The local optimizer; its ``step()`` counts local steps.
     :param sync_every: The number of local steps between syncs.
+    :param quantize: ``None`` (full precision), ``"int8"`` or ``"float8"``: each member's parameters
+        are sent quantized in blocks of 128 elements with ``float32`` absmax scales, and the average
+        comes back quantized (:mod:`gang.ft.quantize`); every replica must pass the same.
     :raises TypeError: If an argument has the wrong type.
-    :raises ValueError: If ``sync_every`` is below 1 or ``module`` has no parameters.
+    :raises ValueError: If ``sync_every`` is below 1, ``module`` has no parameters or ``quantize`` is
+        not one of the above.
     """
 
     _kind = "LocalSGD"
 
     def __init__(
-        self, rg: ReplicaGang, module: nn.Module, optimizer: torch.optim.Optimizer, *, sync_every: int
+        self,
+        rg: ReplicaGang,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        sync_every: int,
+        quantize: str | None = None,
     ) -> None:
         super().__init__(
             rg,
@@ -554,6 +605,7 @@ class LocalSGD(_SemiSync):
             fragments=1,
             fragment_sync_delay=0,
             fragment_update_alpha=0.0,
+            quantize=quantize,
             optimizer_name="optimizer",
         )
 
@@ -613,10 +665,16 @@ class DiLoCo(_SemiSync):
     :param fragment_sync_delay: The number of local steps between a fragment's exchange and its
         application; less than ``sync_every // fragments``.
     :param fragment_update_alpha: The weight of the local values when a fragment is applied, in ``[0, 1]``.
+    :param quantize: ``None`` (full precision), ``"int8"`` or ``"float8"`` (``torch.float8_e4m3fn``):
+        each member's pseudo-gradients (of each fragment) are sent quantized in blocks of 128
+        elements with ``float32`` absmax scales; the member averaging a chunk dequantizes, sums in
+        ``float32`` in rank order and quantizes the average once for the all-gather, so every member
+        gets the same bits (:mod:`gang.ft.quantize`); every replica must pass the same.
     :raises TypeError: If an argument has the wrong type.
     :raises ValueError: If an argument has a bad value (``fragments`` above ``sync_every`` or the
         number of parameters, a delay not below ``sync_every // fragments``, ``alpha`` outside
-        ``[0, 1]``, an outer optimizer over a parameter that is not ``module``'s).
+        ``[0, 1]``, an outer optimizer over a parameter that is not ``module``'s, ``quantize`` not
+        one of the above).
     """
 
     _kind = "DiLoCo"
@@ -632,6 +690,7 @@ class DiLoCo(_SemiSync):
         fragments: int = 1,
         fragment_sync_delay: int = 0,
         fragment_update_alpha: float = 0.0,
+        quantize: str | None = None,
     ) -> None:
         super().__init__(
             rg,
@@ -641,6 +700,7 @@ class DiLoCo(_SemiSync):
             fragments=fragments,
             fragment_sync_delay=fragment_sync_delay,
             fragment_update_alpha=fragment_update_alpha,
+            quantize=quantize,
             optimizer_name="inner_optimizer",
         )
         if not isinstance(outer_optimizer, torch.optim.Optimizer):
