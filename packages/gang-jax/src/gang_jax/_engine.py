@@ -31,6 +31,7 @@ from gang.address import is_loopback
 from gang_jax import _collectives as kernels
 from gang_jax._collectives import Communicator, HostCall, Kernel
 from gang_jax._convert import as_raw_bits, to_numpy
+from gang_jax._lane import restart_clock
 from gang_jax._rendezvous import Rendezvous
 
 DEFAULT_COORDINATION_TIMEOUT = timedelta(minutes=5)
@@ -318,6 +319,7 @@ class LocalEngine(Engine):
         with jax.enable_x64(True) if wide else nullcontext():
             if call is None:
                 call = self._calls[key] = self._prepare(comm, kernel, source, target, args, copy_in)
+                restart_clock()  # compiling is not waiting for the peers
 
             def array() -> np.ndarray[Any, Any]:
                 x = to_numpy(source)

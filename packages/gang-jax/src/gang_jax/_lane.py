@@ -27,6 +27,7 @@ posting order. The transfers between two ranks must be posted in the same groups
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,19 @@ T = TypeVar("T")
 _Pairs = list[tuple[Tensor, int]]
 _POLL_S = 0.05
 """How often a waiter looks at the operation in flight while its own has not started yet."""
+_RUNNING = threading.local()
+"""The job a lane's worker thread is running (``job``), for :func:`restart_clock`."""
+
+
+def restart_clock() -> None:
+    """Start the timeout of the operation running in this thread now: what it did so far (compiling its
+    program, which takes seconds on a loaded machine) does not count as waiting for its peers.
+
+    Does nothing outside a lane's worker thread.
+    """
+    job = getattr(_RUNNING, "job", None)
+    if job is not None:
+        job.started = time.monotonic()
 
 
 class _Job(Generic[T]):
@@ -129,6 +143,7 @@ class Lane:
         """Why the lane is broken (an operation overran its timeout); ``None`` while it works."""
         self.closed = False
         """Whether :meth:`close` was called."""
+        self._then: Callable[[], object] | None = None
 
     # -- posting ---------------------------------------------------------------------------------
 
@@ -210,19 +225,22 @@ class Lane:
         while True:
             job = self._queue.get()
             if job is None:
+                if self._then is not None:
+                    with contextlib.suppress(Exception):  # nobody is left to tell
+                        self._then()
                 return
             if self.broken is not None:
                 job.error = operation_error(job.name, job.gang, f"the gang is broken: {self.broken}")
                 job.done.set()
                 continue
             job.started = time.monotonic()
-            self._current = job
+            self._current = _RUNNING.job = job
             try:
                 job.result = job.fn()
             except BaseException as ex:  # handed to the waiter, which raises it
                 job.error = ex
             finally:
-                self._current = None
+                self._current = _RUNNING.job = None
                 job.done.set()
 
     # -- waiting ---------------------------------------------------------------------------------
@@ -286,16 +304,24 @@ class Lane:
         current = self._current
         return current is not None and not current.done.is_set()
 
-    def close(self) -> None:
-        """Stop the worker thread once the operations posted so far are done (it does not wait for a stuck one)."""
+    def close(self, then: Callable[[], object] | None = None) -> None:
+        """Stop the worker thread once the operations posted so far are done; it does not wait for a stuck one.
+
+        :param then: Run by the worker thread last, once a program stuck on it has ended (it never
+            runs if that program never ends); here at once if no worker thread was started.
+        """
         if self.closed:
             return
         self.closed = True
         if self._groups:
             self.flush()
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread = None
+        if self._thread is None:
+            if then is not None:
+                then()
+            return
+        self._then = then
+        self._queue.put(None)
+        self._thread = None
 
 
 _LOCAL: Lane | None = None

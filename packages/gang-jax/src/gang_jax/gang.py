@@ -342,6 +342,10 @@ class JaxGang(Gang):
     @override
     def _close(self) -> None:
         lane = self._lane
+        if lane.closed:  # the root was closed first: nothing runs on the lane any more
+            with contextlib.suppress(*BACKEND_ERRORS):
+                self._engine.close()
+            return
         if lane.broken is None:
             # After every operation in flight (an overrun breaks the lane: then as below).
             with contextlib.suppress(GangError):
@@ -354,9 +358,14 @@ class JaxGang(Gang):
                 self._engine.close()
         if not self._owns_runtime:
             return
+        stop = stop_runtime if not self.isolated and jax.distributed.is_initialized() else None
+        if lane.running:
+            # A program that overran its timeout is still in the runtime: shutting it down under the
+            # program could crash the process. The lane's thread shuts it down once the program ends
+            # (its peers met it late); if it never does, the runtime is left to the process's exit.
+            lane.close(then=stop)
+            return
         lane.close()
-        if not self.isolated and jax.distributed.is_initialized() and not lane.running:
-            # (A program still stuck in the runtime keeps it: shutting it down under the program could
-            # crash the process. It is left to the process's exit.)
+        if stop is not None:
             with guard("close", self):
-                stop_runtime()  # so that `create_default` works after this
+                stop()  # so that `create_default` works after this
