@@ -590,6 +590,30 @@ def run_hung_peer(pg: Gang, name: str, timeout_s: float) -> dict[str, Any]:
     return out
 
 
+def run_unmatched_recv(pg: Gang, name: str, timeout_s: float) -> dict[str, Any]:
+    """Rank 0 waits on a receive from rank 1 that rank 1 makes no send for until ``HUNG_LATE_S`` past the timeout.
+
+    Returns rank 0's outcome and the seconds it took; rank 1 then sends (so that nothing stays
+    stuck) and reports what that gave. The gangs are closed.
+    """
+    gangs = [pg] if name == "reference" else _hung_gangs(pg, name, timedelta(seconds=timeout_s))
+    g = gangs[-1]
+    g.all_reduce(torch.ones(2), ReduceOperation.SUM)  # everyone is up
+    out: dict[str, Any] = {}
+    if g.rank == 0:
+        start = time.monotonic()
+        work = g.recv(torch.empty(3), 1, async_op=True)
+        out["recv"] = _outcome(work.wait)
+        out["elapsed"] = time.monotonic() - start
+    elif g.rank == 1:
+        time.sleep(timeout_s + HUNG_LATE_S)
+        out["late send"] = _outcome(lambda: g.send(torch.ones(3), 0))
+    for gang in reversed(gangs):
+        if gang is not pg:
+            gang.close()
+    return out
+
+
 def _hung_gangs(pg: Gang, name: str, timeout: timedelta) -> list[Gang]:
     make = GANGS[name].hung
     assert make is not None, name

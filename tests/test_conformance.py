@@ -260,6 +260,16 @@ def test_hung_peer(name: str) -> None:
     assert left == [[], [], []], left
 
 
+@pytest.mark.parametrize("name", ["reference", "jax", "jax-isolated"])
+def test_receive_nobody_sends(name: str) -> None:
+    # A pattern that can never complete (a receive whose sender makes no send) is a GangError on the
+    # rank that waits, within the timeout plus a margin, never a hang.
+    with World(2, gang_timeout=HUNG_TIMEOUT_S, env={"OMP_NUM_THREADS": "1"}) as world:
+        first = world.run(cw.run_unmatched_recv, name, HUNG_TIMEOUT_S, timeout=EVERY_DTYPE_TIMEOUT)[0]
+    assert first["recv"].startswith("GangError: `recv` failed on rank 0 of a gang of size 2"), first
+    assert first["elapsed"] < HUNG_TIMEOUT_S + HUNG_MARGIN_S, first
+
+
 def test_traffic_results_are_not_trivial(world: World) -> None:
     # Guards the traffic suite itself: on the reference, a ring receives what the previous rank sent
     # (not the buffer's start, this rank's own) and uneven rows arrive from their senders in rank order.

@@ -37,7 +37,7 @@ from typing import Any, Generic, TypeVar
 
 from torch import Tensor
 
-from gang import Work
+from gang import GangError, Work
 from gang.extend import GangView, operation_error
 
 T = TypeVar("T")
@@ -118,8 +118,11 @@ class LaneWork(Work):
 
     def _poll(self) -> bool:
         job = self._started()
-        self._lane.watch(job)
-        return job.done.is_set() or self._lane.broken is not None
+        try:
+            self._lane.watch(job)
+        except GangError:
+            return True  # it failed: `wait()` raises the error
+        return job.done.is_set()
 
 
 class Lane:

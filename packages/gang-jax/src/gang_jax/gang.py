@@ -187,6 +187,9 @@ class JaxGang(Gang):
     def communicator(self) -> Communicator:
         """The compiled collectives of this gang on ``jax.Array`` blocks (what :mod:`gang_jax.functional` runs).
 
+        :mod:`gang_jax.functional` runs them in the gang's queue, under its timeout and debug mode;
+        calling them directly does neither (a call may then overtake an operation in flight).
+
         :raises NotSupportedError: If the gang is isolated (JAX does not run in this process).
         """
         if not isinstance(self._engine, LocalEngine):
