@@ -34,6 +34,7 @@ from gang import (
     Gangs,
     NotSupportedError,
     ReduceOperation,
+    Work,
     create_fsdp_gangs,
     create_parallel_gangs,
     exchange_rows,
@@ -440,9 +441,10 @@ def _async_p2p(g: Gang, kind: str, dtype: torch.dtype, mine: int) -> list[Tensor
     # Two transfers each way: the first to the next rank, the second to the previous one (with two
     # ranks both go to the same peer, and match in the order they were posted).
     got = [_sent(mine, shape, dtype, 12), _sent(mine, shape, dtype, 13)]
-    sends = [lambda: g.send(_sent(mine, shape, dtype, 12), nxt, async_op=True)]
+    sends: list[Callable[[], Work]] = [lambda: g.send(_sent(mine, shape, dtype, 12), nxt, async_op=True)]
     sends.append(lambda: g.send(_sent(mine, shape, dtype, 13), prv, async_op=True))
-    recvs = [lambda: g.recv(got[0], prv, async_op=True), lambda: g.recv(got[1], nxt, async_op=True)]
+    recvs: list[Callable[[], Work]] = [lambda: g.recv(got[0], prv, async_op=True)]
+    recvs.append(lambda: g.recv(got[1], nxt, async_op=True))
     if kind == "async_sends_first":
         works = [post() for post in (*sends, *recvs)]
         works.reverse()

@@ -27,6 +27,7 @@ posting order. The transfers between two ranks must be posted in the same groups
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 import time
@@ -147,6 +148,7 @@ class Lane:
         self.closed = False
         """Whether :meth:`close` was called."""
         self._then: Callable[[], object] | None = None
+        self._finishing = False
 
     # -- posting ---------------------------------------------------------------------------------
 
@@ -214,8 +216,9 @@ class Lane:
 
     def _submit(self, name: str, gang: GangView, fn: Callable[[], T], timeout_s: float) -> _Job[T]:
         job = _Job(name, gang, fn, timeout_s)
-        if self.broken is not None:
-            job.error = operation_error(name, gang, f"the gang is broken: {self.broken}")
+        if self.broken is not None or self.closed:
+            why = f"the gang is broken: {self.broken}" if self.broken else "the root gang of its JAX runtime was closed"
+            job.error = operation_error(name, gang, why)
             job.done.set()
             return job
         if self._thread is None:
@@ -228,9 +231,13 @@ class Lane:
         while True:
             job = self._queue.get()
             if job is None:
-                if self._then is not None:
+                with self._lock:
+                    then, self._then = self._then, None
+                    self._finishing = then is not None
+                if then is not None:
                     with contextlib.suppress(Exception):  # nobody is left to tell
-                        self._then()
+                        then()
+                self._finishing = False
                 return
             if self.broken is not None:
                 job.error = operation_error(job.name, job.gang, f"the gang is broken: {self.broken}")
@@ -315,19 +322,34 @@ class Lane:
         """
         if self.closed:
             return
-        self.closed = True
         if self._groups:
             self.flush()
+        self.closed = True
         if self._thread is None:
             if then is not None:
                 then()
             return
         self._then = then
         self._queue.put(None)
-        self._thread = None
+
+    def at_exit(self) -> None:
+        """Forget the last step of :meth:`close` if it has not started (the process is exiting, and the
+        thread must not shut the runtime down while the interpreter is torn down: the runtime's own
+        teardown at exit does it); wait for it if it has."""
+        with self._lock:
+            self._then = None
+            thread = self._thread if self._finishing else None
+        if thread is not None:
+            thread.join()
 
 
 _LOCAL: Lane | None = None
+
+
+@atexit.register
+def _at_exit() -> None:
+    if _LOCAL is not None:
+        _LOCAL.at_exit()
 
 
 def local_lane() -> Lane:
