@@ -119,9 +119,13 @@ class JaxGang(Gang):
             process* (``SIGABRT``, exit status 134, "Terminating process because the JAX
             distributed service detected fatal errors ... Task N heartbeat timeout" on stderr).
             Survivors whose collective talks to the dead process directly get a
-            :class:`~gang.GangError` first. See "JAX gangs" in the failures guide. With
-            ``isolated=True`` it is also the longest a collective waits (the children's own runtime
-            gets 2 minutes more, for their start-up).
+            :class:`~gang.GangError` first. See "JAX gangs" in the failures guide. It is also the
+            longest any call of the gang (and ``wait()`` on its handles) waits for its peers, the
+            first call included (compiling does not count): then every rank that waits gets a
+            :class:`~gang.GangError` and the gang is broken (see "Timeouts, in-process too" in the
+            JAX guide). With ``isolated=True`` the children's own runtime gets 2 minutes more to
+            join, for their start-up. JAX's shutdown waits at least 5 minutes for the other
+            processes, whatever ``timeout`` says.
         :param debug: Turn debug mode on or off for this gang and its sub-gangs (``None``: from
             ``GANG_DEBUG``); see :attr:`gang.Gang.debug`.
         :param isolated: Run JAX in a child process that this process starts and talks to
