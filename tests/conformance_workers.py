@@ -11,12 +11,17 @@ case's body once on the reference gang and once, through the entry's ``call``, o
 
 from __future__ import annotations
 
+import os
 import re
+import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import jax.numpy as jnp
+import numpy as np
 import torch
 import torch.distributed as dist
 from core_workers import try_call
@@ -25,9 +30,11 @@ from torch import Tensor
 from gang import (
     FakeGang,
     Gang,
+    GangError,
     Gangs,
     NotSupportedError,
     ReduceOperation,
+    Work,
     create_fsdp_gangs,
     create_parallel_gangs,
     exchange_rows,
@@ -35,7 +42,7 @@ from gang import (
 from gang._torch_groups import TCPStore
 from gang.extend import SUPPORTED_DTYPES, check_op
 from gang.ft import ReplicaGang
-from gang_jax import JaxGang, from_jax_mesh, to_jax_mesh
+from gang_jax import JaxGang, from_jax_mesh, functional, to_jax_mesh
 
 DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in sorted(SUPPORTED_DTYPES, key=str)}
 """Every dtype every gang accepts (:data:`gang.extend.SUPPORTED_DTYPES`), by name."""
@@ -72,6 +79,10 @@ class GangKind:
         each must raise :class:`~gang.NotSupportedError` naming the method (its argument checks
         still run first, as the bad-call catalogue shows).
     :param sizes: The world sizes whose tests run on this entry (``None``: every one).
+    :param hung: ``hung(reference, timeout)`` makes the gangs of the hung-peer case (the tested gang
+        last; each is closed after the case) with ``timeout``; ``None`` where the case does not
+        apply (a FakeGang never waits for a peer; a ReplicaGang records a collective's failure in
+        its step instead of raising it, and refuses point-to-point).
     :param call: ``call(gang, body)`` runs one case's body (every use of the gang in that case,
         its ``rank`` and ``size`` included) and returns what ``body()`` returned; it checks
         whatever the gang promises around a call (a :class:`~gang.ft.ReplicaGang`: a committed step).
@@ -84,6 +95,7 @@ class GangKind:
     subgangs: bool = True
     traffic: bool = True
     sizes: frozenset[int] | None = None
+    hung: Callable[[Gang, timedelta], list[Gang]] | None = None
     call: Callable[[Gang, Body], Any] = _directly
 
 
@@ -134,18 +146,34 @@ def _jax_mesh_root(pg: Gang) -> Gang:
     both bridges stand between the torch gang and the gang under test (on the in-process entry's
     JAX runtime)."""
     gang_of("jax", pg)  # starts the JAX runtime, shared with the "jax" entry
-    return from_jax_mesh(to_jax_mesh(create_parallel_gangs(pg, tp_size=2), ("dp", "tp"))).root
+    return _mesh_root(pg)
+
+
+def _mesh_root(pg: Gang) -> Gang:
+    """``from_jax_mesh(to_jax_mesh(...)).root`` of the reference's ``dp`` x ``tp`` layout (``tp`` 2 if it divides)."""
+    tp_size = 2 if pg.size % 2 == 0 else 1
+    return from_jax_mesh(to_jax_mesh(create_parallel_gangs(pg, tp_size=tp_size), ("dp", "tp"))).root
+
+
+def _hung_jax(isolated: bool, *, mesh: bool = False) -> Callable[[Gang, timedelta], list[Gang]]:
+    """The gangs of the hung-peer case on a JAX runtime started with the case's timeout."""
+
+    def make(pg: Gang, timeout: timedelta) -> list[Gang]:
+        root = JaxGang.create_default(isolated=isolated, timeout=timeout)
+        return [root, _mesh_root(pg)] if mesh else [root]
+
+    return make
 
 
 GANGS: dict[str, GangKind] = {
-    "jax": GangKind(lambda _: JaxGang.create_default(isolated=False)),
-    "jax-isolated": GangKind(lambda _: JaxGang.create_default(isolated=True)),
+    "jax": GangKind(lambda _: JaxGang.create_default(isolated=False), hung=_hung_jax(False)),
+    "jax-isolated": GangKind(lambda _: JaxGang.create_default(isolated=True), hung=_hung_jax(True)),
     "fake": GangKind(
         lambda pg: FakeGang(pg.device, rank=pg.rank, size=pg.size), same_data=True, objects=False, large=False
     ),
     "replica": GangKind(_join_replicas, large=False, subgangs=False, traffic=False, call=_in_a_committed_step),
     # On 2 processes only: its collectives are the "jax" entry's code, compiled anew (the cost).
-    "jax-mesh": GangKind(_jax_mesh_root, large=False, sizes=frozenset({2})),
+    "jax-mesh": GangKind(_jax_mesh_root, large=False, sizes=frozenset({2}), hung=_hung_jax(False, mesh=True)),
 }
 """The gangs compared with the reference, by name (the suite's test ids)."""
 
@@ -310,7 +338,9 @@ def _run_one(
 # -- traffic: point-to-point, uneven rows, handles ------------------------------------------------
 
 
-TRAFFIC_KINDS = ("ring", "pairs", "uneven", "uneven_empty", "exchange_rows")
+ASYNC_P2P_KINDS = ("async_ring_forward", "async_ring_backward", "async_sends_first", "async_recvs_first")
+"""Separate ``send`` and ``recv`` handles posted in orders that complete on gloo (see :func:`_async_p2p`)."""
+TRAFFIC_KINDS = ("ring", "pairs", "uneven", "uneven_empty", "exchange_rows", *ASYNC_P2P_KINDS)
 """The traffic cases that need point-to-point transfers or uneven rows (an entry's ``traffic``)."""
 
 
@@ -384,7 +414,45 @@ def _traffic_case(g: Gang, kind: str, dtype: torch.dtype, data_rank: Callable[[i
         return output
     if kind == "async":
         return _async_case(g, dtype, mine, data_rank)
+    if kind in ASYNC_P2P_KINDS:
+        return _async_p2p(g, kind, dtype, mine)
     raise ValueError(f"`kind` must name a traffic case, but is {kind!r} instead.")
+
+
+def _async_p2p(g: Gang, kind: str, dtype: torch.dtype, mine: int) -> list[Tensor]:
+    """Separate ``send`` and ``recv`` calls with ``async_op=True``, posted in an order that completes on gloo.
+
+    A ring shifted forward (a send, then a receive, waited for in the other order) or backward (a
+    receive first); every send first, then every receive (to and from both neighbours, waited
+    for last to first); every receive first. Returns what was received, in posting order.
+    """
+    rank, size, shape = g.rank, g.size, (2, 3)
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    if kind in ("async_ring_forward", "async_ring_backward"):
+        to, source = (nxt, prv) if kind == "async_ring_forward" else (prv, nxt)
+        received = _sent(mine, shape, dtype, 11)
+        if kind == "async_ring_forward":
+            works = [g.send(_sent(mine, shape, dtype, 11), to, async_op=True), g.recv(received, source, async_op=True)]
+        else:
+            works = [g.recv(received, source, async_op=True), g.send(_sent(mine, shape, dtype, 11), to, async_op=True)]
+        for work in reversed(works):
+            work.wait()
+        return [received]
+    # Two transfers each way: the first to the next rank, the second to the previous one (with two
+    # ranks both go to the same peer, and match in the order they were posted).
+    got = [_sent(mine, shape, dtype, 12), _sent(mine, shape, dtype, 13)]
+    sends: list[Callable[[], Work]] = [lambda: g.send(_sent(mine, shape, dtype, 12), nxt, async_op=True)]
+    sends.append(lambda: g.send(_sent(mine, shape, dtype, 13), prv, async_op=True))
+    recvs: list[Callable[[], Work]] = [lambda: g.recv(got[0], prv, async_op=True)]
+    recvs.append(lambda: g.recv(got[1], nxt, async_op=True))
+    if kind == "async_sends_first":
+        works = [post() for post in (*sends, *recvs)]
+        works.reverse()
+    else:
+        works = [post() for post in (*recvs, *sends)]
+    for work in works:
+        work.wait()
+    return got
 
 
 def _async_case(g: Gang, dtype: torch.dtype, mine: int, data_rank: Callable[[int], int]) -> list[Tensor]:
@@ -435,6 +503,149 @@ def _async_case(g: Gang, dtype: torch.dtype, mine: int, data_rank: Callable[[int
         work.wait(timeout=60.0 if i % 2 else None)  # a bounded wait that is long enough, and an unbounded one
         assert work.is_completed(), work
     return outputs
+
+
+def run_async_p2p_in_subgang(pg: Gang, name: str) -> dict[str, Any]:
+    """The cases of :data:`ASYNC_P2P_KINDS` in float32 inside a sub-gang (ranks 1.. of 3 or more, else both)."""
+    data_rank = _data_rank(name, pg.rank)
+
+    def body(root: Gang) -> list[list[Tensor]] | None:
+        sub = root.create_gang(list(range(1, root.size)) if root.size > 2 else [0, 1])
+        if sub is None:
+            return None
+        out = [_async_p2p(sub, kind, torch.float32, data_rank) for kind in ASYNC_P2P_KINDS]
+        sub.close()
+        return out
+
+    return _run_both(pg, name, body)
+
+
+def run_functional_after_async(pg: Gang, name: str) -> dict[str, Any]:
+    """An async all-reduce, then a blocking one (through :mod:`gang_jax.functional` where the gang runs JAX
+    here), then the handle's ``wait()``: the second call must run after the first, with both results right."""
+    data_rank = _data_rank(name, pg.rank)
+
+    def body(g: Gang) -> list[Tensor]:
+        t = torch.full((4,), data_rank + 1.0)
+        work = g.all_reduce(t, ReduceOperation.SUM, async_op=True)
+        if isinstance(g, JaxGang) and not g.isolated:
+            x = jnp.full((3,), 2.0 * (data_rank + 1), dtype=jnp.float32)
+            y = torch.from_numpy(np.array(functional.all_reduce(g, x, ReduceOperation.SUM)))
+        else:
+            y = torch.full((3,), 2.0 * (data_rank + 1))
+            g.all_reduce(y, ReduceOperation.SUM)
+        work.wait()
+        return [t, y]
+
+    return _run_both(pg, name, body)
+
+
+# -- a hung peer: alive, but late past the timeout ------------------------------------------------
+
+
+HUNG_LATE_S = 5.0
+"""How long past the timeout the last rank of the hung-peer case joins the collective the others wait in."""
+
+
+def _outcome(fn: Callable[[], object]) -> str:
+    """``"ok"``, or ``"GangError: <message>"`` if ``fn`` raised one."""
+    try:
+        fn()
+    except GangError as ex:
+        return f"GangError: {ex}"
+    return "ok"
+
+
+def run_hung_peer(pg: Gang, name: str, timeout_s: float) -> dict[str, Any]:
+    """Every rank but the last waits in an all-reduce that the last joins ``HUNG_LATE_S`` past ``timeout_s``.
+
+    Rank 0 polls its handle with ``is_completed()`` until it ends, then waits for it; the other
+    waiting ranks wait for it, then poll it. Both then wait again. Returns what each saw (the
+    messages, the seconds from the post to the end of the first wait), and for a gang other than
+    the reference the outcome of a next call on the broken gang; then closes the gangs.
+    """
+    gangs = [pg] if name == "reference" else _hung_gangs(pg, name, timedelta(seconds=timeout_s))
+    g = gangs[-1]
+    g.all_reduce(torch.ones(2), ReduceOperation.SUM)  # everyone is up, and the program compiled
+    out: dict[str, Any] = {}
+    if g.rank == g.size - 1:
+        time.sleep(timeout_s + HUNG_LATE_S)
+        out["late"] = _outcome(lambda: g.all_reduce(torch.ones(2), ReduceOperation.SUM))
+    else:
+        start = time.monotonic()
+        work = g.all_reduce(torch.ones(2), ReduceOperation.SUM, async_op=True)
+        if g.rank == 0:
+            while not work.is_completed() and time.monotonic() - start < timeout_s + 120:
+                time.sleep(0.05)
+            out["completed"] = work.is_completed()
+            out["first"] = _outcome(work.wait)
+        else:
+            out["first"] = _outcome(work.wait)
+            out["completed"] = work.is_completed()
+        out["elapsed"] = time.monotonic() - start
+        out["again"] = _outcome(work.wait)
+        if g is not pg:
+            out["next"] = _outcome(lambda: g.all_reduce(torch.ones(2), ReduceOperation.SUM))
+    for gang in reversed(gangs):
+        if gang is not pg:
+            gang.close()
+    return out
+
+
+def run_unmatched_recv(pg: Gang, name: str, timeout_s: float) -> dict[str, Any]:
+    """Rank 0 waits on a receive from rank 1 that rank 1 makes no send for until ``HUNG_LATE_S`` past the timeout.
+
+    Returns rank 0's outcome and the seconds it took; rank 1 then sends (so that nothing stays
+    stuck) and reports what that gave. The gangs are closed.
+    """
+    gangs = [pg] if name == "reference" else _hung_gangs(pg, name, timedelta(seconds=timeout_s))
+    g = gangs[-1]
+    g.all_reduce(torch.ones(2), ReduceOperation.SUM)  # everyone is up
+    out: dict[str, Any] = {}
+    if g.rank == 0:
+        start = time.monotonic()
+        work = g.recv(torch.empty(3), 1, async_op=True)
+        out["recv"] = _outcome(work.wait)
+        out["elapsed"] = time.monotonic() - start
+    elif g.rank == 1:
+        time.sleep(timeout_s + HUNG_LATE_S)
+        out["late send"] = _outcome(lambda: g.send(torch.ones(3), 0))
+    for gang in reversed(gangs):
+        if gang is not pg:
+            gang.close()
+    return out
+
+
+def _hung_gangs(pg: Gang, name: str, timeout: timedelta) -> list[Gang]:
+    make = GANGS[name].hung
+    assert make is not None, name
+    return make(pg, timeout)
+
+
+def _child_processes() -> list[int]:
+    """The process ids whose parent is this process (Linux ``/proc``)."""
+    me, children = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == me:
+                children.append(int(entry))
+    return children
+
+
+def leftovers(_: Gang, within_s: float = 60.0) -> list[str]:
+    """What of the gangs still runs in this process (a JAX lane's thread, a child process), waiting ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = [f"thread {t.name}" for t in threading.enumerate() if t.name.startswith("gang-jax") and t.is_alive()]
+        left += [f"process {pid}" for pid in _child_processes()]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
 
 
 def sent_by(rank: int, kind: str) -> Tensor:

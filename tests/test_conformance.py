@@ -197,6 +197,8 @@ def test_traffic(world: World, name: str, kind: str) -> None:
     results = world.run(cw.run_traffic, name, kind)
     if kind in cw.TRAFFIC_KINDS and not cw.GANGS[name].traffic:
         methods = {"ring": ["send_recv"], "pairs": ["send", "recv"], "exchange_rows": ["exchange_rows"]}
+        methods |= {"async_ring_forward": ["send"], "async_sends_first": ["send"]}
+        methods |= {"async_ring_backward": ["recv"], "async_recvs_first": ["recv"]}
         for rank, r in enumerate(results):
             method = methods.get(kind, ["all_to_all_uneven"])[rank % 2 if kind == "pairs" else 0]
             assert str(r["tested"]).startswith(f"NotSupportedError: `{method}`"), r["tested"]
@@ -213,6 +215,59 @@ def test_traffic(world: World, name: str, kind: str) -> None:
         for dtype, reference, tested in zip(cw.TRAFFIC_DTYPES, r["reference"], r["tested"], strict=True):
             _assert_same([{"reference": reference, "tested": tested}])
             assert (reference if isinstance(reference, list) else [reference])[0].dtype == dtype
+
+
+@pytest.mark.parametrize("name", [n for n in _entries("subgangs") if cw.GANGS[n].traffic])
+def test_async_p2p_in_a_subgang(world: World, name: str) -> None:
+    # Separate send and recv handles in every posting order of the table, inside a sub-gang.
+    for r in world.run(cw.run_async_p2p_in_subgang, name):
+        assert (r["reference"] is None) == (r["tested"] is None)
+        for reference, tested in zip(r["reference"] or [], r["tested"] or [], strict=True):
+            _assert_same([{"reference": reference, "tested": tested}])
+
+
+def test_functional_after_async(world: World, name: str) -> None:
+    # A blocking call (gang_jax.functional on an in-process JaxGang) after an async handle runs after
+    # it: both results equal the reference's (they were silently wrong when functional skipped the queue).
+    _assert_same(world.run(cw.run_functional_after_async, name))
+
+
+HUNG_TIMEOUT_S = 10.0
+"""The gangs' timeout in the hung-peer case."""
+HUNG_MARGIN_S = 15.0
+"""How long past the timeout a waiting rank may take to get its GangError (the machine is loaded)."""
+
+
+@pytest.mark.parametrize("name", ["reference", *(n for n, kind in cw.GANGS.items() if kind.hung)])
+def test_hung_peer(name: str) -> None:
+    # A peer alive but late past the timeout: every rank that waits gets a GangError naming the
+    # operation and the gang within the timeout plus a margin, from the handle's wait() or after
+    # is_completed() turned true, and again at every later wait(); a JAX gang is then broken (its next
+    # call raises); nothing of the gangs runs on once the late peer came (threads, child processes).
+    with World(3, gang_timeout=HUNG_TIMEOUT_S, env={"OMP_NUM_THREADS": "1"}) as world:
+        results = world.run(cw.run_hung_peer, name, HUNG_TIMEOUT_S, timeout=EVERY_DTYPE_TIMEOUT)
+        left = world.run(cw.leftovers)
+    for rank, r in enumerate(results[:-1]):
+        assert (
+            r["first"].startswith("GangError: `all_reduce` failed on ")
+            and f"rank {rank} of a gang of size 3" in (r["first"])
+        ), (rank, r)
+        assert r["elapsed"] < HUNG_TIMEOUT_S + HUNG_MARGIN_S, (rank, r)
+        assert r["completed"], (rank, r)
+        assert r["again"] == r["first"], (rank, r)
+        if name != "reference":
+            assert r["next"].startswith("GangError: `all_reduce` failed on "), (rank, r)
+    assert left == [[], [], []], left
+
+
+@pytest.mark.parametrize("name", ["reference", "jax", "jax-isolated"])
+def test_receive_nobody_sends(name: str) -> None:
+    # A pattern that can never complete (a receive whose sender makes no send) is a GangError on the
+    # rank that waits, within the timeout plus a margin, never a hang.
+    with World(2, gang_timeout=HUNG_TIMEOUT_S, env={"OMP_NUM_THREADS": "1"}) as world:
+        first = world.run(cw.run_unmatched_recv, name, HUNG_TIMEOUT_S, timeout=EVERY_DTYPE_TIMEOUT)[0]
+    assert first["recv"].startswith("GangError: `recv` failed on rank 0 of a gang of size 2"), first
+    assert first["elapsed"] < HUNG_TIMEOUT_S + HUNG_MARGIN_S, first
 
 
 def test_traffic_results_are_not_trivial(world: World) -> None:

@@ -29,6 +29,10 @@ import pytest
 from gang.testing import free_port
 
 WORKER = Path(__file__).parent / "jax_dead_peer.py"
+HUNG_WORKER = Path(__file__).parent / "jax_hung_peer.py"
+HUNG_TIMEOUT_S = 5.0  # the gang's timeout in the hung-peer scenario
+HUNG_LATE_S = 15.0  # how late its last rank is (past the timeout, short of JAX's five-minute shutdown wait)
+HUNG_MARGIN_S = 15.0  # how long past the timeout a waiting rank may take to fail (the machine is loaded)
 TIMEOUT_S = 3  # the gang's timeout, hence JAX's heartbeat timeout
 START_TIMEOUT_S = 600  # starting 4 ranks and their JAX children took over 4 minutes under heavy load
 ISOLATED_TIMEOUT_S = 20  # also bounds the rendezvous of the children, which start slowly on a loaded machine
@@ -139,3 +143,36 @@ def test_isolated_survivors_get_gang_error_and_go_on(size: int, how: str) -> Non
     # No JAX child outlives its rank (the victim's died with it, the survivors' were reaped).
     time.sleep(0.5)
     assert _isolated_children({p.pid for p in procs}) == []
+
+
+@pytest.mark.parametrize(("size", "when"), [(2, "warm"), (3, "first")])
+def test_in_process_hung_peer_is_a_gang_error_and_every_rank_exits_normally(size: int, when: str) -> None:
+    # An in-process gang: a rank alive but late past the timeout (on the gang's first call too) gives
+    # every waiting rank a GangError within the timeout plus a margin; the gang is broken (the next
+    # call fails too); every process, the late one included, closes its gang and exits 0: no SIGABRT
+    # from JAX's coordination service at shutdown, no stuck XLA thread keeping a process alive.
+    port = free_port("127.0.0.1")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    args = [str(HUNG_TIMEOUT_S), str(HUNG_LATE_S), when]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HUNG_WORKER), str(rank), str(size), str(port), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in range(size)
+    ]
+    outputs = _finish(procs)
+    for rank, (code, out, err) in enumerate(outputs):
+        where = f"rank {rank}: exit {code}\nstdout:\n{out[-3000:]}\nstderr (tail):\n{err[-3000:]}"
+        assert code == 0 and "EXIT" in out, where
+        if rank == size - 1:
+            assert "LATE: " in out, where
+            continue
+        assert f"GANGERROR: `all_reduce` failed on rank {rank} of a gang of size {size}" in out, where
+        assert "did not complete within the gang's timeout of 5 s" in out, where
+        after = float(out.split("AFTER ")[1].split()[0])
+        assert after < HUNG_TIMEOUT_S + HUNG_MARGIN_S, where
+        assert f"NEXT: `barrier` failed on rank {rank} of a gang of size {size}: the gang is broken" in out, where

@@ -114,6 +114,21 @@ def functional_errors() -> list[str]:
     return errors
 
 
+def functional_in_debug_mode() -> dict[str, Any]:
+    """A debug-mode gang on the running runtime: a matching functional call runs, mismatched shapes are refused."""
+    g = JaxGang.create_default(debug=True)  # wraps the running runtime (closing it leaves the runtime up)
+    try:
+        same = functional.all_reduce(g, jnp.ones(2), ReduceOperation.SUM)
+        try:
+            functional.all_reduce(g, jnp.ones(2 + g.rank), ReduceOperation.SUM)
+            mismatch = "no error"
+        except GangError as ex:
+            mismatch = str(ex)
+    finally:
+        g.close()
+    return {"same": np.asarray(same), "mismatch": mismatch}
+
+
 def checks_before_communication() -> list[str]:
     """Bad arguments raise the core's errors on every rank, before anything is sent."""
     g = gang()

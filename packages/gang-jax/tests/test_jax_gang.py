@@ -80,6 +80,17 @@ def test_functional_errors(world: World) -> None:
         assert errors[4].startswith("TypeError: `gang` must be a `JaxGang`")
 
 
+def test_functional_is_checked_by_debug_mode(world: World) -> None:
+    # gang_jax.functional goes through the gang's queue and debug mode like the torch-tensor methods.
+    for r in world.run(jw.functional_in_debug_mode):
+        np.testing.assert_array_equal(r["same"], [3.0, 3.0])
+        assert r["mismatch"].startswith("Debug mode: the ranks of a gang of size 3 made different calls"), r
+        assert (
+            "rank 0: functional.all_reduce(float32[2], op=SUM); rank 1: functional.all_reduce(float32[3]"
+            in (r["mismatch"])
+        )
+
+
 def test_argument_checks_precede_communication(world: World) -> None:
     for errors in world.run(jw.checks_before_communication):
         assert len(errors) == 3

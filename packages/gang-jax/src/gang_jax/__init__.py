@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from gang_jax.gang import DEFAULT_COORDINATION_TIMEOUT, JaxGang
+from gang_jax._engine import DEFAULT_COORDINATION_TIMEOUT
+from gang_jax.gang import JaxGang
 from gang_jax.mesh import from_jax_mesh, to_jax_mesh
 
 try:

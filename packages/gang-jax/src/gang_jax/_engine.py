@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
-from enum import Enum
+from enum import Enum, unique
 from typing import Any
 
 import jax
@@ -39,11 +39,30 @@ from gang.env import get_launcher
 from gang_jax import _collectives as kernels
 from gang_jax._collectives import Communicator, HostCall, Kernel
 from gang_jax._convert import as_raw_bits, to_numpy
+from gang_jax._lane import restart_clock
 from gang_jax._rendezvous import Rendezvous
+
+DEFAULT_COORDINATION_TIMEOUT = timedelta(minutes=5)
+"""The timeout of JAX's coordination service when :meth:`JaxGang.create_default` is given none: how
+long it waits for every process to join, and the heartbeat age after which it ends the job. It is
+also the least time JAX's shutdown waits for the other processes to shut down too."""
+
+_runtime_timeout: timedelta | None = None
+
+
+def runtime_timeout() -> timedelta:
+    """The timeout this process's JAX runtime was started with (:data:`DEFAULT_COORDINATION_TIMEOUT` if not by us)."""
+    return _runtime_timeout or DEFAULT_COORDINATION_TIMEOUT
 
 
 def start_runtime(where: Rendezvous, timeout: timedelta) -> None:
-    """Initialise ``jax.distributed`` in this process; ``timeout`` bounds the join, the heartbeat and the shutdown."""
+    """Initialise ``jax.distributed`` in this process; ``timeout`` bounds the join and the heartbeat.
+
+    JAX's shutdown waits for every process to shut down too, at least
+    :data:`DEFAULT_COORDINATION_TIMEOUT` (a process that merely runs late, such as one whose peer
+    gave up on a collective, is not ended by JAX for it).
+    """
+    global _runtime_timeout
     seconds = max(1, math.ceil(timeout.total_seconds()))
     jax.distributed.initialize(
         where.coordinator_address,
@@ -51,10 +70,11 @@ def start_runtime(where: Rendezvous, timeout: timedelta) -> None:
         where.process_id,
         initialization_timeout=seconds,
         heartbeat_timeout_seconds=seconds,
-        shutdown_timeout_seconds=seconds,
+        shutdown_timeout_seconds=max(seconds, math.ceil(DEFAULT_COORDINATION_TIMEOUT.total_seconds())),
         coordinator_bind_address=_bind_address(where.coordinator_address, where.num_processes),
     )
     _use_gloo_interface(where.coordinator_address, where.num_processes)
+    _runtime_timeout = timeout
 
 
 def _several_hosts(num_processes: int | None) -> bool:
@@ -156,6 +176,10 @@ class Engine(ABC):
     def close(self) -> None:
         """Release what the engine holds (idempotent)."""
 
+    @abstractmethod
+    def abort(self, reason: str) -> None:
+        """Give up on an operation that overran its timeout, for ``reason`` (an isolated engine ends its child)."""
+
 
 _Local = Callable[["LocalEngine", Sequence[Tensor], Sequence[Tensor], _Args], None]
 
@@ -242,11 +266,13 @@ def _all_to_all_uneven(engine: LocalEngine, outputs: Sequence[Tensor], inputs: S
     torch.cat([received[i, :n] for i, n in enumerate(output_splits)], out=output)
 
 
+@unique
 class Op(Enum):
     """The operations the engines run, each with its :class:`Spec`: the one table of the JAX engines.
 
     An isolated engine sends the member's name to the child, whose :class:`LocalEngine` runs the
-    same entry, so adding an operation is one entry here (and the gang method that calls it).
+    same entry, so adding an operation is one entry here (and the gang method that calls it), plus
+    its kernel in :mod:`gang_jax._collectives` when it needs a new compiled program.
     """
 
     BARRIER = Spec(local=_barrier)
@@ -263,11 +289,16 @@ class LocalEngine(Engine):
     """Runs the operations of :class:`Op` on this process's JAX runtime.
 
     Each (operation, dtype, shape, arguments) of a kernel gets a
-    :class:`~gang_jax._collectives.HostCall` on first use: the input is copied into a device
-    buffer that the call keeps (inputs under 2 MiB) or aliased by JAX (larger ones), and the result is
-    copied from JAX's output buffer straight into the caller's tensor, the one copy a collective
-    on host tensors must make. 64-bit arithmetic runs inside a scoped ``jax.enable_x64``
-    (entering it costs tens of microseconds, so nothing else does); data movement sends 8-byte
+    :class:`~gang_jax._collectives.HostCall` on first use, and the result is copied from JAX's
+    output buffer straight into the caller's tensor, the one copy a collective on host tensors
+    must make. How the input gets in depends on the call: inputs up to
+    :data:`~gang_jax._collectives.STAGED_BYTES` (16 MiB) are staged, copied into a device buffer
+    that the call keeps (under :data:`~gang_jax._collectives.ALIAS_BYTES`, 2 MiB) or, from 2 MiB,
+    aliased by JAX through DLPack; larger inputs are handed to JAX as a NumPy array (which JAX
+    aliases on the CPU). The first call of each (the one that compiles) and every 64-bit
+    arithmetic call (``float64``, ``int64``, ``complex128`` reductions) copy a staged input in,
+    whatever its size, never alias it: 64-bit arithmetic runs inside a scoped ``jax.enable_x64``
+    (entering it costs tens of microseconds, so nothing else does). Data movement sends 8-byte
     items as two 32-bit words.
 
     :param comm: The compiled collectives of the gang.
@@ -340,6 +371,7 @@ class LocalEngine(Engine):
         with jax.enable_x64(True) if wide else nullcontext():
             if call is None:
                 call = self._calls[key] = self._prepare(comm, kernel, source, target, args, copy_in)
+                restart_clock()  # compiling is not waiting for the peers
 
             def array() -> np.ndarray[Any, Any]:
                 x = to_numpy(source)
@@ -427,6 +459,9 @@ class LocalEngine(Engine):
     def num_compiled(self) -> int:
         """The compiled programs of this gang (its point-to-point programs included)."""
         return self.comm.cache_size + sum(pair.cache_size for pair in self._pairs.values())
+
+    def abort(self, reason: str) -> None:
+        """Nothing: JAX cannot cancel a program in this process (it ends when its peers meet it or XLA gives up)."""
 
     def close(self) -> None:
         """Drop the compiled programs and staging buffers."""

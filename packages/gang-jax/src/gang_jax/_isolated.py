@@ -41,6 +41,9 @@ from gang_jax._rendezvous import Rendezvous
 _ALIGN = 64
 _MIN_SEGMENT = 1 << 20
 _START_GRACE_S = 120.0  # on top of the timeout: starting Python, importing torch and JAX in the child
+ISOLATED_GRACE_S = 5.0
+"""How long past the timeout the gang's lane waits for an isolated call before ending the child itself
+(the parent's own wait for the child's answer, bounded by the timeout, normally ends it first)."""
 _CHILD_COMMAND = "import sys; from gang_jax._server import child_main; child_main(int(sys.argv[1]), int(sys.argv[2]))"
 
 
@@ -255,6 +258,10 @@ class IsolatedEngine(Engine):
     def child_pid(self) -> int:
         """The process id of the child that runs JAX."""
         return self._child.pid
+
+    def abort(self, reason: str) -> None:
+        """End the child (shared by the root and its sub-gangs): an operation overran its timeout."""
+        self._child.stop(reason)
 
     def close(self) -> None:
         """Close this gang in the child; the root's engine also ends the child."""

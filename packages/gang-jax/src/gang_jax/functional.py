@@ -1,7 +1,9 @@
 """JAX-native collectives on a :class:`~gang_jax.JaxGang`: ``jax.Array`` in, ``jax.Array`` out.
 
 Each process passes its own (process-local) array and gets back its own result, on the JAX
-device it contributes to the gang (:attr:`JaxGang.jax_device`). The semantics and reductions
+device it contributes to the gang (:attr:`JaxGang.jax_device`). The calls run in the gang's one
+queue, after its operations in flight (those started with ``async_op=True`` included), honour
+its timeout and are checked by debug mode, as the gang's own methods are. The semantics and reductions
 are those of the matching :class:`gang.Gang` methods; 64-bit inputs keep their dtype even
 when ``jax_enable_x64`` is off (JAX then only refuses to *create* 64-bit arrays).
 
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gang import Gang, NotSupportedError, ReduceOperation
-from gang.extend import check_op, check_open, check_rank, guard
+from gang.extend import check_op, check_open, check_rank
 from gang_jax._collectives import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, REDUCE_SCATTER
 from gang_jax.gang import JaxGang
 
@@ -54,9 +56,15 @@ def _check_op(op: object, x: jax.Array) -> ReduceOperation:
     return check_op("op", op, np.dtype(x.dtype).name, of="`x`")
 
 
-def _run(gang: JaxGang, operation: str, fn: Any, *args: Any) -> jax.Array:
-    with guard(operation, gang):
-        block: jax.Array = fn(*args)
+def _run(gang: JaxGang, operation: str, x: jax.Array, fn: Any, *args: Any, detail: str = "") -> jax.Array:
+    """Run ``fn(*args)`` in the gang's queue, after its operations in flight (debug mode checks the call first)."""
+    call = f"functional.{operation}({np.dtype(x.dtype).name}{list(x.shape)}{detail})"
+
+    def run() -> jax.Array:
+        out: jax.Array = fn(*args)
+        return out.block_until_ready()  # done on the queue, so that the gang's timeout bounds it
+
+    block = gang._run_jax(operation, call, run)
     return block[0]
 
 
@@ -95,7 +103,7 @@ def all_reduce(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
     """
     g = _check(gang, x, "all_reduce")
     checked = _check_op(op, x)
-    return _run(g, "all_reduce", g.communicator.call, ALL_REDUCE, x, (checked,))
+    return _run(g, "all_reduce", x, g.communicator.call, ALL_REDUCE, x, (checked,), detail=f", op={checked.name}")
 
 
 def all_gather(gang: Gang, x: jax.Array) -> jax.Array:
@@ -108,7 +116,7 @@ def all_gather(gang: Gang, x: jax.Array) -> jax.Array:
     :raises GangError: If the collective fails.
     """
     g = _check(gang, x, "all_gather")
-    return _run(g, "all_gather", g.communicator.call, ALL_GATHER, x)
+    return _run(g, "all_gather", x, g.communicator.call, ALL_GATHER, x)
 
 
 def reduce_scatter(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
@@ -125,7 +133,8 @@ def reduce_scatter(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
     g = _check(gang, x, "reduce_scatter")
     _check_rows(g, x)
     checked = _check_op(op, x)
-    return _run(g, "reduce_scatter", g.communicator.call, REDUCE_SCATTER, x, (checked,))
+    detail = f", op={checked.name}"
+    return _run(g, "reduce_scatter", x, g.communicator.call, REDUCE_SCATTER, x, (checked,), detail=detail)
 
 
 def all_to_all(gang: Gang, x: jax.Array) -> jax.Array:
@@ -140,7 +149,7 @@ def all_to_all(gang: Gang, x: jax.Array) -> jax.Array:
     """
     g = _check(gang, x, "all_to_all")
     _check_rows(g, x)
-    return _run(g, "all_to_all", g.communicator.call, ALL_TO_ALL, x)
+    return _run(g, "all_to_all", x, g.communicator.call, ALL_TO_ALL, x)
 
 
 def broadcast(gang: Gang, x: jax.Array, source_rank: int = 0) -> jax.Array:
@@ -161,4 +170,4 @@ def broadcast(gang: Gang, x: jax.Array, source_rank: int = 0) -> jax.Array:
         bits = g.communicator.call(BROADCAST, _to_bits(x), (source_rank,))
         return _from_bits(bits, np.dtype(x.dtype))
 
-    return _run(g, "broadcast", run)
+    return _run(g, "broadcast", x, run, detail=f", source_rank={source_rank}")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
-from typing import Any, final
+from typing import Any, TypeVar, final
 
 import jax
 import torch
@@ -13,18 +14,24 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import override
 
-from gang import Gang, InvalidOperationError, NotSupportedError, ReduceOperation, Work
+from gang import Gang, GangError, InvalidOperationError, NotSupportedError, ReduceOperation, Work
 from gang.errors import BACKEND_ERRORS
-from gang.extend import check_int, check_rank, check_timeout, claim_rank, guard, operation_error
+from gang.extend import check_int, check_open, check_rank, check_timeout, claim_rank, guard
 from gang_jax._collectives import Communicator
-from gang_jax._engine import Engine, LocalEngine, Op, start_runtime, stop_runtime
-from gang_jax._isolated import IsolatedEngine
-from gang_jax._lane import Lane
+from gang_jax._engine import (
+    DEFAULT_COORDINATION_TIMEOUT,
+    Engine,
+    LocalEngine,
+    Op,
+    runtime_timeout,
+    start_runtime,
+    stop_runtime,
+)
+from gang_jax._isolated import ISOLATED_GRACE_S, IsolatedEngine
+from gang_jax._lane import Lane, local_lane
 from gang_jax._rendezvous import Rendezvous, resolve
 
-DEFAULT_COORDINATION_TIMEOUT = timedelta(minutes=5)
-"""The timeout of JAX's coordination service when :meth:`JaxGang.create_default` is given none: how
-long it waits for every process to join, and the heartbeat age after which it ends the job."""
+T = TypeVar("T")
 
 
 def _rank_and_size(where: Rendezvous) -> tuple[int | None, int | None]:
@@ -44,21 +51,35 @@ class JaxGang(Gang):
 
     :param engine: What runs the collectives: JAX in this process, or in an isolated child
         process (see :meth:`create_default`).
-    :param owns_runtime: Whether closing this gang shuts ``jax.distributed`` down.
+    :param owns_runtime: Whether closing this gang shuts ``jax.distributed`` down (and ends the lane).
     :param debug: Whether every collective first checks that all ranks make the same call
         (``None``: on when the environment variable ``GANG_DEBUG`` says so). Sub-gangs inherit it.
-    :param lane: The order the gang's operations run in, shared with the gang it was split from
-        (``None``: a new one, for a root gang).
+    :param lane: The queue the gang's operations run in, shared with the gang it was split from
+        (``None``: the lane of this process's JAX runtime, or for an isolated engine a new one).
+    :param timeout: How long an operation may wait for its peers before the gang breaks (see
+        :meth:`create_default`; ``None``: the timeout the JAX runtime was started with, or 5 minutes).
     """
 
     def __init__(
-        self, engine: Engine, *, owns_runtime: bool = False, debug: bool | None = None, lane: Lane | None = None
+        self,
+        engine: Engine,
+        *,
+        owns_runtime: bool = False,
+        debug: bool | None = None,
+        lane: Lane | None = None,
+        timeout: timedelta | None = None,
     ) -> None:
         super().__init__(rank=engine.rank, size=engine.size, device=torch.device("cpu"), debug=debug)
         self._engine = engine
         self._owns_runtime = owns_runtime
-        self._owns_lane = lane is None
-        self._lane = Lane() if lane is None else lane
+        self._timeout_s = (runtime_timeout() if timeout is None else timeout).total_seconds()
+        if lane is None:
+            if isinstance(engine, LocalEngine):
+                lane = local_lane()
+            else:
+                # The child's own wait ends a call first, with its own message; the lane is the backstop.
+                lane = Lane(grace_s=ISOLATED_GRACE_S, on_break=engine.abort)
+        self._lane = lane
         claim_rank(engine.members[engine.rank])
 
     @classmethod
@@ -99,9 +120,13 @@ class JaxGang(Gang):
             process* (``SIGABRT``, exit status 134, "Terminating process because the JAX
             distributed service detected fatal errors ... Task N heartbeat timeout" on stderr).
             Survivors whose collective talks to the dead process directly get a
-            :class:`~gang.GangError` first. See "JAX gangs" in the failures guide. With
-            ``isolated=True`` it is also the longest a collective waits (the children's own runtime
-            gets 2 minutes more, for their start-up).
+            :class:`~gang.GangError` first. See "JAX gangs" in the failures guide. It is also the
+            longest any call of the gang (and ``wait()`` on its handles) waits for its peers, the
+            first call included (compiling does not count): then every rank that waits gets a
+            :class:`~gang.GangError` and the gang is broken (see "Timeouts, in-process too" in the
+            JAX guide). With ``isolated=True`` the children's own runtime gets 2 minutes more to
+            join, for their start-up. JAX's shutdown waits at least 5 minutes for the other
+            processes, whatever ``timeout`` says.
         :param debug: Turn debug mode on or off for this gang and its sub-gangs (``None``: from
             ``GANG_DEBUG``); see :attr:`gang.Gang.debug`.
         :param isolated: Run JAX in a child process that this process starts and talks to
@@ -133,7 +158,7 @@ class JaxGang(Gang):
             where = resolve(coordinator_address, num_processes, process_id, timeout)
             with guard("create_default", _rank_and_size(where), f"coordinator {where.coordinator_address}, isolated"):
                 engine = IsolatedEngine.start(where, timeout)
-            return cls(engine, owns_runtime=True, debug=debug)
+            return cls(engine, owns_runtime=True, debug=debug, timeout=timeout)
         if jax.distributed.is_initialized():
             if (coordinator_address, num_processes, process_id) != (None, None, None):
                 raise InvalidOperationError(
@@ -167,6 +192,9 @@ class JaxGang(Gang):
     def communicator(self) -> Communicator:
         """The compiled collectives of this gang on ``jax.Array`` blocks (what :mod:`gang_jax.functional` runs).
 
+        :mod:`gang_jax.functional` runs them in the gang's queue, under its timeout and debug mode;
+        calling them directly does neither (a call may then overtake an operation in flight).
+
         :raises NotSupportedError: If the gang is isolated (JAX does not run in this process).
         """
         if not isinstance(self._engine, LocalEngine):
@@ -189,7 +217,7 @@ class JaxGang(Gang):
 
         JAX's own count of compiled programs: it stays flat in a loop that repeats the same calls.
         """
-        return self._lane.run(lambda: self._engine.num_compiled)
+        return self._lane.call("num_compiled", self, lambda: self._engine.num_compiled, self._timeout_s)
 
     # -- implementation ---------------------------------------------------------------------------
 
@@ -199,8 +227,8 @@ class JaxGang(Gang):
         for group in groups:
             if self.rank in group:
                 with guard("split", self):
-                    engine = self._lane.run(partial(self._engine.split, group))
-                return JaxGang(engine, lane=self._lane)
+                    engine = self._lane.call("split", self, partial(self._engine.split, group), self._timeout_s)
+                return JaxGang(engine, lane=self._lane, timeout=timedelta(seconds=self._timeout_s))
         return None
 
     @override
@@ -224,15 +252,9 @@ class JaxGang(Gang):
         """Run the engine's ``op`` (every operation goes through here) in the lane's order.
 
         A failure is reported as a ``GangError`` naming ``operation`` (default: the op's name), from
-        this call or, with ``async_op``, from the handle's ``wait()``.
+        this call or, with ``async_op``, from the handle's ``wait()``; so is an operation whose
+        peers do not meet it within the gang's timeout (see :mod:`gang_jax._lane`).
         """
-        if not async_op and self._lane.idle():
-            # The path of a blocking call with nothing in flight: straight to the engine, in this thread.
-            try:
-                self._engine.run(op, outputs, inputs, args)
-            except BACKEND_ERRORS as ex:
-                raise operation_error(operation or op.name.lower(), self, ex) from ex
-            return None
         name = operation or op.name.lower()
 
         def call() -> None:
@@ -240,9 +262,34 @@ class JaxGang(Gang):
                 self._engine.run(op, outputs, inputs, args)
 
         if async_op:
-            return self._lane.start(name, call)
-        self._lane.run(call)
+            return self._lane.start(name, self, call, self._timeout_s)
+        self._lane.call(name, self, call, self._timeout_s)
         return None
+
+    def _run_jax(self, operation: str, call: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (a JAX program of :mod:`gang_jax.functional`) in the lane's order, checked by debug mode.
+
+        :param operation: The name of the operation, for error messages.
+        :param call: The call as debug mode compares it across ranks.
+        """
+        check_open(self, operation)
+        self._lane.check(operation, self)
+        if self.debug:
+            self._verify_same_call(call)
+
+        def run() -> T:
+            with guard(operation, self):
+                return fn()
+
+        return self._lane.call(operation, self, run, self._timeout_s)
+
+    def _run_group(self, sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], operation: str) -> None:
+        """Run one group of point-to-point transfers (see :meth:`_send_recv`) on the lane's worker thread."""
+        # One two-process `ppermute` program per peer, run in the same global order on every rank.
+        sent, dests = [t for t, _ in sends], tuple([p for _, p in sends])
+        received, sources = [t for t, _ in recvs], tuple([p for _, p in recvs])
+        with guard(operation, self):
+            self._engine.run(Op.SEND_RECV, received, sent, (dests, sources))
 
     @override
     def _barrier(self) -> None:
@@ -281,10 +328,20 @@ class JaxGang(Gang):
     def _send_recv(
         self, sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]], async_op: bool, operation: str
     ) -> Work | None:
-        # One two-process `ppermute` program per peer, run in the same global order on every rank.
-        sent, dests = [t for t, _ in sends], tuple([p for _, p in sends])
-        received, sources = [t for t, _ in recvs], tuple([p for _, p in recvs])
-        return self._run(Op.SEND_RECV, received, sent, (dests, sources), async_op=async_op, operation=operation)
+        # Transfers wait in the gang's group until one of them is waited for, a blocking one is made or
+        # another operation is posted; the group then runs as one `send_recv` (see `gang_jax._lane`).
+        if operation == "debug mode":  # debug mode's own exchange: on its own, after what is pending
+            return self._run(
+                Op.SEND_RECV,
+                [t for t, _ in recvs],
+                [t for t, _ in sends],
+                (tuple([p for _, p in sends]), tuple([p for _, p in recvs])),
+                operation=operation,
+            )
+        key = id(self._engine)
+        return self._lane.post_p2p(
+            key, self, self._run_group, sends, recvs, operation, self._timeout_s, async_op=async_op
+        )
 
     @override
     def _all_to_all_uneven(
@@ -296,9 +353,31 @@ class JaxGang(Gang):
 
     @override
     def _close(self) -> None:
-        if self._owns_lane:
-            self._lane.close()
-        with guard("close", self):
-            self._lane.run(self._engine.close)
-            if self._owns_runtime and not self.isolated and jax.distributed.is_initialized():
-                stop_runtime()  # so that `create_default` works after this
+        lane = self._lane
+        if lane.closed:  # the root was closed first: nothing runs on the lane any more
+            with contextlib.suppress(*BACKEND_ERRORS):
+                self._engine.close()
+            return
+        if lane.broken is None:
+            # After every operation in flight (an overrun breaks the lane: then as below).
+            with contextlib.suppress(GangError):
+                lane.call("close", self, self._engine.close, self._timeout_s)
+        if lane.broken is not None:
+            # A program that overran its timeout may still be on the lane's thread: nothing more runs
+            # there. The engine drops what it holds (an isolated one ends its child).
+            with contextlib.suppress(*BACKEND_ERRORS):
+                self._engine.abort(lane.broken)
+                self._engine.close()
+        if not self._owns_runtime:
+            return
+        stop = stop_runtime if not self.isolated and jax.distributed.is_initialized() else None
+        if lane.running:
+            # A program that overran its timeout is still in the runtime: shutting it down under the
+            # program could crash the process. The lane's thread shuts it down once the program ends
+            # (its peers met it late); if it never does, the runtime is left to the process's exit.
+            lane.close(then=stop)
+            return
+        lane.close()
+        if stop is not None:
+            with guard("close", self):
+                stop()  # so that `create_default` works after this

@@ -120,10 +120,11 @@ def from_jax_mesh(mesh: Mesh, *, names: Mapping[str, str] | None = None) -> Gang
     ``sdp``, ``cp``, ``tp``, ``pp``, ``ep`` and ``edp`` play themselves, the names other libraries
     use are understood (torchtitan's ``dp_replicate``, ``dp_shard``, ``efsdp``, ``batch`` and its
     flattened names, which count as their data parallel role with context parallel folded in;
-    :data:`gang_mesh.ALIASES`), and ``names`` maps any other axis name to a role. Each gang's
-    members are the processes of the mesh's devices along its axes through this process's device,
-    ranked in the mesh's order (``root`` spans the whole mesh in the grid's order: ``pp``, then
-    data parallel, ``cp`` and ``tp``; ``dp`` of ``rdp`` and ``sdp`` axes has ``rdp`` slowest).
+    :data:`gang.roles.ALIASES`, the table :func:`gang_mesh.from_device_mesh` reads too), and
+    ``names`` maps any other axis name to a role. Each gang's members are the processes of the
+    mesh's devices along its axes through this process's device, ranked in the mesh's order
+    (``root`` spans the whole mesh in the grid's order: ``pp``, then data parallel, ``cp`` and
+    ``tp``; ``dp`` of ``rdp`` and ``sdp`` axes has ``rdp`` slowest).
     Roles the mesh lacks and axes of size 1 are size-1 :class:`~gang.FakeGang` gangs, as the
     factories make them.
 
@@ -165,5 +166,6 @@ def from_jax_mesh(mesh: Mesh, *, names: Mapping[str, str] | None = None) -> Gang
     layout, order = mesh_layout(roles, devices.shape, axis_names)
     ordered: list[jax.Device] = np.transpose(devices, order).reshape(-1).tolist()
     members = tuple(int(device.process_index) for device in ordered)
+    # On this process's JAX runtime: the gangs share its one queue and the timeout it was started with.
     root = JaxGang(LocalEngine(Communicator(ordered, members.index(me)), members))
     return gangs_of_layout(root, layout)
