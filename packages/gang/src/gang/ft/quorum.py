@@ -8,7 +8,9 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
   death signal listens on (:mod:`gang.ft.liveness`; ``-`` if none). Every ``join`` makes a new
   token; a process claims the key with ``compare_set`` and is refused while the owner heartbeats
   (a duplicate).
-- ``hb/<replica>/<rank>``: its heartbeat ``"<unix time> <step> <token>"`` (``"left <token>"``
+- ``hb/<replica>/<rank>``: its heartbeat ``"<unix time> <step> <token>"``, followed by
+  ``" <replica>,<replica>..."`` while it reports replicas it could not reach (:mod:`gang.ft.reach`)
+  (``"left <token>"``
   once it closed), written by a background thread that first checks it still owns the claim;
   ``"dead <token>"`` once the process watching it saw its death signal (a live process that was
   taken for dead writes its next heartbeat over it).
@@ -178,21 +180,33 @@ class StoreClient:
         try:
             return request(self._store)
         except BACKEND_ERRORS as first:
+            # A request that failed took at most `timeout`; the retries take at most `retry` more:
+            # each connection attempt and the request on it are bounded by what is left of it.
             deadline = time.monotonic() + self.retry
             pause = 0.05
             while True:
-                time.sleep(pause)
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 pause = min(pause * 2, 0.5)
+                left = max(0.05, deadline - time.monotonic())
                 try:
-                    self._store = self._connect(timedelta(seconds=min(1.0, self.timeout.total_seconds())))
-                    self._store.set_timeout(self.timeout)
+                    self._store = self._connect(timedelta(seconds=min(1.0, self.timeout.total_seconds(), left)))
                     self.generation += 1
                     if since is not None:
+                        self._store.set_timeout(self.timeout)
                         raise StoreRestartedError(f"the store was restarted since generation {since}")
-                    return request(self._store)
+                    self._store.set_timeout(timedelta(seconds=min(self.timeout.total_seconds(), left)))
+                    try:
+                        return request(self._store)
+                    finally:
+                        self._store.set_timeout(self.timeout)
                 except BACKEND_ERRORS as ex:
-                    if time.monotonic() > deadline:
+                    if time.monotonic() >= deadline:
                         raise StoreUnreachableError(f"{first}; retried for {self.retry:g} s: {ex}") from ex
+
+    def connection(self) -> TCPStore:
+        """A new connection to the store, of its own (a process group's rendezvous waits on it
+        while this client's requests go on)."""
+        return self._connect(self.timeout)
 
     def set(self, key: str, value: str) -> None:
         """Set ``key``."""
@@ -367,8 +381,10 @@ class QuorumClient:
                 return verdict
             time.sleep(0.02)
 
-    def beat(self, step: int) -> None:
+    def beat(self, step: int, unreachable: frozenset[str] = frozenset()) -> None:
         """Write this process's heartbeat, first checking that it still owns its identity.
+
+        :param unreachable: The replicas this process reports it could not reach (:mod:`gang.ft.reach`).
 
         A claim that is gone (the store was restarted) is claimed and registered again.
 
@@ -385,7 +401,10 @@ class QuorumClient:
                 f"{self.describe()} was taken over by a new incarnation at {who} after this process "
                 f"was silent for longer than `heartbeat_timeout` ({self.policy.heartbeat_timeout:g} s)"
             )
-        self.client.set(_key("hb", self.replica_id, self.replica_rank), f"{time.time():.6f} {step} {self.token}")
+        reports = f" {','.join(sorted(unreachable))}" if unreachable else ""
+        self.client.set(
+            _key("hb", self.replica_id, self.replica_rank), f"{time.time():.6f} {step} {self.token}{reports}"
+        )
 
     def address_of(self, process: Process, token: str) -> str | None:
         """Where the death signal of ``process``'s incarnation ``token`` listens, if it owns its claim."""
@@ -460,8 +479,8 @@ class QuorumClient:
                 quorum = _parse_result(result)
                 if self.replica_id in quorum.members:
                     return quorum
-                if self.replica_id in quorum.spares:
-                    start = now  # a spare: it waits on, from this round on
+                if self.replica_id in quorum.spares or self.replica_id in quorum.apart:
+                    start = now  # a spare, or apart (a link is broken): it waits on, from this round on
                 if self.policy.give_up(now - start, quorum):
                     raise QuorumTimeoutError(
                         f"{self.describe()} was left out of every quorum for {now - start:.3g} s: not every "
@@ -832,7 +851,8 @@ def _parse_beat(value: bytes | None, now: float) -> Beat | None:
     parts = value.decode().split(" ")
     if parts[0] in ("left", "dead"):
         return Beat(parts[1], 0.0, 0, left=True, died=parts[0] == "dead")
-    return Beat(parts[2], now - float(parts[0]), int(parts[1]))
+    unreachable = frozenset(parts[3].split(",")) if len(parts) > 3 else frozenset()
+    return Beat(parts[2], now - float(parts[0]), int(parts[1]), unreachable=unreachable)
 
 
 def _parse_result(text: bytes) -> Quorum:
