@@ -132,10 +132,10 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def integration_jobs() -> Jobs:
-    """The cross-package tests in three jobs (``tests/launchers`` and ``tests/frameworks`` are the
-    `launchers` and `ray` sessions'): two halves of about equal length, and the dead-peer scenarios,
-    which mostly wait (see :data:`BESIDE`)."""
-    tests = [str(ROOT / "tests"), "--ignore", str(LAUNCHER_TESTS), "--ignore", str(RAY_TESTS)]
+    """The cross-package tests in three jobs (``tests/launchers``, ``tests/frameworks`` and
+    ``tests/hosts`` are the `launchers`, `ray` and `hosts` sessions'): two halves of about equal
+    length, and the dead-peer scenarios, which mostly wait (see :data:`BESIDE`)."""
+    tests = [str(ROOT / "tests"), *(arg for path in OWN_SESSION_TESTS for arg in ("--ignore", str(path)))]
     ft, debug = ROOT / "tests" / "ft", ROOT / "tests" / "reliability" / "test_debug_mode.py"
     dead_peers = [str(ROOT / "tests" / "reliability" / name) for name in DEAD_PEER_TESTS]
     others = [arg for path in [ft, debug, *dead_peers] for arg in ("--ignore", str(path))]
@@ -268,7 +268,7 @@ def tests(session: nox.Session, target: str) -> None:
         session.run(*PYTEST, str(ROOT / "packages" / target / "tests"), *session.posargs)
         return
     if session.posargs:
-        tests = [str(ROOT / "tests"), "--ignore", str(LAUNCHER_TESTS), "--ignore", str(RAY_TESTS)]
+        tests = [str(ROOT / "tests"), *(arg for path in OWN_SESSION_TESTS for arg in ("--ignore", str(path)))]
         session.run(*PYTEST, *tests, *session.posargs)
         return
     # Two halves side by side: each keeps about one core busy (its processes mostly take turns),
@@ -444,6 +444,23 @@ def build(session: nox.Session) -> None:
 
 
 RAY_TESTS = ROOT / "tests" / "frameworks"
+HOSTS_TESTS = ROOT / "tests" / "hosts"
+OWN_SESSION_TESTS = (LAUNCHER_TESTS, RAY_TESTS, HOSTS_TESTS)
+"""The folders of ``tests/`` that their own sessions run (``launchers``, ``ray``, ``hosts``), not ``tests``."""
+
+
+@nox.session(venv_backend="none")
+def hosts(session: nox.Session) -> None:
+    """Multi-node code on test hosts: network namespaces on one machine (:mod:`gang.testing_hosts`).
+
+    Not in the default sessions (it needs root and ``ip``; elsewhere every test skips with one line
+    saying why); ``.ci/run`` runs it after them. In the shared environment, as ``launchers``: two-node
+    torchrun, fault-tolerant replicas and JAX across hosts, and the harness's own containment and
+    fault tests.
+    """
+    shared(session)
+    share_jax_compilations(session)
+    session.run(*PYTEST, str(HOSTS_TESTS), *session.posargs, env=ONE_THREAD)
 
 
 @nox.session

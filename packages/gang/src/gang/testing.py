@@ -38,12 +38,18 @@ from gang.address import LOOPBACK, free_port, is_loopback, local_env, non_loopba
 from gang.errors import InvalidOperationError
 from gang.extend import GangView, check_device, check_int, check_rank
 from gang.process_group_gang import ProcessGroupGang
+from gang.testing_hosts import Flap, Host, HostProcess, TestHosts
+from gang.testing_hosts import skip_reason as test_hosts_skip_reason
 
 __all__ = [
     "LOOPBACK",
     "DEFAULT_GANG_TIMEOUT",
     "DEFAULT_RUN_TIMEOUT",
+    "Flap",
+    "Host",
+    "HostProcess",
     "RemoteTraceback",
+    "TestHosts",
     "World",
     "WorkerDiedError",
     "close_shared_worlds",
@@ -56,6 +62,7 @@ __all__ = [
     "non_loopback_sockets",
     "shared_world",
     "spawn",
+    "test_hosts_skip_reason",
 ]
 
 DEFAULT_RUN_TIMEOUT = 120.0
