@@ -140,6 +140,39 @@ def _key(*parts: object) -> str:
     return ROOT + "/".join(str(p) for p in parts)
 
 
+def bound_unacknowledged(host: str, port: int, seconds: float) -> None:
+    """Make every TCP connection of this process to the store at ``host:port`` fail once data it
+    sent stays unacknowledged for ``seconds`` (``TCP_USER_TIMEOUT``; Linux, else nothing).
+
+    torch's store client waits for an answer without a bound of its own: over a link that was cut
+    (no reset ever comes) a request would wait until the kernel gives the connection up, many
+    minutes later. With the bound, the request fails after ``seconds`` and :class:`StoreClient`
+    retries it. A store that is merely slow to answer is not affected (its kernel acknowledges
+    the request at once). The store client's socket is not reachable from Python, so the
+    process's open sockets are looked up (``/proc/self/fd``) by their peer's address.
+    """
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is None:
+        return
+    try:
+        peers = {(str(a[4][0]), port) for a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))  # a second descriptor of the same socket
+        except (OSError, ValueError):
+            continue
+        with sock, contextlib.suppress(OSError):
+            peer, peer_port = sock.getpeername()[:2] if sock.type == socket.SOCK_STREAM else ("", 0)
+            # torch connects over IPv6 when it can: an IPv4 store is then a mapped address.
+            if (str(peer).removeprefix("::ffff:"), peer_port) in peers:
+                sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(seconds * 1000)))
+
+
 def _lines(raw: bytes | None) -> list[list[str]]:
     return [line.split("|") for line in (raw or b"").decode().splitlines() if line]
 
@@ -167,7 +200,9 @@ class StoreClient:
         return self._store
 
     def _connect(self, timeout: timedelta) -> TCPStore:
-        return TCPStore(self.host, self.port, is_master=False, timeout=timeout, wait_for_workers=False)
+        store = TCPStore(self.host, self.port, is_master=False, timeout=timeout, wait_for_workers=False)
+        bound_unacknowledged(self.host, self.port, self.timeout.total_seconds())
+        return store
 
     def _call(self, request: Callable[[TCPStore], _T], since: int | None = None) -> _T:
         """Send ``request``, reconnecting while the store does not answer (for ``retry`` seconds).
@@ -177,19 +212,23 @@ class StoreClient:
         """
         if since is not None and since != self.generation:
             raise StoreRestartedError(f"the store was restarted since generation {since}")
+        began = time.monotonic()
         try:
             return request(self._store)
         except BACKEND_ERRORS as first:
-            # A request that failed took at most `timeout`; the retries take at most `retry` more:
-            # each connection attempt and the request on it are bounded by what is left of it.
-            deadline = time.monotonic() + self.retry
+            # A request fails within `timeout` (`bound_unacknowledged`, give or take the kernel's
+            # retransmission timer); the retries end `retry` after the failure, and at most
+            # `timeout + retry` after the request began. Each connection attempt and the request on
+            # it are bounded by what is left (torch's connect tries twice, a delay apart: about
+            # three times the timeout it is given).
+            deadline = min(time.monotonic(), began + self.timeout.total_seconds()) + self.retry
             pause = 0.05
             while True:
                 time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 pause = min(pause * 2, 0.5)
                 left = max(0.05, deadline - time.monotonic())
                 try:
-                    self._store = self._connect(timedelta(seconds=min(1.0, self.timeout.total_seconds(), left)))
+                    self._store = self._connect(timedelta(seconds=min(1.0, self.timeout.total_seconds(), left) / 3))
                     self.generation += 1
                     if since is not None:
                         self._store.set_timeout(self.timeout)
