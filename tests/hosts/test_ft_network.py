@@ -26,7 +26,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "ft"))
 
-from test_ft import Cluster  # tests/ft is not a package
+from test_diloco import DILOCO_WORKER, DiLoCoCluster
+from test_ft import WORKER, Cluster  # tests/ft is not a package
 
 from gang.ft.policy import PARTITION_ABORTS
 from gang.testing import TestHosts
@@ -40,19 +41,24 @@ STORE_PORT = "29400"  # the store's port on its own host
 class NetCluster(Cluster):
     """:class:`Cluster` on test hosts: the store on host 0, replica ``i`` on host ``i + 1``."""
 
+    port = STORE_PORT
+
     def __init__(self, root: Path, hosts: TestHosts) -> None:
         self.hosts = hosts
-        super().__init__(root)
-        self.address = f"{hosts[0].address}:{STORE_PORT}"
+        Cluster.__init__(self, root)  # not DiLoCoCluster's (see NetDiLoCo)
+        self.address = f"{hosts[0].address}:{self.port}"
 
     def _serve(self, port: str) -> Any:
         self._port_file = self.root / f"store.{len(self.procs)}.port"
-        cmd = [sys.executable, "-m", "gang.ft.store", "--host", "0.0.0.0", "--port", STORE_PORT]
+        cmd = [sys.executable, "-m", "gang.ft.store", "--host", "0.0.0.0", "--port", self.port]
         proc = self._popen([*cmd, "--port-file", str(self._port_file)], dict(os.environ))
         self._until(lambda: self._port_file.exists(), "the store to listen")
         return proc
 
     def _popen(self, cmd: list[str], env: dict[str, str]) -> Any:
+        if self.script and str(WORKER) in cmd:
+            at = cmd.index(str(WORKER))
+            cmd = [*cmd[:at], *self.script, *cmd[at + 1 :]]
         rid = env.get("GANG_FT_REPLICA_ID") if "gang.ft.store" not in cmd else None
         host = self.hosts[0] if rid is None else self.hosts[1 + int(rid)]
         proc = host.popen(cmd, env=env, log=self.root / f"out.{len(self.procs)}.{host.name}")
@@ -100,6 +106,15 @@ class NetCluster(Cluster):
                         longest = max(longest, e["t"] - began)
                         began = None
         return longest
+
+
+class NetDiLoCo(NetCluster, DiLoCoCluster):
+    """:class:`NetCluster` running ``diloco_workers.py one`` (judged by DiLoCo's replay)."""
+
+    def __init__(self, root: Path, hosts: TestHosts, port: str) -> None:
+        self.mode, self.script, self.port = "one", (str(DILOCO_WORKER), "one"), port
+        root.mkdir()
+        NetCluster.__init__(self, root, hosts)
 
 
 @pytest.fixture
@@ -222,3 +237,34 @@ def test_a_flapping_link_no_hang_no_split_brain_all_back(net: NetCluster) -> Non
     net.finish({"0": 0, "1": 0, "2": 0})
     net.check_training(["0", "1", "2"], steps)
     report("flapping link: longest step attempt of any replica", net.longest_attempt())
+
+
+def test_streaming_diloco_with_a_rate_limited_link_completes(tmp_path: Path) -> None:
+    # DiLoCo of 3 replicas, 2 fragments, every 4 local steps; run once with every link as it is and
+    # once with replica 2's link limited to 20 Mbit/s (tbf). Both complete and match the replay;
+    # the time of an exchange is reported side by side (a benchmark row).
+    env = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2", "FT_TIMEOUT": "30", "FT_QUORUM_TIMEOUT": "20"}
+    env |= {"FT_HEARTBEAT_TIMEOUT": "3"}
+    rows = {}
+    with TestHosts(4, prefix="dl") as hosts:
+        for name, port in (("unlimited", "29401"), ("limited", "29402")):
+            if name == "limited":
+                hosts.limit_rate(3, 20_000_000)
+            cluster = NetDiLoCo(tmp_path / name, hosts, port)
+            try:
+                for rid in ("0", "1", "2"):
+                    cluster.start(rid, steps=40, env=env)
+                for rid in ("0", "1", "2"):
+                    cluster.wait(rid, "paused", 1)
+                for rid in ("0", "1", "2"):
+                    cluster.release(rid, "enter", 1)
+                cluster.finish({"0": 0, "1": 0, "2": 0})
+                syncs = cluster.check_replay(delay=0, alpha=0.0)
+                assert len(syncs) >= 15 and all(s["quorum"] == ["0", "1", "2"] for s in syncs), syncs
+                seconds = sorted(s["seconds"] for s in syncs)
+                rows[name] = (seconds[len(seconds) // 2], sum(s["bytes"] for s in syncs) / len(syncs))
+                assert hosts.leaks() == []
+            finally:
+                cluster.close()
+    for name, (median, sent) in rows.items():
+        print(f"[ft network] DiLoCo 2 fragments, replica 2's link {name}: median exchange {median:.4f} s, {sent:.0f} B")
