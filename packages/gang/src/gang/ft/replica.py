@@ -649,7 +649,7 @@ class ReplicaGang(Gang):
         log_event(
             "unreachable",
             f"replica {self._replica_id!r} rank {self._replica_rank} in {quorum.describe()} could not reach "
-            f"replica(s) {where} within {seconds:g} s",
+            f"replica(s) {where} (tried for up to {seconds:g} s)",
             level=logging.WARNING,
             replica=self._replica_id,
             replica_rank=self._replica_rank,
@@ -660,7 +660,8 @@ class ReplicaGang(Gang):
         self._record(
             "step (building the group)",
             GangError(
-                f"replica(s) {where} (replica rank {self._replica_rank}) could not be reached within {seconds:g} s"
+                f"replica(s) {where} (replica rank {self._replica_rank}) could not be reached (tried for up to "
+                f"{seconds:g} s)"
             ),
         )
         return True
