@@ -167,7 +167,9 @@ def bound_unacknowledged(host: str, port: int, seconds: float) -> None:
         except (OSError, ValueError):
             continue
         with sock, contextlib.suppress(OSError):
-            peer, peer_port = sock.getpeername()[:2] if sock.type == socket.SOCK_STREAM else ("", 0)
+            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+                continue
+            peer, peer_port = sock.getpeername()[:2]
             # torch connects over IPv6 when it can: an IPv4 store is then a mapped address.
             if (str(peer).removeprefix("::ffff:"), peer_port) in peers:
                 sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(seconds * 1000)))
