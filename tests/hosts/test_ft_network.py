@@ -62,7 +62,7 @@ class NetCluster(Cluster):
         rid = env.get("GANG_FT_REPLICA_ID") if "gang.ft.store" not in cmd else None
         host = self.hosts[0] if rid is None else self.hosts[1 + int(rid)]
         proc = host.popen(cmd, env=env, log=self.root / f"out.{len(self.procs)}.{host.name}")
-        self.procs.append(proc)
+        self.procs.append(proc)  # type: ignore[arg-type]  # a Popen of text, used as the others are
         return proc
 
     def launch(self, steps: int, rids: tuple[str, ...] = ("0", "1", "2")) -> None:
