@@ -1,12 +1,20 @@
-"""gang.ft.reach on real loopback sockets: who answers a connection, and reports dropped once it does."""
+"""gang.ft.reach on real loopback sockets: who answers a connection, and reports dropped once it does;
+and a process group built within a bound (gang.ft.group.build_within)."""
 
 from __future__ import annotations
 
+import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from datetime import timedelta
 
+import pytest
+import torch
+
+from gang._torch_groups import PrefixStore, StandaloneGroup, TCPStore, new_standalone_group, serve_store
+from gang.ft.group import build_within, reaper
 from gang.ft.reach import RETRY, Reports, probe
 
 
@@ -67,3 +75,28 @@ def test_reports_are_probed_again_and_dropped_once_answered() -> None:
             time.sleep(0.05)
         assert reports.current() == frozenset()
     reports.close()
+
+
+def test_a_group_build_is_given_up_at_its_timeout_or_when_the_watch_raises() -> None:
+    # A rendezvous of 2 where the peer never comes: torch's own wait would last its timeout (5 s).
+    store = serve_store("127.0.0.1", timeout=timedelta(seconds=60))
+
+    def make(prefix: str, size: int = 2) -> Callable[[], StandaloneGroup]:
+        # A connection of its own, as gang.ft's: an abandoned build keeps waiting on its own.
+        client = TCPStore("127.0.0.1", store.port, is_master=False, wait_for_workers=False)
+        rendezvous = PrefixStore(prefix, client)
+        return lambda: new_standalone_group(rendezvous, 0, size, torch.device("cpu"), timedelta(seconds=5))
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=re.escape("not built within the timeout of 0.5 s")):
+        build_within(make("a"), 0.5, 0.05, lambda: None)
+    assert time.monotonic() - started < 4  # not torch's 5 s
+
+    def watch() -> None:
+        raise RuntimeError("a member of the quorum aborted the step")
+
+    with pytest.raises(RuntimeError, match="aborted the step"):
+        build_within(make("b"), 30.0, 0.05, watch)
+    alone = build_within(make("c", size=1), 30.0, 0.05, lambda: None)  # a group that can be built is returned
+    assert alone.size() == 1
+    reaper.drop(alone)
