@@ -21,6 +21,9 @@ step (before its pause) the process forks a child that only sleeps, holding ever
 the process then closes none of its gloo connections (it forks once the process watching it
 holds a connection to its death signal, which the child closes). ``FT_GATE=1`` adds
 ``enter:<first step>`` on every process.
+``FT_STEP_SECONDS=<s>`` makes every step take at least ``s`` seconds (a sleep inside the step,
+before its collectives) and logs ``enter`` before each ``with gang.step()`` (so a test of network
+faults can time every step attempt).
 ``FT_TIMEOUT``, ``FT_QUORUM_TIMEOUT``, ``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` set the
 gang's timeouts and ``min_replicas``; ``FT_SPARES=<n>`` joins with ``SparesPolicy(n, ...)`` (of
 those timeouts) instead. ``FT_SEEDED=1`` starts every replica but ``0`` from its own
@@ -229,11 +232,15 @@ def main() -> None:
     if os.environ.get("FT_GATE") == "1":
         replica.pauses.add(("enter", gang.step_number + 1))  # every process waits to begin its first step
     replica.emit("joined", step=gang.step_number)
+    pace = float(os.environ.get("FT_STEP_SECONDS") or 0)
     try:
         while gang.step_number < steps:
             replica.maybe_pause("enter", gang.step_number + 1)
+            if pace:
+                replica.emit("enter", step=gang.step_number + 1)
             with gang.step():
                 step = gang.step_number + 1
+                time.sleep(pace)
                 replica.maybe_fork(step)
                 replica.maybe_pause("collective", step)
                 quorum = gang.current_quorum

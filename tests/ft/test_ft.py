@@ -295,8 +295,9 @@ class Cluster:
 
     # -- the checks --------------------------------------------------------------------------------
 
-    def check_training(self, finishers: list[str]) -> dict[int, list[str]]:
-        """Check the invariants over every log; return the membership schedule of the committed steps."""
+    def check_training(self, finishers: list[str], steps: int = STEPS) -> dict[int, list[str]]:
+        """Check the invariants over every log (``steps`` committed steps); return the membership
+        schedule of the committed steps."""
         by_step: dict[int, dict[int, dict[str, Any]]] = {}
         shards: dict[int, int] = {}
         for logs in self.logs.values():
@@ -310,12 +311,12 @@ class Cluster:
                     seen = by_step.setdefault(e["step"], {}).setdefault(shard, e)
                     assert seen["members"] == e["members"], (key, seen["members"], e["members"])
                     assert seen["params"] == e["params"], f"step {key}: parameters differ between {log.name} and others"
-        schedule = [by_step[s][0]["members"] for s in range(1, STEPS + 1)]
+        schedule = [by_step[s][0]["members"] for s in range(1, steps + 1)]
         expected = reference(schedule).chunk(len(shards))
         for rid in finishers:
             for k, log in enumerate(sorted(self.current(rid))):
                 done = [e for e in self.events(log) if e["event"] == "done"]
-                assert done and done[0]["step"] == STEPS, (rid, done)
+                assert done and done[0]["step"] == steps, (rid, done)
                 final = torch.tensor(done[0]["params"])
                 assert torch.equal(final, expected[k]), f"replica {rid} shard {k} differs from the reference"
         return dict(enumerate(schedule, start=1))

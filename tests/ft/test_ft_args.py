@@ -153,6 +153,7 @@ def test_one_replica_trains_alone_and_misuse_is_refused(gang: ReplicaGang, caplo
         "steps": [0],
         "heal": {},
         "stalled": [],
+        "apart": [],
     }
     assert [e["event"] for e in events] == ["quorum", "abort"] and events[1]["step"] == 3, events
     assert gang.current_quorum is not None and gang.current_quorum.members == ("solo",)

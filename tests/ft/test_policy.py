@@ -7,7 +7,19 @@ from dataclasses import replace
 
 import pytest
 
-from gang.ft.policy import Beat, GiveUp, Join, Policy, Quorum, SparesPolicy, View, group_of, heal_plan, watched
+from gang.ft.policy import (
+    EXACT_PARTITION,
+    Beat,
+    GiveUp,
+    Join,
+    Policy,
+    Quorum,
+    SparesPolicy,
+    View,
+    group_of,
+    heal_plan,
+    watched,
+)
 
 POLICY = Policy(min_replicas=2, quorum_timeout=10.0, heartbeat_timeout=5.0)
 
@@ -244,3 +256,67 @@ def test_a_round_led_by_a_spare_waits_for_the_members_step_however_long() -> Non
     assert not spares.step_goes_on(dead, previous) and isinstance(spares.decide(3, dead, previous, True), GiveUp)
     new = replace(one, beats={**one.beats, ("a", 0): Beat("new", 0.1, 0), ("b", 0): Beat("new", 0.1, 0)})
     assert not spares.step_goes_on(new, previous) and isinstance(spares.decide(3, new, previous, True), GiveUp)
+
+
+def test_a_waiting_replica_at_the_joined_replicas_step_is_left_out_not_given_up_on() -> None:
+    # Replica 2 heartbeats at step 4 and does not join; the joined ones are at step 4 too: nobody
+    # is behind it, so the round closes without it (giving up is only for a waiting replica ahead).
+    v = view({"0": 1, "1": 1, "2": 1}, {("0", 0): 4, ("1", 0): 4}, waited=10.5, steps={("2", 0): 4})
+    q = POLICY.decide(5, v, None, False)
+    assert isinstance(q, Quorum) and q.members == ("0", "1") and q.timed_out == ("2",)
+
+
+def reports(v: View, unreachable: dict[tuple[str, int], set[str]]) -> View:
+    """``v`` with processes reporting replicas they could not reach."""
+    beats = {p: replace(b, unreachable=frozenset(unreachable.get(p, ()))) for p, b in v.beats.items()}
+    return replace(v, beats=beats)
+
+
+def test_the_partition_rule_keeps_the_most_replicas_that_all_reach_each_other() -> None:
+    three = {"0": 1, "1": 1, "2": 1}
+    joins = {("0", 0): 5, ("1", 0): 5, ("2", 0): 5}
+    # 0 and 1 cannot reach each other, both reach 2: either report alone breaks the link; of the
+    # two largest sets, {0, 2} and {1, 2}, the one with the first ids wins; 1 waits apart.
+    for who in (("0", 0), ("1", 0)):
+        other = "1" if who[0] == "0" else "0"
+        q = POLICY.decide(6, reports(view(three, joins), {who: {other}}), None, False)
+        assert isinstance(q, Quorum) and q.members == ("0", "2") and q.apart == ("1",) and q.spares == ()
+    # The largest set wins over the first ids: 0 reaches neither 1 nor 2.
+    q = POLICY.decide(6, reports(view(three, joins), {("0", 0): {"1", "2"}}), None, False)
+    assert isinstance(q, Quorum) and q.members == ("1", "2") and q.apart == ("0",)
+    # Two broken links among four: {0, 2} comes first among the sets of two.
+    four = {"0": 1, "1": 1, "2": 1, "3": 1}
+    v = reports(view(four, {(r, 0): 5 for r in four}), {("0", 0): {"1"}, ("3", 0): {"2"}})
+    q = POLICY.decide(6, v, None, False)
+    assert isinstance(q, Quorum) and q.members == ("0", "2") and q.apart == ("1", "3")
+    # A report about a replica that did not join (or of a process that left) breaks nothing.
+    v = reports(view(three, joins), {("0", 0): {"7"}})
+    assert POLICY.decide(6, v, None, False) == POLICY.decide(6, view(three, joins), None, False)
+
+
+def test_a_replica_apart_is_healed_in_once_nobody_reports_its_link_broken() -> None:
+    three = {"0": 1, "1": 1, "2": 1}
+    cut = POLICY.decide(6, reports(view(three, {(r, 0): 5 for r in three}), {("1", 0): {"0"}}), None, False)
+    assert isinstance(cut, Quorum) and cut.apart == ("1",)
+    # 0 and 2 committed two steps; 1 waited apart at step 5; its link is back: taken in, healed.
+    back = POLICY.decide(9, view(three, {("0", 0): 7, ("2", 0): 7, ("1", 0): 5}), cut, True)
+    assert isinstance(back, Quorum) and back.members == ("0", "1", "2") and back.apart == ()
+    assert back.heal == {"1": "0"}
+    assert Quorum.from_json(cut.to_json()) == cut
+
+
+def test_the_partition_rule_gives_up_below_min_replicas_naming_the_replicas_apart() -> None:
+    two = {"0": 1, "1": 1}
+    decision = POLICY.decide(3, reports(view(two, {("0", 0): 1, ("1", 0): 1}), {("0", 0): {"1"}}), None, False)
+    assert isinstance(decision, GiveUp)
+    assert "['0']" in decision.reason and "['1'] cannot reach" in decision.reason
+    assert "`min_replicas`=2" in decision.reason
+
+
+def test_the_partition_rule_beyond_the_exact_search_leaves_out_the_most_cut_off_first() -> None:
+    many = {str(r): 1 for r in range(EXACT_PARTITION + 2)}
+    # Replica 0 reaches nobody, and 1 cannot reach 2: 0 goes first (most broken links), then 2
+    # (the last id of the two with one broken link left).
+    unreach = {("0", 0): set(many) - {"0"}, ("1", 0): {"2"}}
+    q = POLICY.decide(6, reports(view(many, {(r, 0): 5 for r in many}), unreach), None, False)
+    assert isinstance(q, Quorum) and q.apart == ("0", "2") and len(q.members) == len(many) - 2

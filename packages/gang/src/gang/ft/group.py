@@ -68,6 +68,69 @@ reaper = Reaper()
 """The one reaper of this process."""
 
 
+class _Build:
+    """One process group being built on a thread of its own (see :func:`build_within`)."""
+
+    def __init__(self, make: Callable[[], StandaloneGroup]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self.done = threading.Event()
+        self.group: StandaloneGroup | None = None
+        self.error: BaseException | None = None
+        self._abandoned = False
+        threading.Thread(target=self._run, name="gang.ft group build", daemon=False).start()
+
+    def _run(self) -> None:
+        try:
+            group = self._make()
+        except BaseException as ex:  # handed to the caller (or dropped with the abandoned build)
+            forget_frames(ex)
+            self.error = ex
+            self.done.set()
+            return
+        with self._lock:
+            if self._abandoned:
+                reaper.drop(group)
+            else:
+                self.group = group
+        self.done.set()
+
+    def abandon(self) -> None:
+        """Give the build up: a group it makes later is dropped at once."""
+        with self._lock:
+            self._abandoned = True
+            group, self.group = self.group, None
+        if group is not None:
+            reaper.drop(group)
+
+
+def build_within(
+    make: Callable[[], StandaloneGroup], timeout: float, interval: float, watch: Callable[[], None]
+) -> StandaloneGroup:
+    """Build a process group with ``make`` on a thread of its own, waiting at most ``timeout``
+    seconds and calling ``watch`` (which raises to stop waiting) every ``interval`` seconds.
+
+    torch's gloo group connects to every peer in its constructor and waits there, uninterruptibly,
+    for a peer that does not answer: about five times its timeout was seen over a cut link (gloo
+    retries a connection attempt that the kernel failed). A build given up is abandoned to its thread, which
+    ends when torch gives up or succeeds (a group made then is dropped); the thread is not a
+    daemon (see :class:`Reaper`), so a process exiting meanwhile waits for it.
+
+    :raises RuntimeError: If the group was not built within ``timeout`` seconds.
+    """
+    build = _Build(make)
+    try:
+        if not wait_until(build.done.is_set, timeout, interval, watch):
+            raise RuntimeError(f"the process group was not built within the timeout of {timeout:g} s")
+    except BaseException:
+        build.abandon()
+        raise
+    if build.error is not None:
+        raise build.error
+    assert build.group is not None
+    return build.group
+
+
 def settle(work: Any, device: torch.device, timeout: float, interval: float, watch: Callable[[], None] | None) -> None:
     """Wait until ``work`` finished, on the device too, calling ``watch`` every ``interval`` seconds meanwhile.
 
@@ -180,6 +243,7 @@ def root_options(rank: int) -> dist.BroadcastOptions:
 
 __all__ = [
     "Reaper",
+    "build_within",
     "forget_frames",
     "reaper",
     "reduce_options",

@@ -6,7 +6,8 @@ this process's death signal and watches that of the process this one watches
 (:mod:`gang.ft.liveness`): when that process dies, it marks it dead in the store at once. While
 the training thread blocks for a vote's decision, it watches the vote at every beat
 (:meth:`~gang.ft.quorum.QuorumClient.watch_vote`: ``abort`` on a silent member or a passed
-deadline, which ends the wait). Internal
+deadline, which ends the wait). Every heartbeat carries the replicas this process reports it could
+not reach, which the thread probes again after each beat (:class:`gang.ft.reach.Reports`). Internal
 to :mod:`gang.ft` (its names may change); not part of the public API.
 """
 
@@ -21,6 +22,7 @@ from gang.ft.liveness import Liveness
 from gang.ft.log import log_event
 from gang.ft.policy import Process, Quorum
 from gang.ft.quorum import IdentityError, QuorumClient, collect, heartbeat_period
+from gang.ft.reach import Reports
 
 _BEAT_ERRORS: tuple[type[Exception], ...] = (IdentityError, *BACKEND_ERRORS)
 """What stops the heartbeat: the store failed, or another process took this identity over."""
@@ -37,6 +39,8 @@ class Heartbeat:
     :param heartbeat_timeout: The process's ``heartbeat_timeout`` in seconds.
     :param name: The thread's name.
     :param liveness: This process's death signal (served and used to watch; closed by its owner).
+    :param reports: The replicas this process reports unreachable (written with every heartbeat,
+        probed again after each).
     """
 
     def __init__(
@@ -47,6 +51,7 @@ class Heartbeat:
         heartbeat_timeout: float,
         name: str,
         liveness: Liveness,
+        reports: Reports | None = None,
     ) -> None:
         self.error: Exception | None = None
         """What stopped the heartbeat (an :class:`~gang.ft.quorum.IdentityError` or a store
@@ -56,6 +61,8 @@ class Heartbeat:
         self._closed_rounds = closed_rounds
         self._interval = heartbeat_period(heartbeat_timeout)
         self._liveness = liveness
+        self.reports = Reports() if reports is None else reports
+        """The replicas this process reports unreachable."""
         self._target: tuple[Process, str] | None = None  # set by the training thread
         self._vote: tuple[Quorum, float] | None = None  # set by the training thread while it waits in a vote
         self._watching: tuple[Process, str] | None = None
@@ -98,6 +105,7 @@ class Heartbeat:
         try:
             self._beat()
         finally:
+            self.reports.close()
             with self._release:
                 self._ended = True
                 if self._released:
@@ -106,10 +114,13 @@ class Heartbeat:
     def _beat(self) -> None:
         while not self._stop.wait(self._interval):
             try:
-                self._protocol.beat(self._step())
+                self._protocol.beat(self._step(), self.reports.current())
             except _BEAT_ERRORS as ex:
                 self.error = ex
                 return
+            self.reports.wrote()
+            with suppress(OSError):
+                self.reports.poll()
             if self._stop.is_set():
                 return
             with suppress(*BACKEND_ERRORS, OSError):  # a lost store shows at the next beat

@@ -17,7 +17,8 @@ logger = logging.getLogger("gang.ft")
 def log_event(event: str, message: str, *, level: int = logging.INFO, **fields: object) -> None:
     """Log ``message`` on the ``gang.ft`` logger with ``fields`` and ``event`` as ``record.gang_ft``.
 
-    :param event: The kind of event: ``quorum``, ``drop``, ``died``, ``stalled``, ``heal``, ``abort`` or ``sync``
+    :param event: The kind of event: ``quorum``, ``drop``, ``died``, ``stalled``, ``unreachable``, ``apart``,
+        ``heal``, ``abort`` or ``sync``
         (a sync of :class:`gang.ft.LocalSGD` or :class:`gang.ft.DiLoCo`).
     """
     if logger.isEnabledFor(level):
@@ -38,6 +39,16 @@ def log_quorum(replica_id: str, old: Quorum | None, new: Quorum, replica_rank: i
             round=new.round,
             timed_out=list(new.timed_out),
         )
+    if new.apart and replica_rank == 0 and (old is None or old.apart != new.apart):
+        log_event(
+            "apart",
+            f"quorum {new.round} keeps replica(s) {list(new.apart)} apart: a link between them and a member is "
+            "reported broken; they wait outside the quorum until it is back (the partition rule)",
+            level=logging.WARNING,
+            replica=replica_id,
+            round=new.round,
+            apart=list(new.apart),
+        )
     if old is not None and old.members == new.members:
         return
     log_event(
@@ -49,6 +60,7 @@ def log_quorum(replica_id: str, old: Quorum | None, new: Quorum, replica_rank: i
         steps=list(new.steps),
         heal=dict(new.heal),
         stalled=list(new.stalled),
+        apart=list(new.apart),
     )
     for dropped in () if old is None else sorted(set(old.members) - set(new.members)):
         log_event(

@@ -8,8 +8,9 @@ policy and publishes what it decides. Nothing here talks to the store or reads a
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from typing_extensions import override
@@ -36,6 +37,8 @@ class Beat:
     :ivar left: Whether the process is gone: it closed its gang, or the process watching it saw
         it die (:mod:`gang.ft.liveness`).
     :ivar died: Whether it is gone because the process watching it saw it die (then ``left`` too).
+    :ivar unreachable: The replicas this process could not reach over the network when it last
+        tried (their processes of its replica rank; :mod:`gang.ft.reach`), until it reaches them again.
     """
 
     token: str
@@ -43,6 +46,7 @@ class Beat:
     step: int
     left: bool = False
     died: bool = False
+    unreachable: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,9 @@ class Quorum:
         without them (newly stalled; empty for a round that waited for nobody).
     :ivar spares: Live replicas that joined but that the policy left out (:class:`SparesPolicy`):
         they wait, joining the next rounds, until a round takes them in.
+    :ivar apart: Live replicas that joined but that cannot reach every member, or that a member
+        cannot reach (the partition rule, :meth:`Policy.connected`): they wait as spares do until
+        their links are back.
     """
 
     round: int
@@ -105,6 +112,7 @@ class Quorum:
     stalled: tuple[str, ...] = ()
     timed_out: tuple[str, ...] = ()
     spares: tuple[str, ...] = ()
+    apart: tuple[str, ...] = ()
 
     @property
     def max_step(self) -> int:
@@ -134,6 +142,7 @@ class Quorum:
                 "stalled": self.stalled,
                 "timed_out": self.timed_out,
                 "spares": self.spares,
+                "apart": self.apart,
             }
         )
 
@@ -152,6 +161,7 @@ class Quorum:
             tuple(d.get("stalled", ())),
             tuple(d.get("timed_out", ())),
             tuple(d.get("spares", ())),
+            tuple(d.get("apart", ())),
         )
 
 
@@ -364,6 +374,32 @@ class Policy:
             )
         return self._quorum(n, view, members, joined, previous, committed, stalled | waiting, waiting)
 
+    def connected(self, members: Sequence[str], view: View) -> tuple[list[str], list[str]]:
+        """The partition rule: split the joined replicas ``members`` into the most of them that can
+        all reach each other and the rest (each in replica id order).
+
+        A link between two replicas is broken when a process of either reported the other
+        unreachable (:attr:`Beat.unreachable`: it tried to reach it and could not, and has not
+        reached it since). With no broken link every replica is kept. Otherwise the kept ones are
+        the largest set with no broken link among them; among sets of that size, the one whose
+        replica ids, in order, come first (so every leader picks the same). The search is exact
+        when at most :data:`EXACT_PARTITION` replicas have a broken link; beyond that, the replica
+        with the most broken links (the last id among equals) is left out until none is left.
+        """
+        present = set(members)
+        broken: dict[str, set[str]] = {}
+        for (rid, _), beat in view.beats.items():
+            if rid in present and not beat.left:
+                for other in beat.unreachable & present - {rid}:
+                    broken.setdefault(rid, set()).add(other)
+                    broken.setdefault(other, set()).add(rid)
+        if not broken:
+            return list(members), []
+        involved = sorted(broken, key=replica_sort_key)
+        kept = set(_largest_connected(involved, broken))
+        apart = [rid for rid in involved if rid not in kept]
+        return [m for m in members if m not in apart], apart
+
     def step_goes_on(self, view: View, previous: Quorum | None) -> bool:
         """Whether the step of ``previous`` (round ``n - 1``'s quorum) still goes on: no process of
         its members joined the round yet and one of them (of the incarnation in ``previous``) is live.
@@ -418,6 +454,13 @@ class Policy:
         stalled: set[str],
         timed_out: set[str],
     ) -> Quorum | GiveUp:
+        members, apart = self.connected(members, view)
+        if len(members) < self.min_replicas:
+            return GiveUp(
+                f"the most replicas of quorum {n} that can all reach each other are {members}, fewer than "
+                f"`min_replicas`={self.min_replicas}: replica(s) {apart} cannot reach them over the network "
+                "(or they cannot reach those)"
+            )
         members, spares = self.choose({rid: joined[rid] for rid in members}, previous)
         steps = tuple(min(joined[rid]) for rid in members)
         sizes = tuple(view.sizes[rid] for rid in members)
@@ -438,7 +481,9 @@ class Policy:
         heal = heal_plan(members, steps, init_sync=self.init_sync)
         left_out = tuple(sorted(stalled, key=replica_sort_key))
         waited_for = tuple(sorted(timed_out, key=replica_sort_key))
-        quorum = Quorum(n, tuple(members), steps, sizes, n, incarnations, heal, left_out, waited_for, tuple(spares))
+        quorum = Quorum(
+            n, tuple(members), steps, sizes, n, incarnations, heal, left_out, waited_for, tuple(spares), tuple(apart)
+        )
         return replace(quorum, group=group_of(quorum, previous, committed))
 
 
@@ -473,6 +518,35 @@ class SparesPolicy(Policy):
         taken = set(ranked[: self.min_replicas])
         order = sorted(joined, key=replica_sort_key)
         return [r for r in order if r in taken], [r for r in order if r not in taken]
+
+
+EXACT_PARTITION = 16
+"""The most replicas with a broken link for which :meth:`Policy.connected` searches every subset."""
+
+PARTITION_ABORTS = 3
+"""The most consecutive aborted steps a partition costs before the job commits again with the
+largest set of replicas that can all reach each other: a step whose group cannot be built (its
+members probe each other first and report who they could not reach, :mod:`gang.ft.reach`), one
+more when a member's report reaches the store after the next round was decided, and one when
+the link breaks while a group is in use (its collective fails; the next step builds a new one)."""
+
+
+def _largest_connected(involved: list[str], broken: Mapping[str, set[str]]) -> list[str]:
+    """The largest subset of ``involved`` (in replica id order) with no broken link inside, the
+    first in id order among equals (exact up to :data:`EXACT_PARTITION` replicas, else greedy)."""
+    if len(involved) <= EXACT_PARTITION:
+        for size in range(len(involved), 0, -1):
+            for chosen in itertools.combinations(involved, size):  # in id order: the first found wins ties
+                if all(b not in broken[a] for a, b in itertools.combinations(chosen, 2)):
+                    return list(chosen)
+        return []
+    kept = list(involved)
+    while True:
+        links = {rid: len(broken[rid] & set(kept)) for rid in kept}
+        worst = max(kept, key=lambda rid: (links[rid], replica_sort_key(rid)))
+        if links[worst] == 0:
+            return kept
+        kept.remove(worst)
 
 
 def heal_plan(

@@ -8,7 +8,9 @@ this module only reads and writes the coordination store (torch's ``TCPStore``),
   death signal listens on (:mod:`gang.ft.liveness`; ``-`` if none). Every ``join`` makes a new
   token; a process claims the key with ``compare_set`` and is refused while the owner heartbeats
   (a duplicate).
-- ``hb/<replica>/<rank>``: its heartbeat ``"<unix time> <step> <token>"`` (``"left <token>"``
+- ``hb/<replica>/<rank>``: its heartbeat ``"<unix time> <step> <token>"``, followed by
+  ``" <replica>,<replica>..."`` while it reports replicas it could not reach (:mod:`gang.ft.reach`)
+  (``"left <token>"``
   once it closed), written by a background thread that first checks it still owns the claim;
   ``"dead <token>"`` once the process watching it saw its death signal (a live process that was
   taken for dead writes its next heartbeat over it).
@@ -142,6 +144,41 @@ def _key(*parts: object) -> str:
     return ROOT + "/".join(str(p) for p in parts)
 
 
+def bound_unacknowledged(host: str, port: int, seconds: float) -> None:
+    """Make every TCP connection of this process to the store at ``host:port`` fail once data it
+    sent stays unacknowledged for ``seconds`` (``TCP_USER_TIMEOUT``; Linux, else nothing).
+
+    torch's store client waits for an answer without a bound of its own: over a link that was cut
+    (no reset ever comes) a request would wait until the kernel gives the connection up, many
+    minutes later. With the bound, the request fails after ``seconds`` and :class:`StoreClient`
+    retries it. A store that is merely slow to answer is not affected (its kernel acknowledges
+    the request at once). The store client's socket is not reachable from Python, so the
+    process's open sockets are looked up (``/proc/self/fd``) by their peer's address.
+    """
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is None:
+        return
+    try:
+        peers = {(str(a[4][0]), port) for a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))  # a second descriptor of the same socket
+        except (OSError, ValueError):
+            continue
+        with sock, contextlib.suppress(OSError):
+            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+                continue
+            peer, peer_port = sock.getpeername()[:2]
+            # torch connects over IPv6 when it can: an IPv4 store is then a mapped address.
+            if (str(peer).removeprefix("::ffff:"), peer_port) in peers:
+                sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(seconds * 1000)))
+
+
 def _lines(raw: bytes | None) -> list[list[str]]:
     return [line.split("|") for line in (raw or b"").decode().splitlines() if line]
 
@@ -169,7 +206,9 @@ class StoreClient:
         return self._store
 
     def _connect(self, timeout: timedelta) -> TCPStore:
-        return TCPStore(self.host, self.port, is_master=False, timeout=timeout, wait_for_workers=False)
+        store = TCPStore(self.host, self.port, is_master=False, timeout=timeout, wait_for_workers=False)
+        bound_unacknowledged(self.host, self.port, self.timeout.total_seconds())
+        return store
 
     def _call(self, request: Callable[[TCPStore], _T], since: int | None = None) -> _T:
         """Send ``request``, reconnecting while the store does not answer (for ``retry`` seconds).
@@ -179,24 +218,40 @@ class StoreClient:
         """
         if since is not None and since != self.generation:
             raise StoreRestartedError(f"the store was restarted since generation {since}")
+        began = time.monotonic()
         try:
             return request(self._store)
         except BACKEND_ERRORS as first:
-            deadline = time.monotonic() + self.retry
+            # A request fails within `timeout` (`bound_unacknowledged`, give or take the kernel's
+            # retransmission timer); the retries end `retry` after the failure, and at most
+            # `timeout + retry` after the request began. Each connection attempt and the request on
+            # it are bounded by what is left (torch's connect tries twice, a delay apart: about
+            # three times the timeout it is given).
+            deadline = min(time.monotonic(), began + self.timeout.total_seconds()) + self.retry
             pause = 0.05
             while True:
-                time.sleep(pause)
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 pause = min(pause * 2, 0.5)
+                left = max(0.05, deadline - time.monotonic())
                 try:
-                    self._store = self._connect(timedelta(seconds=min(1.0, self.timeout.total_seconds())))
-                    self._store.set_timeout(self.timeout)
+                    self._store = self._connect(timedelta(seconds=min(1.0, self.timeout.total_seconds(), left) / 3))
                     self.generation += 1
                     if since is not None:
+                        self._store.set_timeout(self.timeout)
                         raise StoreRestartedError(f"the store was restarted since generation {since}")
-                    return request(self._store)
+                    self._store.set_timeout(timedelta(seconds=min(self.timeout.total_seconds(), left)))
+                    try:
+                        return request(self._store)
+                    finally:
+                        self._store.set_timeout(self.timeout)
                 except BACKEND_ERRORS as ex:
-                    if time.monotonic() > deadline:
+                    if time.monotonic() >= deadline:
                         raise StoreUnreachableError(f"{first}; retried for {self.retry:g} s: {ex}") from ex
+
+    def connection(self) -> TCPStore:
+        """A new connection to the store, of its own (a process group's rendezvous waits on it
+        while this client's requests go on)."""
+        return self._connect(self.timeout)
 
     def set(self, key: str, value: str) -> None:
         """Set ``key``."""
@@ -402,8 +457,10 @@ class QuorumClient:
                 return verdict
             time.sleep(0.02)
 
-    def beat(self, step: int) -> None:
+    def beat(self, step: int, unreachable: frozenset[str] = frozenset()) -> None:
         """Write this process's heartbeat, first checking that it still owns its identity.
+
+        :param unreachable: The replicas this process reports it could not reach (:mod:`gang.ft.reach`).
 
         A claim that is gone (the store was restarted) is claimed and registered again.
 
@@ -420,7 +477,10 @@ class QuorumClient:
                 f"{self.describe()} was taken over by a new incarnation at {who} after this process "
                 f"was silent for longer than `heartbeat_timeout` ({self.policy.heartbeat_timeout:g} s)"
             )
-        self.client.set(_key("hb", self.replica_id, self.replica_rank), f"{time.time():.6f} {step} {self.token}")
+        reports = f" {','.join(sorted(unreachable))}" if unreachable else ""
+        self.client.set(
+            _key("hb", self.replica_id, self.replica_rank), f"{time.time():.6f} {step} {self.token}{reports}"
+        )
 
     def address_of(self, process: Process, token: str) -> str | None:
         """Where the death signal of ``process``'s incarnation ``token`` listens, if it owns its claim."""
@@ -495,8 +555,8 @@ class QuorumClient:
                 quorum = _parse_result(result)
                 if self.replica_id in quorum.members:
                     return quorum
-                if self.replica_id in quorum.spares:
-                    start = now  # a spare: it waits on, from this round on
+                if self.replica_id in quorum.spares or self.replica_id in quorum.apart:
+                    start = now  # a spare, or apart (a link is broken): it waits on, from this round on
                 if self.policy.give_up(now - start, quorum):
                     raise QuorumTimeoutError(
                         f"{self.describe()} was left out of every quorum for {now - start:.3g} s: not every "
@@ -867,7 +927,8 @@ def _parse_beat(value: bytes | None, now: float) -> Beat | None:
     parts = value.decode().split(" ")
     if parts[0] in ("left", "dead"):
         return Beat(parts[1], 0.0, 0, left=True, died=parts[0] == "dead")
-    return Beat(parts[2], now - float(parts[0]), int(parts[1]))
+    unreachable = frozenset(parts[3].split(",")) if len(parts) > 3 else frozenset()
+    return Beat(parts[2], now - float(parts[0]), int(parts[1]), unreachable=unreachable)
 
 
 def _parse_result(text: bytes) -> Quorum:

@@ -28,7 +28,15 @@ from gang._torch_groups import (
 from gang.address import user_gloo_interface
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_int, check_open, check_timeout, claim_rank, operation_error
-from gang.ft.group import forget_frames, reaper, reduce_options, root_options, settle, wait_briefly
+from gang.ft.group import (
+    build_within,
+    forget_frames,
+    reaper,
+    reduce_options,
+    root_options,
+    settle,
+    wait_briefly,
+)
 from gang.ft.heal import receive_state, send_state
 from gang.ft.heartbeat import Heartbeat
 from gang.ft.identity import (
@@ -41,7 +49,16 @@ from gang.ft.identity import (
 from gang.ft.liveness import Liveness
 from gang.ft.log import abort_reason, log_event, log_quorum
 from gang.ft.policy import Policy, Quorum, watched
-from gang.ft.quorum import ROOT, IdentityError, PolicyMismatchError, QuorumClient, QuorumTimeoutError, StoreClient
+from gang.ft.quorum import (
+    ROOT,
+    IdentityError,
+    PolicyMismatchError,
+    QuorumClient,
+    QuorumTimeoutError,
+    StoreClient,
+    StoreUnreachableError,
+)
+from gang.ft.reach import probe
 from gang.ft.replica_process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
 from gang.gang import Gang, ReduceOperation
 from gang.process_group_gang import real_view
@@ -188,6 +205,8 @@ class ReplicaGang(Gang):
         self._in_step = False
         self._pending: list[_StepWork] = []  # this step's works started with `async_op=True`, not yet waited for
         self._error: GangError | None = None
+        self._store_lost: GangError | None = None  # the store did not answer for `timeout` + `quorum_timeout`
+        self._addresses: dict[str, str] = {}  # the death signal's address of each incarnation probed
         self._commit: bool | None = None
         self._restored = False  # `load_state_dict` was called since the last step
         self._store = self._connect()
@@ -556,10 +575,14 @@ class ReplicaGang(Gang):
         if self._commit is None:
             self._settle_pending()
             self._vote(self._error is None)
+        if self._store_lost is not None:
+            raise self._store_lost
         assert self._commit is not None
         return self._commit
 
     def _begin(self) -> None:
+        if self._store_lost is not None:
+            raise self._store_lost
         self._raise_beat_error("step")
         previous = None if self._quorum is None or self._commit is None else (self._quorum, self._commit)
         restored, self._restored = self._restored, False
@@ -597,12 +620,27 @@ class ReplicaGang(Gang):
             self._heal(quorum)
 
     def _rebuild(self, quorum: Quorum) -> None:
+        """Build the quorum's process group, within ``timeout``, once every other member's process
+        of this replica rank was reached over the network (:meth:`_unreachable`)."""
         self._drop_group()
         prefix = f"{ROOT}g/{quorum.group}/rr{self._replica_rank}"  # one group per replica rank
         try:
-            store = PrefixStore(prefix, self._store.raw)
-            self._pg = new_standalone_group(
-                store, self.rank, self.size, self._device, self._timeout, self._gloo_address()
+            if self._unreachable(quorum):
+                return
+            # A connection of its own: the rendezvous waits on it while `_watch` reads the store.
+            store = PrefixStore(prefix, self._store.connection())
+            rank, size, device, timeout, address = (
+                self.rank,
+                self.size,
+                self._device,
+                self._timeout,
+                self._gloo_address(),
+            )
+            self._pg = build_within(
+                lambda: new_standalone_group(store, rank, size, device, timeout, address),
+                timeout.total_seconds(),
+                self._protocol.watch_interval,
+                self._watch,
             )
             self._pg_round = quorum.group
             self._trace.rename(self._trace.name, f"{prefix}", self._trace_ranks(quorum))
@@ -615,6 +653,50 @@ class ReplicaGang(Gang):
         ``GLOO_SOCKET_IFNAME`` or the death signal has no address."""
         published = self._liveness.address.rpartition(":")[0].strip("[]")
         return None if user_gloo_interface() is not None or not published else published
+
+    def _unreachable(self, quorum: Quorum) -> bool:
+        """Probe every other member's process of this replica rank (its death signal, all at once,
+        for ``heartbeat_timeout`` or ``timeout`` if shorter); report those not reached with this
+        process's heartbeat (the partition rule, :meth:`gang.ft.policy.Policy.connected`, then
+        decides the next round) and abort the step. Whether some were not reached."""
+        peers: dict[str, str] = {}
+        for member, incarnation in zip(quorum.members, quorum.incarnations, strict=True):
+            token = incarnation.split(",")[self._replica_rank]
+            if member == self._replica_id:
+                continue
+            address = self._addresses.get(token)
+            if address is None:
+                address = self._protocol.address_of((member, self._replica_rank), token)
+                if address is None:  # not found (a restarted store): not probed
+                    continue
+                self._addresses[token] = address
+            if address != "-":
+                peers[member] = address
+        seconds = min(self._timeout, self._heartbeat_timeout).total_seconds()
+        lost = sorted(probe(peers, seconds))
+        if not lost:
+            return False
+        self._heartbeat.reports.add({m: peers[m] for m in lost})
+        where = ", ".join(f"{m!r} at {peers[m]}" for m in lost)
+        log_event(
+            "unreachable",
+            f"replica {self._replica_id!r} rank {self._replica_rank} in {quorum.describe()} could not reach "
+            f"replica(s) {where} (tried for up to {seconds:g} s)",
+            level=logging.WARNING,
+            replica=self._replica_id,
+            replica_rank=self._replica_rank,
+            round=quorum.round,
+            unreachable=lost,
+        )
+        self._heartbeat.reports.wait_written(seconds)  # the next round's leader reads the report
+        self._record(
+            "step (building the group)",
+            GangError(
+                f"replica(s) {where} (replica rank {self._replica_rank}) could not be reached (tried for up to "
+                f"{seconds:g} s)"
+            ),
+        )
+        return True
 
     def _heal(self, quorum: Quorum) -> None:
         """Send this replica's state to the members the quorum's heal plan gives it, or receive it."""
@@ -737,6 +819,9 @@ class ReplicaGang(Gang):
 
     def _vote(self, ok: bool) -> None:
         assert self._quorum is not None
+        if self._store_lost is not None:  # the store did not answer for `timeout` + `quorum_timeout`
+            self._commit = False
+            raise self._store_lost
         try:
             deadline = self._timeout.total_seconds()
             # While this thread blocks for the decision, the heartbeat thread watches the vote.
@@ -749,7 +834,10 @@ class ReplicaGang(Gang):
                 self._heartbeat.watch_vote(None)
         except BACKEND_ERRORS as ex:
             self._commit = False
-            raise self._store_error("should_commit", ex) from ex
+            error = self._store_error("should_commit", ex)
+            if isinstance(ex, StoreUnreachableError):
+                self._store_lost = error
+            raise error from ex
         if decision is None and self._error is None:
             self._record(
                 "should_commit",
@@ -807,6 +895,8 @@ class ReplicaGang(Gang):
         """
         if ours:
             forget_frames(ex)
+        if isinstance(ex, StoreUnreachableError) and self._store_lost is None:
+            self._store_lost = self._store_error(operation, ex)  # not asked again, by this step or later ones
         where = "" if self._quorum is None else f" of {self._quorum.describe()}"
         error = operation_error(
             operation, self, f"replica {self._replica_id!r} in step {self._step_number + 1}{where}: {ex}"
