@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 import torch
-from core_workers import numpy_ranks_and_cpu0, parallel_layout, sub_gang_members
+from core_workers import numpy_ranks_and_cpu0, parallel_layout, split_group_stand_in, sub_gang_members
 
 from gang import FakeGang, create_fsdp_gangs, create_parallel_gangs
 from gang.testing import World
@@ -133,3 +133,19 @@ def test_split_plan_gives_split_group_the_parent_groups_own_ranks() -> None:
 def test_real_gang_on_cpu0_with_numpy_ranks(worlds: Callable[[int], World]) -> None:
     for rank, got in enumerate(worlds(2).run(numpy_ranks_and_cpu0)):
         assert got == {"device": "cpu", "broadcast": [1.0, 1.0], "sub": [0, 1]}, rank
+
+
+@pytest.mark.parametrize("own_group", [False, True], ids=["shared gloo backend", "split_group"])
+def test_nested_create_gang_on_the_cuda_split_path(worlds: Callable[[int], World], own_group: bool) -> None:
+    # The CUDA split path (torch's `split_group`) forced onto gloo (see `split_group_stand_in`). A
+    # backend serving both `cpu` and `cuda` was split twice by torch on one store prefix, and members
+    # waited in `split_group` for good: such a gang now makes named groups; a group whose one backend
+    # serves its device is split by torch, non-members taking part.
+    results = worlds(4).run(split_group_stand_in, own_group)
+    assert results[0] == {"a": None}
+    for rank in (1, 2, 3):
+        assert results[rank]["a"] == [1, 2, 3]
+        assert results[rank]["a_split"] is own_group
+    assert results[1]["b"] == results[2]["b"] == [1, 2]
+    assert results[3]["b"] is None
+    assert results[1]["b_split"] is results[2]["b_split"] is own_group

@@ -18,17 +18,20 @@ from typing_extensions import override
 
 from gang import rendezvous
 from gang._torch_groups import (
+    SINGLE_COLLECTIVES,
     AllgatherOptions,
     AllreduceOptions,
     AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
     ReduceScatterOptions,
+    all_gather_tensor,
     can_split,
     group_timeout,
     init_fake_process_group,
     is_fake_backend,
     is_non_member,
+    reduce_scatter_tensor,
 )
 from gang.env import get_launcher, get_master_address, get_rank, get_world_size
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
@@ -503,10 +506,10 @@ class ProcessGroupGang(Gang):
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
         with guard("all_gather", self):
             out, inp = _flat(output_tensor), _flat(input_tensor)
-            if _direct(inp):
+            if SINGLE_COLLECTIVES and _direct(inp):
                 work = self._pg.all_gather_single(out, inp, self._allgather_options[async_op])
             else:
-                work = dist.all_gather_single(out, inp, group=self._pg, async_op=async_op)
+                work = all_gather_tensor(out, inp, group=self._pg, async_op=async_op)
             return self._complete("all_gather", work, async_op)
 
     @override
@@ -523,10 +526,10 @@ class ProcessGroupGang(Gang):
     ) -> Work | None:
         with guard("reduce_scatter", self):
             out, inp = _flat(output_tensor), _flat(input_tensor)
-            if _direct(inp):
+            if SINGLE_COLLECTIVES and _direct(inp):
                 work = self._pg.reduce_scatter_single(out, inp, self._reduce_scatter_options[async_op][op])
             else:
-                work = dist.reduce_scatter_single(out, inp, _REDUCE_OPS[op], group=self._pg, async_op=async_op)
+                work = reduce_scatter_tensor(out, inp, _REDUCE_OPS[op], group=self._pg, async_op=async_op)
             return self._complete("reduce_scatter", work, async_op)
 
     @override
@@ -556,7 +559,7 @@ class ProcessGroupGang(Gang):
         # Rows are split along the first dimension, whatever the shape (as torch's users pass them);
         # empty split lists mean equal rows.
         try:  # not `guard`: a `with` costs more than a `try` right after a wake-up
-            if _direct(input):
+            if SINGLE_COLLECTIVES and _direct(input):
                 work = self._pg.all_to_all_single(
                     output, input, out_splits, in_splits, self._all_to_all_options[async_op]
                 )
