@@ -539,6 +539,23 @@ def versions(session: nox.Session, pins: str) -> None:
     run_side_by_side(session, {name: [Step([*pytest, *suites])] for name, suites in VERSION_TESTS.items()})
 
 
+EXIT_STRESS = ROOT / "tests" / "reliability" / "exit_stress.py"
+
+
+@nox.session(venv_backend="none", name="exit_stress")
+def exit_stress(session: nox.Session) -> None:
+    """Start, use and exit gangs 25 times per launcher path under CPU load; fail on any abort at exit.
+
+    The long version of ``tests/reliability/test_exit.py`` (not in the default sessions nor in
+    ``.ci/run``): ``tests/reliability/exit_stress.py --runs 25 --load 2`` in the shared environment,
+    on torchrun, plain environment variables and, where installed, mpirun. ``nox -s exit_stress --
+    --runs 100`` runs more.
+    """
+    shared(session)
+    args = session.posargs or ["--runs", "25", "--load", "2"]
+    session.run(str(SHARED_BIN / "python"), str(EXIT_STRESS), *args, env=ONE_THREAD)
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
     """Collective and overhead benchmarks (not in the default sessions): ``nox -s bench -- --quick --out results.json``.

@@ -286,8 +286,9 @@ def alone_group() -> ProcessGroup:
     axes on the ``fake`` backend. With one member every collective is the identity, which is what
     the ``fake`` backend computes for one member (it copies inputs to outputs and reduces nothing),
     so this group costs no communicator (no gloo context, no NCCL communicator) and no
-    communication: only this process calls this. One group per default group, made on first use
-    and kept (torch destroys it with the default group).
+    communication: only this process calls this. Where the ``fake`` backend does not copy (torch
+    2.11: checked once per group with a scatter), the group of one is on the default backend. One
+    group per default group, made on first use and kept (torch destroys it with the default group).
 
     :raises ValueError: If the default group is not initialised.
     """
@@ -315,11 +316,27 @@ def alone_group() -> ProcessGroup:
             world.pg_group_ranks[pg] = {me: 0}
     if pg is None:
         pg = dist.new_group([me], backend="fake", use_local_synchronization=True)
+    if fake_store is not None and not _copies(pg, me):  # an older `fake` backend: a group of one on the default one
+        with suppress(RuntimeError, ValueError):
+            dist.destroy_process_group(pg)  # type: ignore[arg-type]
+        pg = dist.new_group([me], use_local_synchronization=True)
     group = _as_group(pg)  # type: ignore[assignment]
     if group is None:  # Cannot happen: this process is the member.
         raise AssertionError(f"rank {me} is not in its own group")
     _alone.update(group=group, default=default)
     return group
+
+
+def _copies(pg: Any, me: int) -> bool:
+    """Whether the ``fake`` group ``pg`` of this process alone copies inputs to outputs, as a group of one
+    computes: torch 2.13's does for every collective, 2.11's leaves the output of a scatter, a
+    reduce-scatter and an all-to-all untouched (a sharded ``DTensor`` then holds garbage)."""
+    sent, received = torch.ones(1), torch.zeros(1)
+    try:
+        dist.scatter(received, [sent], src=me, group=pg)
+    except (RuntimeError, ValueError):
+        return False
+    return bool(received.item() == 1.0)
 
 
 def _registered(world: Any, pg: object) -> bool:
