@@ -410,6 +410,8 @@ class ProcessGroupGang(Gang):
                 world_size=world_size,
                 timeout=timeout,
                 pg_options=pg_options,
+                # Binds the group to this process's GPU: torch 2.15's default NCCL backend (`nccl2`)
+                # runs every group on its bound device, guessing LOCAL_RANK % GPUs without one.
                 device_id=device if device.type == "cuda" else None,
             )
         except Exception as ex:
