@@ -450,7 +450,10 @@ def private_torch_api(g: Gang) -> dict[str, Any]:
         "warnings": [str(w.message) for w in caught],
         "named": named.group_name == name,
         "timeout": _torch_groups.group_timeout(named, cpu) == _torch_groups.default_timeout("gloo"),
-        "alone": _torch_groups.is_fake_backend(alone) and alone.group_name.startswith("gang_alone/"),
+        # Before torch 2.13 the `fake` backend leaves some outputs untouched: a group of one on gloo.
+        "alone": _torch_groups.is_fake_backend(alone) and alone.group_name.startswith("gang_alone/")
+        if torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
+        else dist.get_process_group_ranks(alone) == [dist.get_rank()] and dist.get_backend(alone) == "gloo",
         # What `can_split` and CUDA's standalone groups read (NCCL itself is not in this build).
         "splitting": isinstance(named._get_backend(cpu).supports_splitting, bool),
         "nccl_timeout": hasattr(Backend.Options, "_timeout"),

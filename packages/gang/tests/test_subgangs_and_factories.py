@@ -141,7 +141,13 @@ def test_nested_create_gang_on_the_cuda_split_path(worlds: Callable[[int], World
     # backend serving both `cpu` and `cuda` was split twice by torch on one store prefix, and members
     # waited in `split_group` for good: such a gang now makes named groups; a group whose one backend
     # serves its device is split by torch, non-members taking part.
-    results = worlds(4).run(split_group_stand_in, own_group)
+    if own_group and torch.torch_version.TorchVersion(torch.__version__) < "2.13":
+        pytest.skip("torch 2.11's split_group fails on this CPU stand-in (no backend for device type cuda)")
+    if own_group:  # a fresh world: `dist.new_group` names groups from each process's group history
+        with World(4) as world:
+            results = world.run(split_group_stand_in, own_group)
+    else:
+        results = worlds(4).run(split_group_stand_in, own_group)
     assert results[0] == {"a": None}
     for rank in (1, 2, 3):
         assert results[rank]["a"] == [1, 2, 3]
