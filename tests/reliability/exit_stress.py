@@ -18,6 +18,7 @@ exits with status 1 if a job aborted or failed. ``nox -s exit_stress`` runs the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -87,8 +88,10 @@ def run_job(path: str, world: int, late: float, timeout: float) -> tuple[list[in
         commands = [worker] * world
         local = {"LOCAL_WORLD_SIZE": str(world)}
         envs = [{**env, **rendezvous, **local, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(world)]
+    # Each in a session of its own: a launcher killed at the timeout takes its ranks along (they hold
+    # its output pipe open and would otherwise wait on its store until their own timeout).
     procs = [
-        subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         for cmd, e in zip(commands, envs, strict=True)
     ]
     deadline = time.monotonic() + timeout
@@ -97,7 +100,8 @@ def run_job(path: str, world: int, late: float, timeout: float) -> tuple[list[in
         try:
             out, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
         output += out.decode(errors="replace")
         codes.append(proc.returncode)
