@@ -559,16 +559,22 @@ def titan(session: nox.Session) -> None:
     session.run("pytest", str(TITAN_TESTS), "-p", "no:cacheprovider", *session.posargs, env=env)
 
 
-# The versions users run (`nox -s versions`, not in CI's run): the newest this machine installs and
-# the lowest the packages declare (their pyproject.toml's lower bounds are exactly these). torch
-# 2.13 is the first with `ProcessGroup.all_gather_single` and `reduce_scatter_single`, which
-# ProcessGroupGang calls directly (torch 2.10 and 2.12 lack them; 2.10 failed the suites). JAX 0.8.1
-# is the first whose `jax.distributed.initialize` takes `shutdown_timeout_seconds` (0.6.2 lacks
+# The versions users run (`nox -s versions`; `.ci/run` runs it after bare `nox`): the newest torch on
+# the registry and the lowest torch and JAX the packages declare (their pyproject.toml's lower bounds
+# are exactly these). torch 2.11 lacks `ProcessGroup.all_gather_single`, `reduce_scatter_single` and
+# `all_to_all_single` (2.13 added them): gangs then call the public `torch.distributed` functions
+# (see gang._torch_groups.SINGLE_COLLECTIVES). JAX 0.8.1 is the first whose
+# `jax.distributed.initialize` takes `shutdown_timeout_seconds` (0.6.2 lacks
 # `heartbeat_timeout_seconds` too; both failed gang-jax's tests).
 VERSIONS = {
-    "newest": ("torch==2.14.1", "jax==0.10.2", "jaxlib==0.10.2"),
-    "lowest": ("torch==2.13.0", "jax==0.8.1", "jaxlib==0.8.1"),
+    "newest": ("torch==2.15.0", "jax==0.10.2", "jaxlib==0.10.2"),
+    "lowest": ("torch==2.11.0", "jax==0.8.1", "jaxlib==0.8.1"),
 }
+# Neither torch lies on this machine's disk, whose pip configuration caps torch at what does (2.14.1):
+# their install alone reads no pip configuration (PIP_CONFIG_FILE=/dev/null), so pip takes them from
+# the registry as a user's pip would (CUDA builds, with their CUDA libraries about 3 GB each, that run
+# on the CPU; pip's cache keeps them for the next run).
+REGISTRY_ONLY = {"PIP_CONFIG_FILE": os.devnull}
 # A representative subset of the suites (about a third of bare nox's test time): every package's
 # own tests, FSDP2 parity (FSDP2's private hooks), and fault tolerance with its process group (DDP's
 # and autograd's hooks). Left out: the conformance table, reliability (dead peers), the quorum's
@@ -588,11 +594,11 @@ VERSION_TESTS = {
 @nox.session
 @nox.parametrize("pins", list(VERSIONS))
 def versions(session: nox.Session, pins: str) -> None:
-    """The suites (:data:`VERSION_TESTS`) on the newest torch installed here and the lowest torch and JAX declared.
+    """The suites (:data:`VERSION_TESTS`) on the newest torch on the registry and the lowest torch and JAX declared.
 
     ``nox -s "versions(pins='lowest')"`` runs one. The torch and JAX pins of ``constraints.txt`` are
-    replaced by :data:`VERSIONS`' (torch 2.14.1 is a CUDA build, with its CUDA libraries about
-    3 GB, that runs on the CPU; the lowest torch is the CI's CPU build).
+    replaced by :data:`VERSIONS`', installed from the registry past this machine's pip configuration
+    (:data:`REGISTRY_ONLY`, for this install alone).
     """
     replaced = {pin.split("==")[0] for pin in VERSIONS[pins]}
     kept = [line for line in (ROOT / "constraints.txt").read_text().splitlines() if line.split("==")[0] not in replaced]
@@ -600,7 +606,7 @@ def versions(session: nox.Session, pins: str) -> None:
     constraints.write_text("\n".join([*kept, *VERSIONS[pins]]) + "\n")
     session.env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     local = [arg for name in PACKAGES for arg in ("-e", str(ROOT / "packages" / name))]
-    session.install("-c", str(constraints), *local, *VERSIONS[pins], "pytest", "pytest-timeout")
+    session.install("-c", str(constraints), *local, *VERSIONS[pins], "pytest", "pytest-timeout", env=REGISTRY_ONLY)
     session.run("python", "-c", OURS, silent=True)
     session.run("python", "-c", "import torch, jax; print('torch', torch.__version__, 'jax', jax.__version__)")
     share_jax_compilations(session)
@@ -609,6 +615,23 @@ def versions(session: nox.Session, pins: str) -> None:
         session.run(*pytest, *session.posargs)
         return
     run_side_by_side(session, {name: [Step([*pytest, *suites])] for name, suites in VERSION_TESTS.items()})
+
+
+EXIT_STRESS = ROOT / "tests" / "reliability" / "exit_stress.py"
+
+
+@nox.session(venv_backend="none", name="exit_stress")
+def exit_stress(session: nox.Session) -> None:
+    """Start, use and exit gangs 25 times per launcher path under CPU load; fail on any abort at exit.
+
+    The long version of ``tests/reliability/test_exit.py`` (not in the default sessions nor in
+    ``.ci/run``): ``tests/reliability/exit_stress.py --runs 25 --load 2`` in the shared environment,
+    on torchrun, plain environment variables and, where installed, mpirun. ``nox -s exit_stress --
+    --runs 100`` runs more.
+    """
+    shared(session)
+    args = session.posargs or ["--runs", "25", "--load", "2"]
+    session.run(str(SHARED_BIN / "python"), str(EXIT_STRESS), *args, env=ONE_THREAD)
 
 
 @nox.session

@@ -551,9 +551,11 @@ def _error_of(call: Callable[[], object]) -> str:
 
 
 def _alone(mesh: DeviceMesh, name: str) -> bool:
-    """Whether the mesh's group along ``name`` holds this process alone, on torch's ``fake`` backend."""
+    """Whether the mesh's group along ``name`` holds this process alone, on torch's ``fake`` backend (on
+    the default backend before torch 2.13, whose ``fake`` backend leaves some collectives' outputs untouched)."""
     group = mesh.get_group(name)
-    return dist.get_process_group_ranks(group) == [dist.get_rank()] and dist.get_backend(group) == "fake"
+    backend = "fake" if torch.torch_version.TorchVersion(torch.__version__) >= "2.13" else dist.get_backend()
+    return dist.get_process_group_ranks(group) == [dist.get_rank()] and dist.get_backend(group) == backend
 
 
 def size_one_dims(root: Gang) -> dict[str, Any]:

@@ -450,10 +450,63 @@ def private_torch_api(g: Gang) -> dict[str, Any]:
         "warnings": [str(w.message) for w in caught],
         "named": named.group_name == name,
         "timeout": _torch_groups.group_timeout(named, cpu) == _torch_groups.default_timeout("gloo"),
-        "alone": _torch_groups.is_fake_backend(alone) and alone.group_name.startswith("gang_alone/"),
+        # Before torch 2.13 the `fake` backend leaves some outputs untouched: a group of one on gloo.
+        "alone": _torch_groups.is_fake_backend(alone) and alone.group_name.startswith("gang_alone/")
+        if torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
+        else dist.get_process_group_ranks(alone) == [dist.get_rank()] and dist.get_backend(alone) == "gloo",
         # What `can_split` and CUDA's standalone groups read (NCCL itself is not in this build).
         "splitting": isinstance(named._get_backend(cpu).supports_splitting, bool),
         "nccl_timeout": hasattr(Backend.Options, "_timeout"),
     }
     dist.destroy_process_group(named)
     return result
+
+
+def _copy_gloo_options(options: Any, memo: dict[int, Any]) -> Any:
+    """A copy of gloo's backend options, which torch's ``split_group`` deep-copies (NCCL's can be)."""
+    copy = type(options)()
+    for name in ("_timeout", "_devices", "_threads", "global_ranks_in_group", "group_name"):
+        setattr(copy, name, getattr(options, name))
+    return copy
+
+
+def split_group_stand_in(g: Gang, own_group: bool) -> dict[str, Any]:
+    """``create_gang([1, 2, 3])`` then ``create_gang([0, 1])`` of that, with the CUDA split path on gloo.
+
+    The stand-in for a NCCL world (a test-only seam, restored afterwards since the world is reused):
+    ``torch.accelerator`` reports the CPU, the default group is bound to ``cpu:0`` and gloo's options
+    can be deep-copied, so ``dist.split_group`` (which wants all three) runs on gloo. With
+    ``own_group`` the gangs split a group whose only backend is gloo on the CPU (as a NCCL world's
+    only backend is NCCL on CUDA): torch's ``split_group`` makes the sub-groups. Without it, the
+    root's group maps ``cpu`` and ``cuda`` to one gloo backend, which torch would split twice.
+    """
+    from gang import ProcessGroupGang
+
+    accelerator: Any = torch.accelerator
+    world = dist.group.WORLD
+    assert world is not None
+    options: Any = dist.ProcessGroupGloo._Options  # type: ignore[attr-defined]
+    own = dist.new_group(backend="cpu:gloo") if own_group else None  # before the binding, which it would take
+    saved = (accelerator.is_available, accelerator.current_accelerator, world.bound_device_id)
+    accelerator.is_available = lambda: True
+    accelerator.current_accelerator = lambda check_available=False: torch.device("cpu")
+    world.bound_device_id = torch.device("cpu", 0)
+    options.__deepcopy__ = _copy_gloo_options
+    try:
+        root = g if own is None else ProcessGroupGang.from_process_group(own, torch.device("cpu"))
+        result: dict[str, Any] = {}
+        a = root.create_gang([1, 2, 3])
+        result["a"] = members(a)
+        if a is not None:
+            result["a_split"] = ":split:" in a.as_process_group().group_desc
+            b = a.create_gang([0, 1])
+            result["b"] = members(b)
+            result["b_split"] = None if b is None else ":split:" in b.as_process_group().group_desc
+            a.close()
+        if own is not None:
+            root.close()
+            dist.destroy_process_group(own)
+        return result
+    finally:
+        accelerator.is_available, accelerator.current_accelerator, world.bound_device_id = saved
+        del options.__deepcopy__

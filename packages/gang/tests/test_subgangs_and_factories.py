@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 import torch
-from core_workers import numpy_ranks_and_cpu0, parallel_layout, sub_gang_members
+from core_workers import numpy_ranks_and_cpu0, parallel_layout, split_group_stand_in, sub_gang_members
 
 from gang import FakeGang, create_fsdp_gangs, create_parallel_gangs
 from gang.testing import World
@@ -134,3 +134,25 @@ def test_split_plan_gives_split_group_the_parent_groups_own_ranks() -> None:
 def test_real_gang_on_cpu0_with_numpy_ranks(worlds: Callable[[int], World]) -> None:
     for rank, got in enumerate(worlds(2).run(numpy_ranks_and_cpu0)):
         assert got == {"device": "cpu", "broadcast": [1.0, 1.0], "sub": [0, 1]}, rank
+
+
+@pytest.mark.parametrize("own_group", [False, True], ids=["shared gloo backend", "split_group"])
+def test_nested_create_gang_on_the_cuda_split_path(worlds: Callable[[int], World], own_group: bool) -> None:
+    # The CUDA split path (torch's `split_group`) forced onto gloo (see `split_group_stand_in`). A
+    # backend serving both `cpu` and `cuda` was split twice by torch on one store prefix, and members
+    # waited in `split_group` for good: such a gang now makes named groups; a group whose one backend
+    # serves its device is split by torch, non-members taking part.
+    if own_group and torch.torch_version.TorchVersion(torch.__version__) < "2.13":
+        pytest.skip("torch 2.11's split_group fails on this CPU stand-in (no backend for device type cuda)")
+    if own_group:  # a fresh world: `dist.new_group` names groups from each process's group history
+        with World(4) as world:
+            results = world.run(split_group_stand_in, own_group)
+    else:
+        results = worlds(4).run(split_group_stand_in, own_group)
+    assert results[0] == {"a": None}
+    for rank in (1, 2, 3):
+        assert results[rank]["a"] == [1, 2, 3]
+        assert results[rank]["a_split"] is own_group
+    assert results[1]["b"] == results[2]["b"] == [1, 2]
+    assert results[3]["b"] is None
+    assert results[1]["b_split"] is results[2]["b_split"] is own_group

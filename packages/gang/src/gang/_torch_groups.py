@@ -10,6 +10,14 @@ a destroyed one. Gangs instead name each sub-group after its parent gang and the
 counter, which all members of the parent share because they call ``split``/``create_gang`` in the
 same order (:func:`new_named_group`, :func:`alone_group`).
 
+**Collectives across torch versions.** torch 2.13 added ``ProcessGroup.all_gather_single``,
+``reduce_scatter_single`` and ``all_to_all_single`` (a group's own methods, which gangs call with
+options built once) and renamed ``dist.all_gather_into_tensor``/``reduce_scatter_tensor`` to
+``dist.all_gather_single``/``reduce_scatter_single`` (the old names warn there). Whether this torch
+has them is read once, at import (:data:`SINGLE_COLLECTIVES`); where it does not (torch 2.11, 2.12),
+gangs call the public functions :func:`all_gather_tensor`, :func:`reduce_scatter_tensor` and
+``dist.all_to_all_single``, which every torch since 2.0 has.
+
 **What else is here.** The standalone groups of :mod:`gang.ft` (:func:`new_standalone_group`), the
 entry of its Python process group in torch's group registry (:func:`register_python_group`), DDP's
 gradient buckets (:func:`fix_ddp_buckets`), FSDP2's gradient views
@@ -27,7 +35,8 @@ stubs declare them (they are the public ``torch.distributed`` classes; import th
   alone holds the default group's store): the public ``new_group(use_local_synchronization=True)``,
   with a warning, since it can deadlock (:func:`new_named_group`); a group of one on the default
   backend, or the public ``new_group`` on the ``fake`` one (:func:`alone_group`);
-* a backend's ``supports_splitting`` and ``options._timeout``: "cannot split", "timeout unknown";
+* a backend's ``supports_splitting``, a group's ``_device_types`` and ``options._timeout``: "cannot
+  split", "timeout unknown";
 * the registry entry of a Python group: none (a failed collective on it is then reported by torch
   as "not initialized");
 * ``torch._C._current_graph_task_id`` and autograd's ``queue_callback``: ``replicate_fsdp``
@@ -59,6 +68,7 @@ from __future__ import annotations
 import os
 import socket
 import warnings
+from collections.abc import Callable
 from contextlib import suppress
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -83,6 +93,7 @@ from torch.distributed import ProcessGroup
 from gang.errors import NotSupportedError
 
 __all__ = [
+    "SINGLE_COLLECTIVES",
     "AllToAllOptions",
     "AllgatherOptions",
     "AllreduceOptions",
@@ -93,6 +104,7 @@ __all__ = [
     "ReduceScatterOptions",
     "StandaloneGroup",
     "Store",
+    "all_gather_tensor",
     "alone_group",
     "TCPStore",
     "as_mesh_subclass",
@@ -109,6 +121,7 @@ __all__ = [
     "is_registered",
     "new_named_group",
     "new_standalone_group",
+    "reduce_scatter_tensor",
     "register_python_group",
     "serve_store",
     "unregister_python_group",
@@ -116,6 +129,21 @@ __all__ = [
 
 StandaloneGroup = Any
 """A torch ``Backend`` (``ProcessGroupGloo``/``ProcessGroupNCCL``): torch's stubs omit its collectives."""
+
+SINGLE_COLLECTIVES: bool = all(
+    hasattr(ProcessGroup, name) for name in ("all_gather_single", "reduce_scatter_single", "all_to_all_single")
+)
+"""Whether a ``ProcessGroup`` has its own ``all_gather_single``, ``reduce_scatter_single`` and
+``all_to_all_single`` (torch 2.13 and later), which gangs call directly; read once, at import."""
+
+all_gather_tensor: Callable[..., Any] = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+"""``dist.all_gather_single`` (torch 2.13 and later), else ``dist.all_gather_into_tensor`` (the same
+call under its earlier name): ``(output, input, group=None, async_op=False)``."""
+
+reduce_scatter_tensor: Callable[..., Any] = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+"""``dist.reduce_scatter_single`` (torch 2.13 and later), else ``dist.reduce_scatter_tensor`` (the same
+call under its earlier name): ``(output, input, op=SUM, group=None, async_op=False)``."""
+
 
 _warned_fallback = False
 
@@ -147,6 +175,7 @@ def new_named_group(global_ranks: list[int], name: str, timeout: timedelta | Non
         return _public_fallback(global_ranks, timeout)
     if timeout is None:
         timeout = default_timeout(backend)
+    bound = default_pg.bound_device_id  # torch takes an accelerator only: a CPU binding is no binding
     try:
         pg, _ = helper(
             len(global_ranks),
@@ -156,7 +185,7 @@ def new_named_group(global_ranks: list[int], name: str, timeout: timedelta | Non
             store,
             name,
             timeout=timeout,
-            device_id=default_pg.bound_device_id,
+            device_id=bound if bound is not None and bound.type != "cpu" else None,
             group_desc=name,
         )
     except TypeError:  # The internal signature changed: use the public API.
@@ -199,13 +228,25 @@ def _as_group(pg: object) -> ProcessGroup | None:
 
 
 def can_split(pg: ProcessGroup, device: torch.device) -> bool:
-    """Whether ``dist.split_group`` can split ``pg``: the default group is bound to a device and the
-    backend of ``pg`` on ``device`` supports splitting (NCCL). ``False`` when torch cannot tell."""
+    """Whether ``dist.split_group`` can split ``pg`` safely: the default group is bound to a device, the
+    backend of ``pg`` on ``device`` supports splitting (NCCL; gloo in recent torch), and that backend
+    serves no other device type of ``pg``. ``False`` when torch cannot tell.
+
+    A backend that serves several device types (a group created with ``backend="gloo"`` maps both
+    ``cpu`` and ``cuda`` to one ``ProcessGroupGloo``) is split once per device type by torch 2.13's
+    ``ProcessGroup::splitGroup``, every copy rendezvousing under the same store prefix: the copies
+    race for each other's keys and members wait forever in ``split_group`` (torch's later sources
+    split such a backend once). Such a gang creates named sub-groups instead (:func:`new_named_group`).
+    """
     default = dist.group.WORLD
     try:
         if default is None or default.bound_device_id is None:
             return False
-        return bool(pg._get_backend(device).supports_splitting)
+        backend = pg._get_backend(device)
+        if not backend.supports_splitting:
+            return False
+        others = [torch.device(t) for t in pg._device_types if torch.device(t).type != device.type]
+        return all(pg._get_backend(other) is not backend for other in others)
     except (AttributeError, RuntimeError, TypeError, ValueError):  # a renamed or changed private API
         return False
 
@@ -251,8 +292,9 @@ def alone_group() -> ProcessGroup:
     axes on the ``fake`` backend. With one member every collective is the identity, which is what
     the ``fake`` backend computes for one member (it copies inputs to outputs and reduces nothing),
     so this group costs no communicator (no gloo context, no NCCL communicator) and no
-    communication: only this process calls this. One group per default group, made on first use
-    and kept (torch destroys it with the default group).
+    communication: only this process calls this. Where the ``fake`` backend does not copy (torch
+    2.11: checked once per group with a scatter), the group of one is on the default backend. One
+    group per default group, made on first use and kept (torch destroys it with the default group).
 
     :raises ValueError: If the default group is not initialised.
     """
@@ -280,11 +322,27 @@ def alone_group() -> ProcessGroup:
             world.pg_group_ranks[pg] = {me: 0}
     if pg is None:
         pg = dist.new_group([me], backend="fake", use_local_synchronization=True)
+    if fake_store is not None and not _copies(pg, me):  # an older `fake` backend: a group of one on the default one
+        with suppress(RuntimeError, ValueError):
+            dist.destroy_process_group(pg)  # type: ignore[arg-type]
+        pg = dist.new_group([me], use_local_synchronization=True)
     group = _as_group(pg)  # type: ignore[assignment]
     if group is None:  # Cannot happen: this process is the member.
         raise AssertionError(f"rank {me} is not in its own group")
     _alone.update(group=group, default=default)
     return group
+
+
+def _copies(pg: Any, me: int) -> bool:
+    """Whether the ``fake`` group ``pg`` of this process alone copies inputs to outputs, as a group of one
+    computes: torch 2.13's does for every collective, 2.11's leaves the output of a scatter, a
+    reduce-scatter and an all-to-all untouched (a sharded ``DTensor`` then holds garbage)."""
+    sent, received = torch.ones(1), torch.zeros(1)
+    try:
+        dist.scatter(received, [sent], src=me, group=pg)
+    except (RuntimeError, ValueError):
+        return False
+    return bool(received.item() == 1.0)
 
 
 def _registered(world: Any, pg: object) -> bool:

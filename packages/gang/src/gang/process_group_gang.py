@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, NamedTuple, Protocol, TypeVar, final
@@ -18,17 +20,20 @@ from typing_extensions import override
 
 from gang import rendezvous
 from gang._torch_groups import (
+    SINGLE_COLLECTIVES,
     AllgatherOptions,
     AllreduceOptions,
     AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
     ReduceScatterOptions,
+    all_gather_tensor,
     can_split,
     group_timeout,
     init_fake_process_group,
     is_fake_backend,
     is_non_member,
+    reduce_scatter_tensor,
 )
 from gang.address import use_gloo_interface
 from gang.env import get_launcher, get_master_address, get_rank, get_world_size
@@ -194,7 +199,9 @@ class TorchWork(Work):
         """The event set once a thread that waits for the works saw them end (started on first use)."""
         if self._finished is None:
             self._finished = threading.Event()
-            threading.Thread(target=self._wait_in_thread, name=f"gang {self._operation}", daemon=True).start()
+            thread = threading.Thread(target=self._wait_in_thread, name=f"gang {self._operation}", daemon=True)
+            _WAITERS.add(thread)
+            thread.start()
         return self._finished
 
     def _wait_in_thread(self) -> None:
@@ -206,6 +213,49 @@ class TorchWork(Work):
             self._failure = ex
         finally:
             self._finished.set()
+            _WAITERS.discard(threading.current_thread())
+
+
+EXIT_GRACE = 10.0
+"""Seconds the interpreter's exit waits for handles still waiting on torch (see :func:`_exit_cleanly`)."""
+
+_WAITERS: set[threading.Thread] = set()
+"""The threads of :class:`TorchWork` handles that are still inside torch's ``wait()``."""
+
+_ROOTS: weakref.WeakSet[ProcessGroupGang] = weakref.WeakSet()
+"""The root gangs that created torch's default group (:meth:`ProcessGroupGang.create_default_process_group`)."""
+
+
+@atexit.register
+def _exit_cleanly() -> None:
+    """End what gangs left running before the interpreter tears itself down.
+
+    A thread still inside a C++ call when the interpreter finalizes is ended by the C library
+    (``pthread_exit``) as soon as the call returns and asks for the GIL, and that unwinds through
+    a frame that must not throw: the process aborts with "terminate called without an active
+    exception" (exit status 134) after it has done all its work. Such a thread is a
+    :class:`TorchWork` handle's, inside torch's ``wait()`` for an operation the program never waited
+    for (polled with ``is_completed()`` or waited for with a timeout, then left). So at exit, while
+    the interpreter still runs (torch registers no exit handler of its own for its groups):
+
+    1. wait up to :data:`EXIT_GRACE` seconds for those threads (their operations end once the other
+       ranks take part, or fail once they are gone);
+    2. then, when none is left inside torch, close every root gang that created torch's default
+       group, so that torch's groups are destroyed here, on the main thread, joining their worker
+       threads, and drop the rendezvous stores (:func:`gang.rendezvous.release_stores`), whose
+       server and client threads are joined likewise. With an operation still pending the groups
+       are left as they are: destroying one waits for its operations, up to the collective timeout.
+    """
+    deadline = time.monotonic() + EXIT_GRACE
+    for thread in list(_WAITERS):
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if any(thread.is_alive() for thread in list(_WAITERS)):
+        return
+    for root in list(_ROOTS):
+        with contextlib.suppress(Exception):  # at exit: a group torch already dropped, a failed peer
+            root.close()
+    if not dist.is_initialized():
+        rendezvous.release_stores()
 
 
 def _canonical(
@@ -365,6 +415,8 @@ class ProcessGroupGang(Gang):
                 world_size=world_size,
                 timeout=timeout,
                 pg_options=pg_options,
+                # Binds the group to this process's GPU: torch 2.15's default NCCL backend (`nccl2`)
+                # runs every group on its bound device, guessing LOCAL_RANK % GPUs without one.
                 device_id=device if device.type == "cuda" else None,
             )
         except Exception as ex:
@@ -376,7 +428,9 @@ class ProcessGroupGang(Gang):
         pg = dist.group.WORLD
         assert pg is not None
         name = rendezvous.root_name(round_number)
-        return cls(pg, device, timeout=timeout, owns_group=True, is_default=True, name=name, debug=debug)
+        root = cls(pg, device, timeout=timeout, owns_group=True, is_default=True, name=name, debug=debug)
+        _ROOTS.add(root)
+        return root
 
     @classmethod
     def from_process_group(
@@ -512,10 +566,10 @@ class ProcessGroupGang(Gang):
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
         with guard("all_gather", self):
             out, inp = _flat(output_tensor), _flat(input_tensor)
-            if _direct(inp):
+            if SINGLE_COLLECTIVES and _direct(inp):
                 work = self._pg.all_gather_single(out, inp, self._allgather_options[async_op])
             else:
-                work = dist.all_gather_single(out, inp, group=self._pg, async_op=async_op)
+                work = all_gather_tensor(out, inp, group=self._pg, async_op=async_op)
             return self._complete("all_gather", work, async_op)
 
     @override
@@ -532,10 +586,10 @@ class ProcessGroupGang(Gang):
     ) -> Work | None:
         with guard("reduce_scatter", self):
             out, inp = _flat(output_tensor), _flat(input_tensor)
-            if _direct(inp):
+            if SINGLE_COLLECTIVES and _direct(inp):
                 work = self._pg.reduce_scatter_single(out, inp, self._reduce_scatter_options[async_op][op])
             else:
-                work = dist.reduce_scatter_single(out, inp, _REDUCE_OPS[op], group=self._pg, async_op=async_op)
+                work = reduce_scatter_tensor(out, inp, _REDUCE_OPS[op], group=self._pg, async_op=async_op)
             return self._complete("reduce_scatter", work, async_op)
 
     @override
@@ -565,7 +619,7 @@ class ProcessGroupGang(Gang):
         # Rows are split along the first dimension, whatever the shape (as torch's users pass them);
         # empty split lists mean equal rows.
         try:  # not `guard`: a `with` costs more than a `try` right after a wake-up
-            if _direct(input):
+            if SINGLE_COLLECTIVES and _direct(input):
                 work = self._pg.all_to_all_single(
                     output, input, out_splits, in_splits, self._all_to_all_options[async_op]
                 )

@@ -45,6 +45,7 @@ __all__ = [
     "next_call",
     "next_generation",
     "prefixed_store",
+    "release_stores",
     "root_name",
     "store",
     "store_prefix",
@@ -69,6 +70,15 @@ def store(host: str, port: int, world_size: int, *, is_master: bool, timeout: ti
         cached = TCPStore(host, port, world_size, is_master=is_master, timeout=timeout, wait_for_workers=False)
         _stores[(host, port)] = cached
     return cached
+
+
+def release_stores() -> None:
+    """Drop this process's rendezvous stores, so that torch closes them now (joining their threads).
+
+    Called at interpreter exit once the default group is destroyed; a later :func:`store` connects
+    (or serves) again.
+    """
+    _stores.clear()
 
 
 def next_generation() -> int:

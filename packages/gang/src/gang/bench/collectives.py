@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from gang import Gang, ReduceOperation
+from gang._torch_groups import all_gather_tensor, reduce_scatter_tensor
 from gang.bench.cases import OVERLAP_BUCKETS, Call, Case, reference
 from gang.bench.metrics import (
     OPS,
@@ -185,8 +186,8 @@ class TorchImpls:
         group, sum_ = self.group, dist.ReduceOp.SUM
         raw: dict[str, Callable[[Tensor, Tensor], object]] = {
             "all_reduce": lambda out, inp: dist.all_reduce(inp, sum_, group=group),
-            "all_gather": lambda out, inp: dist.all_gather_single(out.view(-1), inp, group=group),
-            "reduce_scatter": lambda out, inp: dist.reduce_scatter_single(out, inp.view(-1), sum_, group=group),
+            "all_gather": lambda out, inp: all_gather_tensor(out.view(-1), inp, group=group),
+            "reduce_scatter": lambda out, inp: reduce_scatter_tensor(out, inp.view(-1), sum_, group=group),
             "all_to_all": lambda out, inp: dist.all_to_all_single(out, inp, group=group),
             "broadcast": lambda out, inp: dist.broadcast(inp, group=group, group_src=0),
         }
