@@ -113,10 +113,10 @@ def test_jax_gang_desync(tmp_path: Path) -> None:
     assert "missing ranks: {3}" in tp_block and "expected ranks: {2, 3}" in tp_block, tp_block
 
 
-def _wait_for(path: Path, proc: subprocess.Popen[str] | None = None) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen[Any] | None = None) -> None:
     deadline = time.monotonic() + HARNESS_TIMEOUT_S
     while not path.exists():
-        assert proc is None or proc.poll() is None, f"{proc.args} ended first"
+        assert proc is None or proc.poll() is None, f"{proc.args!r} ended first"
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.2)
 
@@ -159,7 +159,8 @@ def test_replica_stuck_in_step(tmp_path: Path) -> None:
         summary = _gang_trace(dumps)
         assert summary["suspects"][0]["rank"] == 2 and "never entered all_reduce" in summary["suspects"][0]["reason"]
     finally:
-        for p in [*procs, store]:
+        everything: list[subprocess.Popen[Any]] = [*procs, store]
+        for p in everything:
             if p.poll() is None:
                 p.kill()
             p.wait()

@@ -6,6 +6,7 @@ import logging
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -31,7 +32,7 @@ def _check_events(events: list[tuple[object, ...]], size: int) -> None:
     ops += ["split", *(["send_recv", "all_to_all_uneven"] if size > 1 else [])]
     started = [op for when, op in names if when == "started"]
     assert started == ops, started
-    assert sorted(op for when, op in names if when == "ended") == sorted(ops)
+    assert sorted(str(op) for when, op in names if when == "ended") == sorted(ops)
     root_seqs = [e[2] for e in events if e[0] == "started" and e[4] == "world"]
     assert root_seqs == list(range(1, 9)), events  # the root's operations count 1, 2, ... (the split too)
     first = events[0]
@@ -100,7 +101,8 @@ def test_dump_is_torch_format_and_zero_turns_the_recorder_off(tmp_path: Path) ->
     assert path == tmp_path / "gang_trace_rank_7"
     loaded = read_dump("gang_trace_rank_", str(path))
     assert loaded["rank"] == 7 and loaded["version"] == "2.10"
-    mine = next(e for e in reversed(loaded["entries"]) if e["profiling_name"] == "gloo:all_reduce")  # type: ignore[union-attr]
+    entries: list[Any] = loaded["entries"]  # type: ignore[assignment]
+    mine = next(e for e in reversed(entries) if e["profiling_name"] == "gloo:all_reduce")
     assert mine["input_sizes"] == [[3]] and mine["input_dtypes"] == ["Double"] and mine["state"] == "completed"
     gang.trace.set_buffer_size(0)
     assert all(not t.ring for t in list(_TRACES))
