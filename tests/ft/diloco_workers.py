@@ -87,6 +87,14 @@ def jax_outer() -> Any:
 _JAX_STEP: Any = None
 
 
+def _jax_loss(ps: list[Any], x: Any, y: Any) -> Any:
+    """The mean squared error of the JAX model (``build_model``'s parameters as a list)."""
+    import jax.numpy as jnp
+
+    w1, b1, w2, b2 = ps
+    return jnp.mean((jnp.tanh(x @ w1.T + b1) @ w2.T + b2 - y) ** 2)
+
+
 def jax_inner_step(params: list[Any], rid: str, process: int, t: int) -> list[Any]:
     """One plain SGD step of the JAX model (``build_model``'s parameters as a list, in its order) on
     the batch of (``rid``, ``process``, ``t``): the JAX replicas' inner step, and the replay's for them."""
@@ -96,12 +104,8 @@ def jax_inner_step(params: list[Any], rid: str, process: int, t: int) -> list[An
 
     if _JAX_STEP is None:
 
-        def loss(ps: list[Any], x: Any, y: Any) -> Any:
-            w1, b1, w2, b2 = ps
-            return jnp.mean((jnp.tanh(x @ w1.T + b1) @ w2.T + b2 - y) ** 2)
-
         def step(ps: list[Any], x: Any, y: Any) -> list[Any]:
-            return [p - INNER_LR * g for p, g in zip(ps, jax.grad(loss)(ps, x, y), strict=True)]
+            return [p - INNER_LR * g for p, g in zip(ps, jax.grad(_jax_loss)(ps, x, y), strict=True)]
 
         _JAX_STEP = jax.jit(step)
     x, y = gang_batch(rid, process, t)
@@ -121,12 +125,7 @@ def jax_grads(params: list[Any], rid: str, process: int, t: int) -> list[Any]:
     import jax.numpy as jnp
 
     if _JAX_GRAD is None:
-
-        def loss(ps: list[Any], x: Any, y: Any) -> Any:
-            w1, b1, w2, b2 = ps
-            return jnp.mean((jnp.tanh(x @ w1.T + b1) @ w2.T + b2 - y) ** 2)
-
-        _JAX_GRAD = jax.jit(jax.grad(loss))
+        _JAX_GRAD = jax.jit(jax.grad(_jax_loss))
     x, y = gang_batch(rid, process, t)
     result: list[Any] = _JAX_GRAD(params, jnp.asarray(x.numpy()), jnp.asarray(y.numpy()))
     return result
