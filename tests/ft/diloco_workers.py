@@ -1,10 +1,13 @@
 """The replicas of the DiLoCo tests: one process each (``one``; ``localsgd`` runs ``gang.ft.LocalSGD``
 instead) or a torchrun of 2 sharding with FSDP2 (``fsdp``); ``jax`` and ``jaxlocalsgd`` train the same
-model as a JAX pytree with ``gang_jax.ft.DiLoCo`` and ``gang_jax.ft.LocalSGD`` (float64, x64 on).
+model as a JAX pytree with ``gang_jax.ft.DiLoCo`` and ``gang_jax.ft.LocalSGD`` (float64, x64 on);
+``jaxfsdp`` is a torchrun of 2 JAX processes that average their gradients through the replica's
+``gang_jax.JaxGang`` and each hand only their own shard (chunk ``process`` of dim 0 of every leaf)
+to their own ``gang_jax.ft.DiLoCo``, rebuilding the full parameters by an all-gather after it.
 ``FT_MODE`` overrides the mode of one replica (torch and JAX replicas in one job), ``FT_OUTER=sgd``
 makes the outer optimizer plain SGD (no momentum) instead of SGD with Nesterov momentum.
 
-Run as ``python diloco_workers.py one|localsgd|fsdp LOG STEPS`` with ``GANG_FT_REPLICA_ID``/``GANG_FT_STORE``
+Run as ``python diloco_workers.py MODE LOG STEPS`` with ``GANG_FT_REPLICA_ID``/``GANG_FT_STORE``
 set. Each process builds the float64 model of :func:`build_model` (replica ``0`` from seed 1234,
 the others from their own seeds: the gang's ``init_sync`` makes them agree), trains it with plain
 SGD inside ``gang.ft.DiLoCo`` (outer SGD with Nesterov momentum) until ``STEPS`` local steps, on
@@ -86,6 +89,14 @@ def jax_outer() -> Any:
 _JAX_STEP: Any = None
 
 
+def _jax_loss(ps: list[Any], x: Any, y: Any) -> Any:
+    """The mean squared error of the JAX model (``build_model``'s parameters as a list)."""
+    import jax.numpy as jnp
+
+    w1, b1, w2, b2 = ps
+    return jnp.mean((jnp.tanh(x @ w1.T + b1) @ w2.T + b2 - y) ** 2)
+
+
 def jax_inner_step(params: list[Any], rid: str, process: int, t: int) -> list[Any]:
     """One plain SGD step of the JAX model (``build_model``'s parameters as a list, in its order) on
     the batch of (``rid``, ``process``, ``t``): the JAX replicas' inner step, and the replay's for them."""
@@ -95,12 +106,8 @@ def jax_inner_step(params: list[Any], rid: str, process: int, t: int) -> list[An
 
     if _JAX_STEP is None:
 
-        def loss(ps: list[Any], x: Any, y: Any) -> Any:
-            w1, b1, w2, b2 = ps
-            return jnp.mean((jnp.tanh(x @ w1.T + b1) @ w2.T + b2 - y) ** 2)
-
         def step(ps: list[Any], x: Any, y: Any) -> list[Any]:
-            return [p - INNER_LR * g for p, g in zip(ps, jax.grad(loss)(ps, x, y), strict=True)]
+            return [p - INNER_LR * g for p, g in zip(ps, jax.grad(_jax_loss)(ps, x, y), strict=True)]
 
         _JAX_STEP = jax.jit(step)
     x, y = gang_batch(rid, process, t)
@@ -108,8 +115,47 @@ def jax_inner_step(params: list[Any], rid: str, process: int, t: int) -> list[An
     return result
 
 
+_JAX_GRAD: Any = None
+_JAX_SGD: Any = None
+
+
+def jax_grads(params: list[Any], rid: str, process: int, t: int) -> list[Any]:
+    """The gradients of the JAX model's loss on the batch of (``rid``, ``process``, ``t``), jitted:
+    what each process of a ``jaxfsdp`` replica contributes to its replica's inner step."""
+    global _JAX_GRAD
+    import jax
+    import jax.numpy as jnp
+
+    if _JAX_GRAD is None:
+        _JAX_GRAD = jax.jit(jax.grad(_jax_loss))
+    x, y = gang_batch(rid, process, t)
+    result: list[Any] = _JAX_GRAD(params, jnp.asarray(x.numpy()), jnp.asarray(y.numpy()))
+    return result
+
+
+def jax_sgd(params: list[Any], summed: list[Any], procs: int) -> list[Any]:
+    """One plain SGD step (jitted) with the mean gradient ``summed / procs`` (``summed``: the sum of
+    the ``procs`` processes' :func:`jax_grads`, which rounds alike in any order for 2 processes)."""
+    global _JAX_SGD
+    import jax
+
+    if _JAX_SGD is None:
+
+        def step(ps: list[Any], gs: list[Any], n: int) -> list[Any]:
+            return [p - INNER_LR * (g / n) for p, g in zip(ps, gs, strict=True)]
+
+        _JAX_SGD = jax.jit(step, static_argnums=2)
+    result: list[Any] = _JAX_SGD(params, summed, procs)
+    return result
+
+
 def jax_mode(mode: str) -> bool:
     return mode.startswith("jax")
+
+
+def procs_of(mode: str) -> int:
+    """The number of processes of a replica in ``mode``."""
+    return FSDP_PROCS if mode in ("fsdp", "jaxfsdp") else 1
 
 
 def gang_batch(rid: str, process: int, t: int) -> tuple[Tensor, Tensor]:
@@ -194,9 +240,11 @@ def _replay(
     parameters once it was applied. With ``local_sgd``, a sync instead sets every member's
     parameters of the fragments to the mean of the other members' (summed in quorum order), and
     there are no global parameters. With ``jax_replicas``, every replica's inner step is
-    :func:`jax_inner_step` and the outer optimizer :func:`jax_outer`, one ``optax`` state per
-    fragment, its update jitted (as ``gang_jax.ft`` runs them). With ``quantize``, each mean is
-    :func:`quantized_mean`'s.
+    :func:`jax_inner_step` (with ``procs > 1``: :func:`jax_grads` of every process, summed in
+    process order, then :func:`jax_sgd`, as ``jaxfsdp`` replicas run it) and the outer optimizer
+    :func:`jax_outer`, one ``optax`` state per fragment, its update jitted (as ``gang_jax.ft``
+    runs them; the sync is elementwise, so a shard of it is the sync of the shard). With
+    ``quantize``, each mean is :func:`quantized_mean`'s.
     """
     start = [p.detach().clone() for p in build_model("0").parameters()]
     glob = [p.clone().requires_grad_(True) for p in start]
@@ -238,7 +286,13 @@ def _replay(
                 if jax_replicas:
                     import jax.numpy as jnp
 
-                    new = jax_inner_step([jnp.asarray(p.detach().numpy()) for p in m.parameters()], rid, 0, t)
+                    now = [jnp.asarray(p.detach().numpy()) for p in m.parameters()]
+                    if procs == 1:
+                        new = jax_inner_step(now, rid, 0, t)
+                    else:  # as a `jaxfsdp` replica: its processes' gradients summed, then the step
+                        grads_of = [[np.array(g) for g in jax_grads(now, rid, k, t)] for k in range(procs)]
+                        summed = [sum(column[1:], column[0]) for column in zip(*grads_of, strict=True)]
+                        new = jax_sgd(now, [jnp.asarray(g) for g in summed], procs)
                     with torch.no_grad():
                         for p, value in zip(m.parameters(), new, strict=True):
                             p.copy_(torch.from_numpy(np.array(value)))
@@ -361,8 +415,9 @@ class Worker(Replica):
     """One process of a replica: the model, the inner optimizer, the heal callbacks and the log."""
 
     def __init__(self, mode: str, log: Path, process: int, rid: str) -> None:
-        super().__init__(log, process, FSDP_PROCS if mode == "fsdp" else 1, rid)
+        super().__init__(log, process, procs_of(mode), rid)
         self.process = process
+        self.procs = procs_of(mode)
         self.model = build_model(rid)
         if mode == "fsdp":
             from torch.distributed.fsdp import fully_shard
@@ -382,11 +437,48 @@ class Worker(Replica):
             import jax.numpy as jnp
 
             jax.config.update("jax_enable_x64", True)  # type: ignore[no-untyped-call]
+            self.jax_gang: Any = None  # `jaxfsdp`: the JaxGang of this replica's processes (before any JAX call)
+            if mode == "jaxfsdp":
+                from gang_jax import JaxGang
+
+                # The preemption service catches SIGTERM: torchrun's SIGTERM to the peers of a
+                # killed process would leave them alive (a duplicate of the restarted replica's
+                # rank) until its SIGKILL, 30 s later.
+                jax.config.update("jax_enable_preemption_service", False)  # type: ignore[no-untyped-call]
+                self.jax_gang = JaxGang.create_default()
             self.jax_params: list[Any] = [jnp.asarray(p.detach().numpy()) for p in self.model.parameters()]
+
+    def shard(self, full: list[Any]) -> list[Any]:
+        """This process's shard of every leaf of ``full`` (chunk ``process`` of dim 0 of ``procs``)."""
+        rows = [p.shape[0] // self.procs for p in full]  # FSDP_PROCS divides every leaf's dim 0
+        return [p[n * self.process : n * (self.process + 1)] for p, n in zip(full, rows, strict=True)]
+
+    def gather(self, shards: list[Any]) -> list[Any]:
+        """The full leaves from this process's ``shards`` and its peers' (all-gather in the replica)."""
+        from gang_jax.functional import all_gather
+
+        return [all_gather(self.jax_gang, s).reshape(-1, *s.shape[1:]) for s in shards]
+
+    def jax_step(self, rid: str, t: int) -> None:
+        """One inner step of the JAX model (the gradients averaged over the replica's processes under
+        ``jaxfsdp``) and ``diloco.step`` after it (with this process's shard under ``jaxfsdp``)."""
+        if self.jax_gang is None:
+            self.jax_params = self.diloco.step(jax_inner_step(self.jax_params, rid, self.process, t))
+            return
+        from gang import ReduceOperation
+        from gang_jax.functional import all_reduce
+
+        grads = jax_grads(self.jax_params, rid, self.process, t)
+        summed = [all_reduce(self.jax_gang, g, ReduceOperation.SUM) for g in grads]
+        full = jax_sgd(self.jax_params, summed, self.procs)
+        self.jax_params = self.gather(self.diloco.step(self.shard(full)))
 
     def local(self) -> list[Tensor]:
         if self.jax:  # what the JAX DiLoCo holds (a sync is logged before `step` returns it)
-            held = self.jax_params if self.diloco is None else self.diloco.params
+            if self.diloco is not None:
+                held = self.diloco.params
+            else:
+                held = self.jax_params if self.jax_gang is None else self.shard(self.jax_params)
             return [torch.from_numpy(np.array(p)) for p in held]
         return [getattr(p, "_local_tensor", p).detach() for p in self.model.parameters()]
 
@@ -435,8 +527,8 @@ class LogSyncs(logging.Handler):
 
 def main() -> None:
     mode, log, steps = os.environ.get("FT_MODE") or sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    process = get_rank() if mode == "fsdp" else 0
-    if mode == "fsdp":
+    process = get_rank() if procs_of(mode) > 1 else 0
+    if procs_of(mode) > 1:
         log = Path(f"{log}.rr{process}")
     rid = os.environ["GANG_FT_REPLICA_ID"]
     worker = Worker(mode, log, process, rid)
@@ -477,12 +569,13 @@ def main() -> None:
     if jax_mode(mode):
         import gang_jax.ft
 
+        mine = worker.jax_params if worker.jax_gang is None else worker.shard(worker.jax_params)
         if mode == "jaxlocalsgd":
-            diloco = gang_jax.ft.LocalSGD(rg, worker.jax_params, sync_every=sync_every, quantize=quantize)
+            diloco = gang_jax.ft.LocalSGD(rg, mine, sync_every=sync_every, quantize=quantize)
         else:
             diloco = gang_jax.ft.DiLoCo(
                 rg,
-                worker.jax_params,
+                mine,
                 jax_outer(),
                 sync_every=sync_every,
                 fragments=int(os.environ.get("FT_FRAGMENTS", "1")),
@@ -507,13 +600,14 @@ def main() -> None:
     worker.diloco = diloco
     try:
         with diloco:
-            if worker.jax:
-                worker.jax_params = diloco.params  # the replicas agreed on them on entering
+            if worker.jax:  # the replicas agreed on them on entering
+                agreed = diloco.params
+                worker.jax_params = agreed if worker.jax_gang is None else worker.gather(agreed)
             while diloco.local_step < steps:
                 t = diloco.local_step
                 worker.maybe_pause("step", t)
                 if worker.jax:
-                    worker.jax_params = diloco.step(jax_inner_step(worker.jax_params, rid, process, t))
+                    worker.jax_step(rid, t)
                     continue
                 worker.inner.zero_grad()
                 loss_of(worker.model, rid, process, t).backward()  # type: ignore[no-untyped-call]
@@ -523,6 +617,8 @@ def main() -> None:
         sys.stdout.flush()
         os._exit(3)
     rg.close()
+    if worker.jax and worker.jax_gang is not None:
+        worker.jax_gang.close()  # both processes leave jax.distributed together
     worker.emit("done", step=rg.step_number, local_steps=diloco.local_step)
     os._exit(0)
 

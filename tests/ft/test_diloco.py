@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from diloco_workers import FSDP_PROCS, replay
+from diloco_workers import procs_of, replay
 from test_ft import Cluster
 from torch import nn
 
@@ -62,14 +62,14 @@ class DiLoCoCluster(Cluster):
                 for key in ("global", "momentum"):  # processes of equal replica rank hold the same shards
                     assert e[key] == twin[key], f"step {step}: {key} of replica {rid} differs"
             logged = sorted((rid, p) for rid, p, _ in events)
-            procs = FSDP_PROCS if self.mode == "fsdp" else 1
+            procs = procs_of(self.mode)
             assert logged == sorted((m, p) for m in first["quorum"] for p in range(procs)), (step, logged)
         return [by_step[s][0][2] for s in sorted(by_step)], by_step
 
     def check_replay(self, *, delay: int, alpha: float, quantize: str | None = None) -> list[dict[str, Any]]:
         """Check every member's parameters after every sync against the replay; return the syncs."""
         syncs, by_step = self.syncs()
-        procs = FSDP_PROCS if self.mode == "fsdp" else 1
+        procs = procs_of(self.mode)
         history = replay(
             syncs,
             procs=procs,
@@ -225,8 +225,10 @@ def test_streaming_diloco_uneven_schedule_and_asymmetric_alpha(make_cluster: Any
     assert got == [(0, [], 0), (2, [0], 3), (5, [1], 6), (7, [0], 8), (10, [1], 11)], got
 
 
-@pytest.mark.parametrize("quantize", [None, "int8"])
-def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: Any, quantize: str | None) -> None:
+@pytest.mark.parametrize(("mode", "quantize"), [("fsdp", None), ("fsdp", "int8"), ("jaxfsdp", None)])
+def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(
+    make_cluster: Any, mode: str, quantize: str | None
+) -> None:
     # Three replicas of 2 processes (one torchrun each), each sharding the model with fully_shard
     # on gang_mesh.fsdp_mesh; each process averages its own shards with the process of equal
     # replica rank. Replica rank 1 of replica 1 is SIGKILLed between syncs (before local step 6;
@@ -234,8 +236,11 @@ def test_diloco_fsdp2_replicas_kill_restart_and_kill_in_exchange(make_cluster: A
     # the process of equal replica rank (shards of the global parameters and of the outer
     # momentum). Replica rank 0 of replica 2 is SIGKILLed inside the exchange after local step 11.
     # Brand-new replica 3 (2 processes) joins at the last sync, after local step 15. Quantized, each
-    # process quantizes the flat concatenation of its own shards.
-    cluster = make_cluster("fsdp")
+    # process quantizes the flat concatenation of its own shards. `jaxfsdp`: the same with JAX
+    # replicas of 2 processes, which average their gradients through the replica's JaxGang and each
+    # give only their own shard to their own gang_jax.ft.DiLoCo (its optax state heals shard by
+    # shard), judged by the replay of the same in JAX.
+    cluster = make_cluster(mode)
     env = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2"} | TIMEOUTS | _quantize_env(quantize)
     plan = {"0": "step:8,step:14", "1": "step:6", "2": "step:8,exchange:11@0"}
     for rid, pause in plan.items():
