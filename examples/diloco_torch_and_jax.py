@@ -113,7 +113,7 @@ def run_local_job() -> None:
             names.append(f"replica {replica} ({framework})")
             env = {"GANG_FT_STORE": store, "GANG_FT_REPLICA_ID": str(replica)}
             job.start(names[-1], [__file__, "--framework", framework], env)
-        final = job.expect_same_ending("global parameters", names)
+        final = job.expect_same_ending("final sync", names)
     print(f"=== torch and JAX replicas finished with the same global parameters: {final}")
 
 
