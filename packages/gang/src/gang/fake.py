@@ -9,9 +9,10 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import override
 
+from gang._checks import unpicklable_objects
 from gang.errors import NotSupportedError
 from gang.extend import pickle_or_error
-from gang.gang import Gang, ReduceOperation, _unpicklable_objects
+from gang.gang import Gang, ReduceOperation
 from gang.work import Work
 
 
@@ -139,7 +140,7 @@ class FakeGang(Gang):
     def _broadcast_objects(self, objects: list[object], source_rank: int) -> None:
         payload, error = pickle_or_error(objects)  # this rank's list stands for the source's (same data)
         if payload is None:  # as on a real gang, only the source names the pickling error
-            raise ValueError(_unpicklable_objects(source_rank, error if self._rank == source_rank else ""))
+            raise ValueError(unpicklable_objects(source_rank, error if self._rank == source_rank else ""))
 
     @override
     def _close(self) -> None:

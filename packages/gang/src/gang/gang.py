@@ -3,13 +3,12 @@
 Every public method of :class:`Gang` checks its arguments (the same checks for every kind of
 gang) **before** any communication, then calls a protected method that a concrete gang
 implements. So a bug that :class:`~gang.FakeGang` catches in a unit test is the bug a real gang
-would catch on the cluster, with the same message.
+would catch on the cluster, with the same message. The checks are the functions of
+``gang._checks``; debug mode's checks across ranks are those of ``gang._debug``.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import pickle
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -22,12 +21,20 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 from typing_extensions import Self
 
-from gang.errors import GangError, NotSupportedError
+from gang._checks import (
+    check_async,
+    check_pairs,
+    check_peer,
+    check_ranks,
+    check_same_dtype,
+    check_shape,
+    check_tensor,
+    unpicklable_objects,
+)
+from gang._debug import debug_from_env, describe, verify_pairs, verify_same_call, verify_splits
+from gang.errors import NotSupportedError
 from gang.extend import (
-    SUPPORTED_DTYPES,
-    all_gather_bytes,
     check_device,
-    check_dtype,
     check_int,
     check_op,
     check_open,
@@ -39,7 +46,7 @@ from gang.extend import (
 from gang.ops import ReduceOperation
 from gang.trace._recorder import STATE as _TRACING
 from gang.trace._recorder import GangTrace
-from gang.work import CompletedWork, Work
+from gang.work import CompletedWork, Work, _block
 
 __all__ = ["Gang", "ReduceOperation", "TensorLike", "Work", "debug_from_env"]
 
@@ -155,9 +162,9 @@ class Gang(ABC):
         :raises GangError: If the backend fails to create the gang.
         """
         check_open(self, "create_gang")
-        group = self._check_ranks("ranks", ranks)
+        group = check_ranks(self, "ranks", ranks)
         if self._debug:
-            self._verify_same_call(f"create_gang(ranks={group})")
+            verify_same_call(self, f"create_gang(ranks={group})")
         return self._register(self._traced_split(self._split, [group]), group)
 
     @final
@@ -177,7 +184,7 @@ class Gang(ABC):
         check_open(self, "split")
         if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence):  # type: ignore[unreachable]
             raise TypeError(f"`groups` must be a sequence of rank lists, but is {groups!r} instead.")
-        checked = [self._check_ranks(f"groups[{i}]", group) for i, group in enumerate(groups)]
+        checked = [check_ranks(self, f"groups[{i}]", group) for i, group in enumerate(groups)]
         if not checked:
             raise ValueError("`groups` must not be empty.")
         seen: set[int] = set()
@@ -189,7 +196,7 @@ class Gang(ABC):
                 )
             seen.update(group)
         if self._debug:
-            self._verify_same_call(f"split(groups={checked})")
+            verify_same_call(self, f"split(groups={checked})")
         child = self._traced_split(self._split, checked)
         return self._register(child, next((g for g in checked if self.rank in g), None))
 
@@ -211,11 +218,11 @@ class Gang(ABC):
         :raises GangError: If the backend fails to create the gang.
         """
         check_open(self, "split_own_group")
-        group = self._check_ranks("members", members)
+        group = check_ranks(self, "members", members)
         if self.rank not in group:
             raise ValueError(f"`members` must hold this process's rank {self.rank}, but is {group} instead.")
         if self._debug:
-            self._verify_same_call(f"split(groups={sorted(every_group())})")
+            verify_same_call(self, f"split(groups={sorted(every_group())})")
         return self._register(self._traced_split(self._split_own_group, group, every_group), group)
 
     @final
@@ -235,7 +242,7 @@ class Gang(ABC):
         """
         check_open(self, "barrier")
         if self._debug:
-            self._verify_same_call("barrier()")
+            verify_same_call(self, "barrier()")
         if _TRACING.on:
             self._trace.run("barrier", False, (), (), self._barrier, ())
             return
@@ -267,11 +274,11 @@ class Gang(ABC):
         if self._closed:
             check_open(self, "all_reduce")
         if async_op is not False:
-            _check_async(async_op)
-        t = self._check_tensor("tensor", tensor, contiguous=True)
+            check_async(async_op)
+        t = check_tensor(self, "tensor", tensor, contiguous=True)
         check_op("op", op, t.dtype)
         if self._debug:
-            self._verify_same_call(f"all_reduce({_describe(t)}, op={op.name})")
+            verify_same_call(self, f"all_reduce({describe(t)}, op={op.name})")
         if _TRACING.on:
             return self._trace.run("all_reduce", async_op, (t,), None, self._all_reduce, (t, op, async_op))
         work = self._all_reduce(t, op, async_op)
@@ -305,13 +312,13 @@ class Gang(ABC):
         if self._closed:
             check_open(self, "all_gather")
         if async_op is not False:
-            _check_async(async_op)
-        out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
-        inp = self._check_tensor("input_tensor", input_tensor)
-        self._check_same_dtype("output_tensor", out, inp)
-        self._check_shape("output_tensor", out, (self.size, *inp.shape))
+            check_async(async_op)
+        out = check_tensor(self, "output_tensor", output_tensor, contiguous=True)
+        inp = check_tensor(self, "input_tensor", input_tensor)
+        check_same_dtype("output_tensor", out, inp)
+        check_shape("output_tensor", out, (self.size, *inp.shape))
         if self._debug:
-            self._verify_same_call(f"all_gather(input {_describe(inp)})")
+            verify_same_call(self, f"all_gather(input {describe(inp)})")
         if _TRACING.on:
             return self._trace.run(
                 "all_gather", async_op, (inp,), (out,), self._all_gather, (out, inp.contiguous(), async_op)
@@ -336,7 +343,7 @@ class Gang(ABC):
                 "`output_tensors` must be a `list` of tensors, "
                 f"but is of type `{type(output_tensors).__name__}` instead."
             )
-        inp = self._check_tensor("input_tensor", input_tensor)
+        inp = check_tensor(self, "input_tensor", input_tensor)
         if len(output_tensors) != self.size:
             raise ValueError(
                 f"`output_tensors` must have {self.size} entries (the gang size), "
@@ -345,12 +352,12 @@ class Gang(ABC):
         outs = []
         for i, out in enumerate(output_tensors):
             name = f"output_tensors[{i}]"
-            o = self._check_tensor(name, out, contiguous=True)
-            self._check_same_dtype(name, o, inp)
-            self._check_shape(name, o, tuple(inp.shape))
+            o = check_tensor(self, name, out, contiguous=True)
+            check_same_dtype(name, o, inp)
+            check_shape(name, o, tuple(inp.shape))
             outs.append(o)
         if self._debug:
-            self._verify_same_call(f"all_gather_to_list(input {_describe(inp)})")
+            verify_same_call(self, f"all_gather_to_list(input {describe(inp)})")
         if _TRACING.on:
             self._trace.run(
                 "all_gather_to_list", False, (inp,), outs, self._all_gather_to_list, (outs, inp.contiguous())
@@ -397,14 +404,14 @@ class Gang(ABC):
         if self._closed:
             check_open(self, "reduce_scatter")
         if async_op is not False:
-            _check_async(async_op)
-        out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
-        inp = self._check_tensor("input_tensor", input_tensor)
-        self._check_same_dtype("input_tensor", inp, out)
-        self._check_shape("input_tensor", inp, (self.size, *out.shape))
+            check_async(async_op)
+        out = check_tensor(self, "output_tensor", output_tensor, contiguous=True)
+        inp = check_tensor(self, "input_tensor", input_tensor)
+        check_same_dtype("input_tensor", inp, out)
+        check_shape("input_tensor", inp, (self.size, *out.shape))
         check_op("op", op, out.dtype)
         if self._debug:
-            self._verify_same_call(f"reduce_scatter(input {_describe(inp)}, op={op.name})")
+            verify_same_call(self, f"reduce_scatter(input {describe(inp)}, op={op.name})")
         if _TRACING.on:
             return self._trace.run(
                 "reduce_scatter", async_op, (inp,), (out,), self._reduce_scatter, (out, inp.contiguous(), op, async_op)
@@ -439,20 +446,20 @@ class Gang(ABC):
         if self._closed:
             check_open(self, "all_to_all")
         if async_op is not False:
-            _check_async(async_op)
-        out = self._check_tensor("output_tensor", output_tensor, contiguous=True)
-        inp = self._check_tensor("input_tensor", input_tensor)
+            check_async(async_op)
+        out = check_tensor(self, "output_tensor", output_tensor, contiguous=True)
+        inp = check_tensor(self, "input_tensor", input_tensor)
         if out.dtype != inp.dtype:
-            self._check_same_dtype("output_tensor", out, inp)
+            check_same_dtype("output_tensor", out, inp)
         if inp.dim() == 0 or inp.shape[0] != self._size:
             raise ValueError(
                 f"`input_tensor` must have shape [{self.size}, ...] (the gang size first), "
                 f"but has shape {list(inp.shape)} instead."
             )
         if out.shape != inp.shape:
-            self._check_shape("output_tensor", out, tuple(inp.shape))
+            check_shape("output_tensor", out, tuple(inp.shape))
         if self._debug:
-            self._verify_same_call(f"all_to_all(input {_describe(inp)})")
+            verify_same_call(self, f"all_to_all(input {describe(inp)})")
         if _TRACING.on:
             return self._trace.run(
                 "all_to_all", async_op, (inp,), (out,), self._all_to_all, (out, inp.contiguous(), async_op)
@@ -485,11 +492,11 @@ class Gang(ABC):
         if self._closed:
             check_open(self, "broadcast")
         if async_op is not False:
-            _check_async(async_op)
-        t = self._check_tensor("tensor", tensor, contiguous=True)
+            check_async(async_op)
+        t = check_tensor(self, "tensor", tensor, contiguous=True)
         source_rank = check_rank("source_rank", source_rank, self._size)
         if self._debug:
-            self._verify_same_call(f"broadcast({_describe(t)}, source_rank={source_rank})")
+            verify_same_call(self, f"broadcast({describe(t)}, source_rank={source_rank})")
         if _TRACING.on:
             return self._trace.run("broadcast", async_op, (t,), None, self._broadcast, (t, source_rank, async_op))
         work = self._broadcast(t, source_rank, async_op)
@@ -526,14 +533,14 @@ class Gang(ABC):
         if self._closed:
             check_open(self, "send")
         if async_op is not False:
-            _check_async(async_op)
-        t = self._check_tensor("tensor", tensor)
-        dest_rank = self._check_peer("dest_rank", dest_rank)
+            check_async(async_op)
+        t = check_tensor(self, "tensor", tensor)
+        dest_rank = check_peer(self, "dest_rank", dest_rank)
         sends = [(t.contiguous(), dest_rank)]
         if not self._sends_and_receives:
             self._refuse_traffic("send")
         if self._debug:
-            self._verify_pairs(sends, [])
+            verify_pairs(self, sends, [])
         if _TRACING.on:
             return self._trace.run(
                 "send", async_op, (t,), (), self._send_recv, (sends, [], async_op, "send"), _peers(sends, [])
@@ -567,13 +574,13 @@ class Gang(ABC):
         if self._closed:
             check_open(self, "recv")
         if async_op is not False:
-            _check_async(async_op)
-        t = self._check_tensor("tensor", tensor, contiguous=True)
-        recvs = [(t, self._check_peer("source_rank", source_rank))]
+            check_async(async_op)
+        t = check_tensor(self, "tensor", tensor, contiguous=True)
+        recvs = [(t, check_peer(self, "source_rank", source_rank))]
         if not self._sends_and_receives:
             self._refuse_traffic("recv")
         if self._debug:
-            self._verify_pairs([], recvs)
+            verify_pairs(self, [], recvs)
         if _TRACING.on:
             return self._trace.run(
                 "recv", async_op, (), (t,), self._send_recv, ([], recvs, async_op, "recv"), _peers([], recvs)
@@ -638,13 +645,13 @@ class Gang(ABC):
         if self._closed:
             check_open(self, "send_recv")
         if async_op is not False:
-            _check_async(async_op)
-        checked_sends = self._check_pairs("sends", sends, "dest_rank", contiguous=False)
-        checked_recvs = self._check_pairs("recvs", recvs, "source_rank", contiguous=True)
+            check_async(async_op)
+        checked_sends = check_pairs(self, "sends", sends, "dest_rank", contiguous=False)
+        checked_recvs = check_pairs(self, "recvs", recvs, "source_rank", contiguous=True)
         if not self._sends_and_receives:
             self._refuse_traffic("send_recv")
         if self._debug:
-            self._verify_pairs(checked_sends, checked_recvs)
+            verify_pairs(self, checked_sends, checked_recvs)
         if not checked_sends and not checked_recvs:
             return CompletedWork("send_recv") if async_op else None
         if _TRACING.on:
@@ -723,11 +730,11 @@ class Gang(ABC):
         if self._closed:
             check_open(self, "all_to_all_uneven")
         if async_op is not False:
-            _check_async(async_op)
-        out = self._check_tensor("output", output, contiguous=True)
-        inp = self._check_tensor("input", input)
+            check_async(async_op)
+        out = check_tensor(self, "output", output, contiguous=True)
+        inp = check_tensor(self, "input", input)
         if out.dtype != inp.dtype:
-            self._check_same_dtype("output", out, inp)
+            check_same_dtype("output", out, inp)
         dims = inp.dim()
         if dims == 0:
             raise ValueError("`input` must have at least one dimension (the rows), but is a scalar instead.")
@@ -742,7 +749,7 @@ class Gang(ABC):
         if not self._moves_uneven_rows:
             self._refuse_traffic("all_to_all_uneven")
         if self._debug:
-            self._verify_splits(out, out_splits, in_splits)
+            verify_splits(self, out, out_splits, in_splits)
         if _TRACING.on:
             args = (out, inp.contiguous(), out_splits, in_splits, async_op)
             return self._trace.run("all_to_all_uneven", async_op, (inp,), (out,), self._all_to_all_uneven, args)
@@ -770,7 +777,7 @@ class Gang(ABC):
         source_rank = check_rank("source_rank", source_rank, self._size)
         check_values_exchangeable(self, "broadcast_objects")
         if self._debug:
-            self._verify_same_call(f"broadcast_objects(source_rank={source_rank})")
+            verify_same_call(self, f"broadcast_objects(source_rank={source_rank})")
         if _TRACING.on:
             self._trace.run("broadcast_objects", False, (), (), self._broadcast_objects, (objects, source_rank))
             return
@@ -891,7 +898,7 @@ class Gang(ABC):
         _block(self._broadcast(header, source_rank, False))
         length = int(header.item())
         if length < 0:
-            raise ValueError(_unpicklable_objects(source_rank, error))
+            raise ValueError(unpicklable_objects(source_rank, error))
         if payload:
             data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(self.device)
         else:
@@ -901,7 +908,7 @@ class Gang(ABC):
         if self.rank != source_rank:
             objects[:] = pickle.loads(data.cpu().numpy().tobytes())
 
-    # -- shared checks -------------------------------------------------------------------------
+    # -- shared plumbing ------------------------------------------------------------------------
 
     def _register(self, child: Gang | None, members: list[int] | None = None) -> Gang | None:
         index = self._trace.splits  # every member of this gang counts every split, so the index names the child
@@ -934,235 +941,7 @@ class Gang(ABC):
             work.wait()
         return None
 
-    def _gather_blocking(self, output_tensor: Tensor, input_tensor: Tensor) -> None:
-        _block(self._all_gather(output_tensor, input_tensor, False))
-
-    def _verify_same_call(self, call: str, detail: str = "") -> list[str]:
-        """Debug mode: exchange a description of the call; raise on every rank if they differ.
-
-        The exchange is the same two all-gathers on every rank whatever each rank called, so
-        mismatched ranks meet here instead of deadlocking in different collectives. ``detail``
-        travels with the call but may differ between ranks; every rank's is returned.
-        """
-        check_values_exchangeable(self, "debug mode")
-        rows = all_gather_bytes(self, f"{call}\0{detail}".encode(), gather=self._gather_blocking)
-        texts = [(row or b"").decode(errors="replace").split("\0", 1) for row in rows]
-        calls = [text[0] for text in texts]
-        if len(set(calls)) > 1:
-            listing = "; ".join(f"rank {r}: {c}" for r, c in enumerate(calls))
-            raise GangError(
-                f"Debug mode: the ranks of a gang of size {self.size} made different calls "
-                f"(this is rank {self.rank}): {listing}."
-            )
-        return [text[-1] if len(text) > 1 else "" for text in texts]
-
-    def _verify_splits(self, output: Tensor, output_splits: list[int], input_splits: list[int]) -> None:
-        """Debug mode: check on every rank that rank i's ``input_splits[j]`` is rank j's ``output_splits[i]``."""
-        call = f"all_to_all_uneven({_spec(output, rows='*')})"
-        details = self._verify_same_call(call, json.dumps([input_splits, output_splits]))
-        if self._assumes_same_data:
-            return  # every simulated rank made this rank's call: its own checks are in its `_all_to_all_uneven`
-        table = [json.loads(d) for d in details]
-        wrong = [
-            f"rank {i} sends {table[i][0][j]} rows to rank {j}, "
-            f"but rank {j} receives {table[j][1][i]} rows from rank {i}"
-            for i in range(self.size)
-            for j in range(self.size)
-            if table[i][0][j] != table[j][1][i]
-        ]
-        if wrong:
-            raise GangError(
-                f"Debug mode: the splits of `all_to_all_uneven` do not match across the ranks of a gang of size "
-                f"{self.size} (this is rank {self.rank}): {'; '.join(wrong)}."
-            )
-
-    def _verify_pairs(self, sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]]) -> None:
-        """Debug mode: exchange with each peer what this rank sends it and receives from it; raise on both sides
-        if they differ.
-
-        Each side posts one send and one receive of its description per peer (lengths first,
-        then the text), so the two meet whatever each called. A peer that makes no matching call
-        at all is not seen here: the exchange then fails at the gang's timeout.
-        """
-        if self._assumes_same_data:
-            return  # the simulated peers make the matching calls
-        check_values_exchangeable(self, "debug mode")
-        peers = sorted({p for _, p in sends} | {p for _, p in recvs})
-        if not peers:
-            return
-        mine = {p: [[_spec(t) for t, q in sends if q == p], [_spec(t) for t, q in recvs if q == p]] for p in peers}
-        payloads = {p: json.dumps(mine[p]).encode() for p in peers}
-        lengths = {p: torch.tensor([len(payloads[p])], dtype=torch.int64, device=self.device) for p in peers}
-        theirs = {p: torch.zeros(1, dtype=torch.int64, device=self.device) for p in peers}
-        _block(self._send_recv([(lengths[p], p) for p in peers], [(theirs[p], p) for p in peers], False, "debug mode"))
-        texts = {p: torch.frombuffer(bytearray(payloads[p]), dtype=torch.uint8).to(self.device) for p in peers}
-        received = {p: torch.zeros(int(theirs[p].item()), dtype=torch.uint8, device=self.device) for p in peers}
-        _block(
-            self._send_recv(
-                [(texts[p], p) for p in peers if texts[p].numel()],
-                [(received[p], p) for p in peers if received[p].numel()],
-                False,
-                "debug mode",
-            )
-        )
-        wrong = []
-        for p in peers:
-            other = json.loads(bytes(received[p].cpu().numpy().tobytes()).decode(errors="replace") or "[[], []]")
-            if mine[p][0] != other[1]:
-                wrong.append(_pair_mismatch(self.rank, p, mine[p][0], other[1]))
-            if other[0] != mine[p][1]:
-                wrong.append(_pair_mismatch(p, self.rank, other[0], mine[p][1]))
-        if wrong:
-            raise GangError(f"Debug mode: point-to-point calls do not match: {'; '.join(wrong)}.")
-
-    def _check_ranks(self, name: str, ranks: Sequence[int]) -> list[int]:
-        if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence):
-            raise TypeError(f"`{name}` must be a sequence of `int`, but is {ranks!r} instead.")
-        checked = []
-        for r in ranks:
-            try:
-                checked.append(check_int(name, r))
-            except TypeError:
-                raise TypeError(f"`{name}` must contain only `int` ranks, but contains {r!r} instead.") from None
-        ranks = checked
-        if len(ranks) == 0:
-            raise ValueError(f"`{name}` must not be empty.")
-        if len(set(ranks)) != len(ranks):
-            duplicates = sorted({r for r in ranks if list(ranks).count(r) > 1})
-            raise ValueError(f"`{name}` must be unique, but has duplicates {duplicates} in {list(ranks)} instead.")
-        bad = [r for r in ranks if not 0 <= r < self.size]
-        if bad:
-            raise ValueError(
-                f"`{name}` must be ranks of this gang in the range [0, {self.size}), "
-                f"but has {bad} in {list(ranks)} instead."
-            )
-        return sorted(ranks)
-
-    def _check_peer(self, name: str, value: object) -> int:
-        """A rank of this gang other than this process's own: the peer of a send or receive."""
-        if type(value) is int and 0 <= value < self._size and value != self._rank:
-            return value  # the common case, in a few bytecodes (it runs between a wake-up and the transfer)
-        peer = check_rank(name, value, self._size)
-        if peer == self._rank:
-            raise ValueError(
-                f"`{name}` must be a rank other than this process's own ({self._rank}) "
-                f"in the range [0, {self._size}), but is {peer} instead."
-            )
-        return peer
-
-    def _check_pairs(self, name: str, pairs: object, peer_name: str, *, contiguous: bool) -> list[tuple[Tensor, int]]:
-        """The ``(tensor, rank)`` pairs of :meth:`send_recv`, checked, with contiguous tensors (those of
-        ``sends`` made so; ``recvs`` must be); ``name[i]`` names an entry."""
-        if type(pairs) is list or type(pairs) is tuple:  # the common case: no error message is built
-            fast = []
-            for pair in pairs:
-                if type(pair) is not tuple or len(pair) != 2:
-                    break
-                t, peer = pair
-                if not (
-                    type(t) is Tensor
-                    and (t.is_cpu if self._on_cpu else t.device == self._device)
-                    and t.dtype in SUPPORTED_DTYPES
-                    and t.is_contiguous()
-                    and type(peer) is int
-                    and 0 <= peer < self._size
-                    and peer != self._rank
-                ):
-                    break
-                fast.append(pair)
-            else:
-                return fast
-        if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence):
-            raise TypeError(f"`{name}` must be a sequence of `(tensor, {peer_name})` pairs, but is {pairs!r} instead.")
-        checked = []
-        for i, pair in enumerate(pairs):
-            if not isinstance(pair, tuple) or len(pair) != 2:
-                raise TypeError(f"`{name}[{i}]` must be a `(tensor, {peer_name})` pair, but is {pair!r} instead.")
-            t = self._check_tensor(f"{name}[{i}][0]", pair[0], contiguous=contiguous)
-            checked.append((t.contiguous(), self._check_peer(f"{name}[{i}][1]", pair[1])))
-        return checked
-
-    def _check_tensor(self, name: str, value: object, *, contiguous: bool = False) -> Tensor:
-        if (
-            type(value) is Tensor
-            and (value.is_cpu if self._on_cpu else value.device == self._device)
-            and value.dtype in SUPPORTED_DTYPES
-            and (not contiguous or value.is_contiguous())
-        ):
-            return value  # the common case, in a few bytecodes (it runs between a wake-up and the collective)
-        if not isinstance(value, Tensor):
-            value = self._from_array(name, value)
-        if value.device != self.device:
-            raise ValueError(f"`{name}` must be on the gang's device {self.device}, but is on {value.device} instead.")
-        check_dtype(name, value.dtype)
-        if contiguous and not value.is_contiguous():
-            raise ValueError(f"`{name}` must be contiguous, but is not (strides {list(value.stride())}).")
-        return value
-
-    def _from_array(self, name: str, value: object) -> Tensor:
-        """A writeable NumPy array as a tensor sharing its memory (CPU gangs only)."""
-        if not isinstance(value, np.ndarray):
-            raise TypeError(f"`{name}` must be a `torch.Tensor`, but is of type `{type(value).__name__}` instead.")
-        if self.device.type != "cpu":
-            raise TypeError(f"`{name}` must be a `torch.Tensor` on {self.device}, but is a NumPy array instead.")
-        if not value.flags.writeable:
-            raise ValueError(f"`{name}` must be a writeable NumPy array, but is read-only.")
-        return torch.from_numpy(value)
-
-    @staticmethod
-    def _check_same_dtype(name: str, value: Tensor, reference: Tensor) -> None:
-        if value.dtype != reference.dtype:
-            raise ValueError(f"`{name}` must have dtype {reference.dtype}, but has {value.dtype} instead.")
-
-    @staticmethod
-    def _check_shape(name: str, value: Tensor, shape: tuple[int, ...]) -> None:
-        if value.shape != shape:
-            raise ValueError(f"`{name}` must have shape {list(shape)}, but has shape {list(value.shape)} instead.")
-
-
-def debug_from_env() -> bool:
-    """Return whether the environment variable ``GANG_DEBUG`` turns debug mode on (``1``, ``true``, ``yes``, ``on``;
-    any case, surrounding spaces ignored)."""
-    return os.environ.get("GANG_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
-
 
 def _peers(sends: list[tuple[Tensor, int]], recvs: list[tuple[Tensor, int]]) -> tuple[list[int], list[int]]:
     """The peers of the sends and of the receives of a point-to-point call, for the flight recorder."""
     return [p for _, p in sends], [p for _, p in recvs]
-
-
-def _check_async(async_op: object) -> None:
-    if async_op is not True and async_op is not False:
-        raise TypeError(f"`async_op` must be a `bool`, but is {async_op!r} instead.")
-
-
-def _block(work: Work | None) -> None:
-    """Wait for what a protected method returned with ``async_op=False`` (a kind may return a work anyway)."""
-    if work is not None:
-        work.wait()
-
-
-def _spec(t: Tensor, rows: str | None = None) -> str:
-    """``float32[4, 8]``: a tensor's dtype and shape as debug mode's messages name them (``rows`` replaces dim 0)."""
-    dims = [str(n) for n in t.shape]
-    if rows is not None and dims:
-        dims[0] = rows
-    return f"{str(t.dtype).removeprefix('torch.')}[{', '.join(dims)}]"
-
-
-def _pair_mismatch(sender: int, receiver: int, sent: list[str], received: list[str]) -> str:
-    """How debug mode names the transfers from ``sender`` to ``receiver`` that do not match."""
-    return (
-        f"rank {sender} sends {', '.join(sent) or 'nothing'} to rank {receiver}, "
-        f"but rank {receiver} receives {', '.join(received) or 'nothing'} from rank {sender}"
-    )
-
-
-def _describe(t: Tensor) -> str:
-    return f"shape={list(t.shape)}, dtype={str(t.dtype).removeprefix('torch.')}"
-
-
-def _unpicklable_objects(source_rank: int, error: str) -> str:
-    """The error every rank raises when the source of :meth:`Gang.broadcast_objects` cannot pickle its list."""
-    detail = f" with {error}" if error else f" on source rank {source_rank}"
-    return f"`objects` must be picklable, but pickling failed{detail}."

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from gang._checks import check_tensor
 from gang.extend import (
     all_gather_bytes,
     check_op,
@@ -17,7 +18,8 @@ from gang.extend import (
     check_values_exchangeable,
     pickle_or_error,
 )
-from gang.gang import Gang, ReduceOperation, _block
+from gang.gang import Gang, ReduceOperation
+from gang.work import _block
 
 T = TypeVar("T")
 
@@ -62,7 +64,7 @@ def exchange_rows(gang: Gang, input: Tensor, input_splits: Sequence[int]) -> tup
         check_open(gang, "exchange_rows")
     if not isinstance(input, Tensor):
         raise TypeError(f"`input` must be a `torch.Tensor`, but is of type `{type(input).__name__}` instead.")
-    gang._check_tensor("input", input)  # the gang's device, a dtype every gang moves
+    check_tensor(gang, "input", input)  # the gang's device, a dtype every gang moves
     if input.dim() == 0:
         raise ValueError("`input` must have at least one dimension (the rows), but is a scalar instead.")
     splits = check_splits("input_splits", input_splits, gang.size, input.shape[0], "input")

@@ -146,3 +146,9 @@ class CompletedWork(Work):
 
     def _poll(self) -> bool:
         return True
+
+
+def _block(work: Work | None) -> None:
+    """Wait for what a protected method returned with ``async_op=False`` (a kind may return a work anyway)."""
+    if work is not None:
+        work.wait()
