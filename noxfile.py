@@ -133,17 +133,19 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def integration_jobs() -> Jobs:
-    """The cross-package tests in three jobs (``tests/launchers``, ``tests/frameworks`` and
+    """The cross-package tests in four jobs (``tests/launchers``, ``tests/frameworks`` and
     ``tests/hosts`` are the `launchers`, `ray` and `hosts` sessions'): the fault-tolerance tests
-    (``tests/ft``), the dead-peer scenarios, which mostly wait (see :data:`BESIDE`), and the other
-    tests. Bare ``nox`` runs the last (:func:`all_checks`); ``nox -s slow`` the first two (see
-    :data:`SLOW_JOBS`)."""
+    (``tests/ft``), the dead-peer scenarios, which mostly wait (see :data:`BESIDE`), the
+    conformance table and the other tests. Bare ``nox`` runs the last two (:func:`all_checks`);
+    ``nox -s slow`` the first two (see :data:`SLOW_JOBS`)."""
     tests = [str(ROOT / "tests"), *(arg for path in OWN_SESSION_TESTS for arg in ("--ignore", str(path)))]
     ft = ROOT / "tests" / "ft"
     dead_peers = [str(ROOT / "tests" / "reliability" / name) for name in DEAD_PEER_TESTS]
-    others = [arg for path in [ft, *dead_peers] for arg in ("--ignore", str(path))]
+    conformance = ROOT / "tests" / "test_conformance.py"
+    others = [arg for path in [ft, conformance, *dead_peers] for arg in ("--ignore", str(path))]
     return {
         "tests/ft": [Step([*PYTEST, str(ft)])],
+        "conformance": [Step([*PYTEST, str(conformance)])],
         "the other tests": [Step([*PYTEST, *tests, *others])],
         "dead peers": [Step([*PYTEST, *dead_peers])],
     }
@@ -230,7 +232,8 @@ def plugin_jobs(pytest: list[str]) -> Jobs:
 # its place here (`dead peers` mostly waits on timeouts: about 50 CPU s).
 MEASURED = {
     "tests/ft": 310,
-    "the other tests": 290,
+    "the other tests": 230,
+    "conformance": 190,
     "dead peers": 111,
     "sphinx, examples": 115,
     "gang": 99,
