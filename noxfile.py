@@ -232,15 +232,15 @@ def plugin_jobs(pytest: list[str]) -> Jobs:
 # its place here (`dead peers` mostly waits on timeouts: about 50 CPU s).
 MEASURED = {
     "tests/ft": 310,
-    "the other tests": 230,
-    "conformance": 190,
+    "conformance": 376,
+    "the other tests": 93,
     "dead peers": 111,
-    "sphinx, examples": 115,
-    "gang": 99,
-    "gang-mesh, gang-jax": 98,
+    "sphinx, examples": 100,
+    "gang": 74,
+    "gang-mesh, gang-jax": 87,
     "launchers": 85,
-    "examples": 70,
-    "typecheck": 28,
+    "examples": 76,
+    "typecheck": 36,
     "plugin project": 6,
 }
 

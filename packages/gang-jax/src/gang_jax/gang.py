@@ -15,7 +15,6 @@ from torch.distributed import ProcessGroup
 from typing_extensions import override
 
 from gang import Gang, GangError, InvalidOperationError, NotSupportedError, ReduceOperation, Work
-from gang._debug import verify_same_call
 from gang.errors import BACKEND_ERRORS
 from gang.extend import check_int, check_open, check_rank, check_timeout, claim_rank, guard
 from gang_jax._collectives import Communicator
@@ -276,7 +275,7 @@ class JaxGang(Gang):
         check_open(self, operation)
         self._lane.check(operation, self)
         if self.debug:
-            verify_same_call(self, call)
+            self._verify_same_call(call)
 
         def run() -> T:
             with guard(operation, self):

@@ -927,6 +927,11 @@ class Gang(ABC):
         self._trace.run("split", False, (), (), lambda: made.append(impl(*args)), ())
         return made[0]
 
+    def _verify_same_call(self, call: str, detail: str = "") -> list[str]:
+        """Debug mode's check that every rank of this gang makes ``call`` (:func:`gang._debug.verify_same_call`),
+        for the operations a kind of gang adds beside :class:`Gang`'s (``gang_jax.functional``'s)."""
+        return verify_same_call(self, call, detail)
+
     def _trace_members(self) -> Sequence[int] | None:
         """The global rank of each member, for the flight recorder's table of gangs (``None``: not known to
         this kind of gang; the recorder then derives them from the gang it was split from)."""
