@@ -578,11 +578,12 @@ def test_identity_two_node_replica_duplicate_and_a_process_that_never_joins(clus
     # one process each, so both have LOCAL_RANK 0: they must still be replica ranks 0 and 1).
     # While they wait to begin step 1: a duplicate of replica 0's rank 1 is refused (and replica
     # 0 goes on), and replica 2 claims 2 processes but only its rank 0 ever joins: it must not
-    # block the others, and is left out until it gives up.
+    # block the others, and is left out until it gives up. Every process joins with the same
+    # policy (join refuses a newcomer whose policy differs from a live member's).
     cluster.start("0", nproc=2)
     cluster.start("1", nproc=2, nnodes=2)
     lonely = {"GANG_FT_REPLICA_RANK": "0", "GANG_FT_REPLICA_SIZE": "2"}
-    cluster.start("2", env=lonely | {"FT_QUORUM_TIMEOUT": "1"})
+    cluster.start("2", env=lonely)
     for rid in ("0", "1", "2"):
         cluster.wait(rid, "paused", 1)
     cluster.start("0", name="dup", env={"GANG_FT_REPLICA_RANK": "1", "GANG_FT_REPLICA_SIZE": "2"})
