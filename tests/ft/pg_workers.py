@@ -223,7 +223,15 @@ def main() -> None:
                     dist.all_reduce(count, group=pg)
                     ranks = torch.zeros(pg.size(), dtype=torch.int64)
                     dist.all_gather_into_tensor(ranks, torch.tensor([pg.rank()]), group=pg)
+                    scattered = torch.zeros(1, dtype=torch.int64)  # the sum of every rank's row pg.rank()
+                    dist.reduce_scatter_tensor(scattered, torch.arange(pg.size(), dtype=torch.int64), group=pg)
+                    exchanged = torch.zeros(pg.size(), dtype=torch.int64)  # row i from rank i
+                    mine = torch.full((pg.size(),), pg.rank(), dtype=torch.int64)
+                    dist.all_to_all_single(exchanged, mine, group=pg)
                     seen = {
+                        "rank": pg.rank(),
+                        "scattered": int(scattered),
+                        "exchanged": exchanged.tolist(),
                         "size": pg.size(),
                         "world": dist.get_world_size(pg),
                         "count": int(count),

@@ -127,7 +127,8 @@ def test_ddp_across_replicas_kill_restart_and_new_replica(make_cluster: Any) -> 
         n = len(events[0]["members"])
         for e in events:
             assert e["same"] and e["size"] == e["world"] == e["count"] == n, (step, e)
-            assert e["ranks"] == list(range(n)), (step, e)
+            assert e["ranks"] == e["exchanged"] == list(range(n)), (step, e)
+            assert e["scattered"] == n * e["rank"], (step, e)
     # Outside a step, a collective on the process group raises.
     for rid in ("0", "1", "2", "3"):
         outside = cluster.wait(rid, "outside")["error"]

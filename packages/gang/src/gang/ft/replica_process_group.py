@@ -181,6 +181,13 @@ class ReplicaProcessGroup(ProcessGroup):
         self._gang.barrier()
         return _done([])
 
+    # The names torch releases before 2.13 call for the same three operations (torch 2.11's
+    # `all_gather_into_tensor`, `reduce_scatter_tensor` and `all_to_all_single`); without them
+    # those calls reach the base class, which has no backend for the tensor's device.
+    _allgather_base = all_gather_single
+    _reduce_scatter_base = reduce_scatter_single
+    alltoall_base = all_to_all_single  # type: ignore[assignment]  # torch's stubs overload it
+
 
 class _Done(Work):
     """A finished ``Work`` (the gang's collectives block); its future holds ``tensors``."""
