@@ -86,9 +86,8 @@ class Cluster:
         if can_fork(cmd):
             proc = Forked(cmd, env, self.root / f"stderr.{len(self.procs)}")
         else:
-            proc = subprocess.Popen(
-                cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-            )
+            with (self.root / f"stderr.{len(self.procs)}").open("wb") as stderr:
+                proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
         self.procs.append(proc)
         return proc
 
@@ -291,7 +290,11 @@ class Cluster:
                     for key in self.bulky:
                         e.pop(key, None)
                     lines.append(f"{log.name}: {e}")
-        return "\n".join(lines[-200:])
+        lines = lines[-200:]
+        for path in sorted(self.root.glob("stderr.*")):  # why a process ended or never logged
+            tail = path.read_text(errors="replace").splitlines()[-20:]
+            lines += [f"{path.name}: {line}" for line in tail]
+        return "\n".join(lines)
 
     # -- the checks --------------------------------------------------------------------------------
 
