@@ -72,3 +72,23 @@ def run_ops(root: Gang, events: list[tuple[Any, ...]] | None = None) -> list[lis
         out.append(rows.flatten().tolist())
     sub.close()
     return out
+
+
+def unmatched_transfer(root: Gang, case: str, directory: str) -> str | None:
+    """Post one point-to-point transfer whose sides do not match, then dump the flight recorder.
+
+    ``case="shape"``: rank 0 sends 4 floats, rank 1 receives 8. ``case="missing"``: rank 1 waits to
+    receive 4 floats that rank 0 never sends. Returns the error the transfer raised on this rank, if any.
+    """
+    from gang import GangError
+
+    error = None
+    try:
+        if root.rank == 0 and case == "shape":
+            root.send(torch.ones(4), 1)
+        elif root.rank == 1:
+            root.recv(torch.zeros(8 if case == "shape" else 4), 0)
+    except GangError as ex:
+        error = type(ex).__name__
+    gang.trace.dump(f"test: {case}", directory)
+    return error

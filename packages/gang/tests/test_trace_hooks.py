@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from hook_workers import observe, run_ops
+from hook_workers import observe, run_ops, unmatched_transfer
 
 import gang.trace
 from gang import FakeGang, GangError, ReduceOperation
@@ -157,3 +157,25 @@ def test_the_ring_keeps_no_tensor_and_no_traceback_alive() -> None:
     gc.collect()
     assert alive() is None
     assert entry[10] == "ValueError: kept as text"
+
+
+@pytest.mark.parametrize("case", ["shape", "missing"])
+def test_trace_names_an_unmatched_transfer(tmp_path: Path, case: str) -> None:
+    # Real gloo ranks: rank 1 receives 8 floats where rank 0 sent 4, or waits for a send that rank 0
+    # never posts. The analyzer matches each rank's sends with the peer's receives and names the pair.
+    from gang.trace._analyze import analyze, load, render
+
+    with World(2, gang_timeout=3.0) as world:
+        errors = world.run(unmatched_transfer, case, str(tmp_path))
+    # gloo fills the first 4 of the 8 floats without an error (a silent mismatch the trace exposes)
+    assert errors == [None, None if case == "shape" else "GangError"], errors
+    summary = analyze(load(tmp_path))
+    first = summary["suspects"][0]
+    if case == "shape":
+        assert first["rank"] == 1 and "received Float[8] as transfer #1 from rank 0" in first["reason"], first
+        assert "sent Float[4]" in first["reason"], first
+    else:
+        assert first["rank"] == 0 and "never posted the send for transfer #1 to rank 1 (Float[4])" in first["reason"]
+    [row] = [r for r in summary["gangs"] if r["transfers"]]
+    assert row["transfers"][0]["from"] == 0 and row["transfers"][0]["to"] == 1, row
+    assert "transfer #1 from rank 0 to rank 1" in render(summary, tmp_path)

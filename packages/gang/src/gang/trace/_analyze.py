@@ -3,9 +3,11 @@
 Reads gang's dumps (``gang_trace_rank_<rank>``, with gang's own records of every operation) and
 torch's own (entries only). Per gang: the last sequence number each rank reached; the ranks that
 are behind and the operation they never entered; operations, shapes or dtypes that differ at one
-sequence number. A rank that is behind because it is blocked in an earlier operation of another
-gang (the order the other ranks ran those two operations in says which came first) is explained
-by that other wait; one that is not is a suspect.
+sequence number; point-to-point transfers whose two sides differ or that one side never posted
+(each rank's sends to a peer matched with that peer's receives from it, in posting order). A rank
+that is behind because it is blocked in an earlier operation of another gang (the order the other
+ranks ran those two operations in says which came first) is explained by that other wait; one that
+is not is a suspect.
 """
 
 from __future__ import annotations
@@ -282,6 +284,7 @@ def analyze(dumps: list[Dump]) -> dict[str, Any]:
                 suspects.append(
                     _suspect(rank, g.name, seq, missed["operation"], reason, 3 if explained else 2, missed, since_seq)
                 )
+        row["transfers"] = _unmatched_transfers(g, by_rank, suspects)
         gang_rows.append(row)
     suspects.sort(key=lambda s: (s.pop("_tier"), s.pop("_since")))
     return {
@@ -289,6 +292,82 @@ def analyze(dumps: list[Dump]) -> dict[str, Any]:
         "suspects": suspects,
         "gangs": gang_rows,
     }
+
+
+def _transfers(g: Group, dump: Dump) -> dict[tuple[str, int], list[tuple[str, dict[str, Any]]]] | None:
+    """The point-to-point transfers in ``g`` of the rank that left ``dump``, in the order it posted them, by
+    direction and peer (a global rank): each the tensor's spec and its call's record. Empty if its dump
+    lists ``g`` without a record of it (it ran nothing there); ``None`` if its records of ``g`` no longer
+    start before its first transfer call (the ring dropped older ones) or name no peers (torch's)."""
+    records = [r for r in g.records.get(dump.rank, []) if r["operation"] != "step"]
+    if not records:
+        return {} if dump.members.get(g.uid) == g.members else None
+    calls = [r for r in records if r.get("peers") is not None]
+    # every record carries the number of transfer calls posted before or with it: 0 before any
+    posted_before = [r["p2p_seq"] - (1 if r.get("peers") is not None else 0) for r in records]
+    if min(posted_before) != 0 or not all(r["peers"] for r in calls):
+        return None
+    found: dict[tuple[str, int], list[tuple[str, dict[str, Any]]]] = defaultdict(list)
+    for r in sorted(calls, key=lambda r: r["p2p_seq"]):
+        sides = (
+            ("send", r["input_sizes"], r["input_dtypes"], r["peers"][0]),
+            ("recv", r["output_sizes"], r["output_dtypes"], r["peers"][1]),
+        )
+        for kind, sizes, dtypes, peers in sides:
+            for size, dtype, peer in zip(sizes, dtypes, peers, strict=False):
+                if 0 <= peer < len(g.members):
+                    found[kind, g.members[peer]].append((f"{dtype}{list(size)}", r))
+    return found
+
+
+def _unmatched_transfers(g: Group, by_rank: dict[int, Dump], suspects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Match each rank's sends to a peer with that peer's receives from it, in posting order; add a suspect for
+    the first transfer of each pair whose tensors differ, or that the other side never posted."""
+    rows: list[dict[str, Any]] = []
+    posted = {rank: _transfers(g, by_rank[rank]) for rank in g.members if rank in by_rank}
+    pairs = sorted(
+        {
+            (rank, peer) if kind == "send" else (peer, rank)
+            for rank, found in posted.items()
+            for kind, peer in found or {}
+        }
+    )
+    for src, dst in pairs:
+        if posted.get(src) is None or posted.get(dst) is None:
+            continue  # a side without a dump, or whose ring no longer holds its first transfers
+        sends = (posted[src] or {}).get(("send", dst), [])
+        recvs = (posted[dst] or {}).get(("recv", src), [])
+        for k in range(max(len(sends), len(recvs))):
+            send = sends[k] if k < len(sends) else None
+            recv = recvs[k] if k < len(recvs) else None
+            if send is not None and recv is not None and send[0] == recv[0]:
+                continue
+            n = k + 1
+            if send is not None and recv is not None:
+                rank, record = dst, recv[1]
+                reason = (
+                    f"received {recv[0]} as transfer #{n} from rank {src} at {where(recv[1])}, while rank "
+                    f"{src} sent {send[0]} to it at {where(send[1])}"
+                )
+            elif send is not None:
+                rank, record = dst, send[1]
+                reason = (
+                    f"never posted the receive for transfer #{n} from rank {src} ({send[0]}), which rank "
+                    f"{src} sent at {where(send[1])}"
+                )
+            else:
+                assert recv is not None
+                rank, record = src, recv[1]
+                reason = (
+                    f"never posted the send for transfer #{n} to rank {dst} ({recv[0]}), which rank {dst} "
+                    f"waits to receive at {where(recv[1])}"
+                )
+            tier = 0 if send is not None and recv is not None else 2
+            op = record["operation"]
+            suspects.append(_suspect(rank, g.name, record["p2p_seq"], op, reason, tier, record))
+            rows.append({"from": src, "to": dst, "transfer": n, "sent": send and send[0], "received": recv and recv[0]})
+            break
+    return rows
 
 
 def _suspect(
@@ -349,13 +428,18 @@ def render(summary: dict[str, Any], directory: Path) -> str:
     lines.append("Gangs (last sequence number of each rank):")
     quiet = 0
     for row in summary["gangs"]:
-        if not (row["behind"] or row["mismatches"] or row["no_dump"]):
+        if not (row["behind"] or row["mismatches"] or row["no_dump"] or row["transfers"]):
             quiet += 1
             continue
         seqs = ", ".join(f"{r}: {s if s is not None else '-'}" for r, s in row["last_seq"].items())
         lines.append(f"  {row['gang']} (ranks {row['ranks']}): {seqs}")
         for b in row["behind"]:
             lines.append(f"    behind: rank {b['rank']} never entered {b['operation']} #{b['seq']}")
+        for t in row["transfers"]:
+            lines.append(
+                f"    transfer #{t['transfer']} from rank {t['from']} to rank {t['to']}: "
+                f"sent {t['sent'] or 'nothing'}, received {t['received'] or 'nothing'}"
+            )
         for m in row["mismatches"]:
             lines.append(f"    mismatch at #{m['seq']}: " + "; ".join(f"rank {r}: {c}" for r, c in m["calls"].items()))
         if row["no_dump"]:
