@@ -578,17 +578,17 @@ VERSIONS = {
 # the registry as a user's pip would (CUDA builds, with their CUDA libraries about 3 GB each, that run
 # on the CPU; pip's cache keeps them for the next run).
 REGISTRY_ONLY = {"PIP_CONFIG_FILE": os.devnull}
-# A representative subset of the suites (about a third of bare nox's test time): every package's
-# own tests, FSDP2 parity (FSDP2's private hooks), and fault tolerance with its process group (DDP's
-# and autograd's hooks). Left out: the conformance table, reliability (dead peers), the quorum's
-# and healing's own tests, launchers. `nox -s versions -- PATHS` runs other tests instead.
+# The suites that meet torch's and JAX's API: every package's own tests, FSDP2 parity (FSDP2's
+# private hooks), and DDP and FSDP2 across fault-tolerant replicas (`ReplicaProcessGroup`, DDP's and
+# autograd's hooks, under kills, restarts and a new replica). Left out, as they reach torch only
+# through what these test: the conformance table, reliability (dead peers), the rest of tests/ft
+# (the quorum, healing, DiLoCo), launchers. `nox -s versions -- PATHS` runs other tests instead.
 VERSION_TESTS = {
     "gang": ["packages/gang/tests"],
-    "gang-mesh, gang-jax, FSDP2, fault tolerance": [
+    "gang-mesh, gang-jax, FSDP2, replicas' process group": [
         "packages/gang-mesh/tests",
         "packages/gang-jax/tests",
         "tests/test_fsdp_parity.py",
-        "tests/ft/test_ft.py",
         "tests/ft/test_ft_process_group.py",
     ],
 }
