@@ -25,18 +25,11 @@ from gang._torch_groups import (
     register_python_group,
     unregister_python_group,
 )
+from gang._torch_ops import STANDALONE_CALLS as _CALLS
 from gang.address import user_gloo_interface
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_int, check_open, check_timeout, claim_rank, operation_error
-from gang.ft.group import (
-    build_within,
-    forget_frames,
-    reaper,
-    reduce_options,
-    root_options,
-    settle,
-    wait_briefly,
-)
+from gang.ft.group import build_within, forget_frames, reaper, settle, wait_briefly
 from gang.ft.heal import receive_state, send_state
 from gang.ft.heartbeat import Heartbeat
 from gang.ft.identity import (
@@ -61,7 +54,6 @@ from gang.ft.quorum import (
 from gang.ft.reach import probe
 from gang.ft.replica_process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
 from gang.gang import Gang, ReduceOperation
-from gang.process_group_gang import real_view
 from gang.trace import process_rank
 from gang.work import Work
 
@@ -921,20 +913,21 @@ class ReplicaGang(Gang):
     # Results are written in place; a collective that fails may leave its output partly written
     # (the step is then not committed anywhere), and the later ones of the step do not run.
 
+    # Each collective starts through the torch translation it shares with `ProcessGroupGang`
+    # (`gang._torch_ops`), on the standalone group of the quorum: started as torch's async
+    # operations, waited for by `_run` (watching the peers) or handed back as a `_StepWork`.
+
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation, async_op: bool) -> Work | None:
-        t = real_view(tensor)
-        return self._start("all_reduce", lambda pg: pg.allreduce([t], reduce_options(op)), async_op)
+        return self._start("all_reduce", lambda pg: _CALLS.all_reduce(pg, tensor, op, True), async_op)
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
-        outputs, inp = list(real_view(output_tensor).unbind(0)), real_view(input_tensor)
-        return self._start("all_gather", lambda pg: pg.allgather([outputs], [inp]), async_op)
+        return self._start("all_gather", lambda pg: _CALLS.all_gather(pg, output_tensor, input_tensor, True), async_op)
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
-        outputs, inp = [real_view(t) for t in output_tensors], real_view(input_tensor)
-        self._run("all_gather_to_list", lambda pg: pg.allgather([outputs], [inp]))
+        self._run("all_gather_to_list", lambda pg: _CALLS.all_gather_to_list(pg, output_tensors, input_tensor, True))
 
     @override
     def _reduce_scatter(
@@ -943,20 +936,20 @@ class ReplicaGang(Gang):
         total = input_tensor.clone()  # gloo has no reduce-scatter of one tensor: reduce all rows
         return self._start(
             "reduce_scatter",
-            lambda pg: pg.allreduce([real_view(total)], reduce_options(op)),
+            lambda pg: _CALLS.all_reduce(pg, total, op, True),
             async_op,
             then=lambda: output_tensor.copy_(total[self.rank]),
         )
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
-        out, inp = real_view(output_tensor).view(-1), real_view(input_tensor).view(-1)
-        return self._start("all_to_all", lambda pg: pg.alltoall_base(out, inp, [], []), async_op)
+        return self._start(
+            "all_to_all", lambda pg: _CALLS.all_to_all(pg, output_tensor, input_tensor, [], [], True), async_op
+        )
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int, async_op: bool) -> Work | None:
-        t = real_view(tensor)
-        return self._start("broadcast", lambda pg: pg.broadcast([t], root_options(source_rank)), async_op)
+        return self._start("broadcast", lambda pg: _CALLS.broadcast(pg, tensor, source_rank, True), async_op)
 
     @override
     def _send_recv(
