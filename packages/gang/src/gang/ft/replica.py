@@ -28,7 +28,7 @@ from gang._torch_groups import (
 from gang._torch_ops import STANDALONE_CALLS as _CALLS
 from gang.address import user_gloo_interface
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
-from gang.extend import check_int, check_open, check_timeout, claim_rank, operation_error
+from gang.extend import check_int, check_open, claim_rank, operation_error
 from gang.ft.group import build_within, forget_frames, reaper, settle, wait_briefly
 from gang.ft.heal import receive_state, send_state
 from gang.ft.heartbeat import Heartbeat
@@ -53,17 +53,10 @@ from gang.ft.quorum import (
 )
 from gang.ft.reach import probe
 from gang.ft.replica_process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
+from gang.ft.terms import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_REPLICA_TIMEOUT, reconcile
 from gang.gang import Gang, ReduceOperation
 from gang.trace import process_rank
 from gang.work import Work
-
-DEFAULT_REPLICA_TIMEOUT = timedelta(seconds=60)
-"""The ``timeout`` of :meth:`ReplicaGang.join` when none is given: the bound on one of the
-replicas' collectives, on a heal and on the commit vote."""
-
-DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
-"""The ``heartbeat_timeout`` of :meth:`ReplicaGang.join` when none is given."""
-
 
 _fault_hook: Callable[[ReplicaGang, str], RuntimeError | None] | None = None
 """A test-only seam (``tests/ft`` sets it): called before each collective of a step with the gang
@@ -318,36 +311,15 @@ class ReplicaGang(Gang):
             if not callable(fn):
                 raise TypeError(f"`{name}` must be callable, but is {fn!r} instead.")
         rank, size = check_replica_rank(replica_rank, replica_size)
-        min_replicas = check_int("min_replicas", min_replicas, minimum=1)
-        timeout = check_timeout(timeout, default=DEFAULT_REPLICA_TIMEOUT)
-        if not isinstance(init_sync, bool):
-            raise TypeError(f"`init_sync` must be a `bool`, but is {init_sync!r} instead.")
-        if policy is None:
-            policy = Policy(
-                min_replicas,
-                check_timeout(quorum_timeout, default=timeout, name="quorum_timeout").total_seconds(),
-                check_timeout(
-                    heartbeat_timeout, default=DEFAULT_HEARTBEAT_TIMEOUT, name="heartbeat_timeout"
-                ).total_seconds(),
-                init_sync,
-            )
-        elif not isinstance(policy, Policy):
-            raise TypeError(f"`policy` must be a `gang.ft.policy.Policy`, but is {policy!r} instead.")
-        else:
-            given = {
-                "min_replicas": (min_replicas, 1),
-                "quorum_timeout": (quorum_timeout, None),
-                "heartbeat_timeout": (heartbeat_timeout, None),
-                "init_sync": (init_sync, True),
-            }
-            for name, (value, default) in given.items():
-                if value != default:
-                    raise ValueError(
-                        f"`{name}` must be left out when `policy` is given (the policy carries it), "
-                        f"but is {value!r} instead."
-                    )
-        if max_retries is not None:
-            max_retries = check_int("max_retries", max_retries, minimum=1)
+        terms = reconcile(
+            min_replicas=min_replicas,
+            timeout=timeout,
+            quorum_timeout=quorum_timeout,
+            heartbeat_timeout=heartbeat_timeout,
+            init_sync=init_sync,
+            policy=policy,
+            max_retries=max_retries,
+        )
         return cls(
             replica_id=rid,
             replica_rank=rank,
@@ -356,9 +328,9 @@ class ReplicaGang(Gang):
             device=device,
             state_dict=state_dict,
             load_state_dict=load_state_dict,
-            timeout=timeout,
-            policy=policy,
-            max_retries=max_retries,
+            timeout=terms.timeout,
+            policy=terms.policy,
+            max_retries=terms.max_retries,
             liveness_address=check_liveness_address(liveness_address),
         )
 
