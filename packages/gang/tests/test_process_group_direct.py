@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from direct_workers import Recorder, complex_collectives, complex_values, seen_by_a_mode
 
-from gang.process_group_gang import _direct
+from gang._torch_ops import direct as _direct
 from gang.testing import World
 
 

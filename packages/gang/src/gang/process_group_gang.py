@@ -9,32 +9,24 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, NamedTuple, Protocol, TypeVar, final
+from typing import NamedTuple, final
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
-from torch.overrides import has_torch_function_unary
 from typing_extensions import override
 
 from gang import rendezvous
 from gang._torch_groups import (
-    SINGLE_COLLECTIVES,
-    AllgatherOptions,
-    AllreduceOptions,
-    AllToAllOptions,
     BarrierOptions,
-    BroadcastOptions,
-    ReduceScatterOptions,
-    all_gather_tensor,
     can_split,
     group_timeout,
     init_fake_process_group,
     is_fake_backend,
     is_non_member,
-    reduce_scatter_tensor,
 )
+from gang._torch_ops import GROUP_CALLS, TorchHandle, options, real_view
 from gang.address import use_gloo_interface
 from gang.env import get_launcher, get_master_address, get_rank, get_world_size
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
@@ -48,14 +40,6 @@ DEFAULT_COLLECTIVE_TIMEOUT = timedelta(minutes=15)
 """How long a :class:`ProcessGroupGang`'s rendezvous and each of its collectives wait for the other
 ranks, when :meth:`~ProcessGroupGang.create_default_process_group` is given ``None`` (a gang from
 :meth:`~ProcessGroupGang.from_process_group` keeps its group's own timeout)."""
-
-_REDUCE_OPS = {
-    ReduceOperation.SUM: dist.ReduceOp.SUM,
-    ReduceOperation.MEAN: dist.ReduceOp.AVG,
-    ReduceOperation.PRODUCT: dist.ReduceOp.PRODUCT,
-    ReduceOperation.MIN: dist.ReduceOp.MIN,
-    ReduceOperation.MAX: dist.ReduceOp.MAX,
-}
 
 
 class SplitPlan(NamedTuple):
@@ -79,56 +63,6 @@ def plan_split(global_ranks: Sequence[int], rank: int, groups: list[list[int]]) 
     index = next((i for i, group in enumerate(groups) if rank in group), None)
     members = [] if index is None else [global_ranks[r] for r in groups[index]]
     return SplitPlan([list(group) for group in groups], index, members)
-
-
-# The dtypes that torch.distributed's functions rewrite before they call the group (complex
-# tensors as pairs of reals, float8 as bytes in `broadcast`).
-_REWRITTEN_DTYPES = frozenset(
-    d for d in vars(torch).values() if isinstance(d, torch.dtype) and (d.is_complex or "float8" in str(d))
-)
-
-
-def _direct(tensor: Tensor) -> bool:
-    """Whether a collective on ``tensor`` may call the process group's own method with prepared options.
-
-    ``dist.all_reduce`` and its kin add, around that very call, checks the gang has already made
-    and a few microseconds of Python that cost a small message about ten times as much right after
-    the process wakes up (see "Small messages" in ``docs/performance.rst``). They stay in use for
-    what only they handle: the dtypes they rewrite, tensor subclasses and torch function modes, and
-    tracing by ``torch.compile`` (which turns them into functional collectives).
-    """
-    return (
-        tensor.dtype not in _REWRITTEN_DTYPES
-        and not has_torch_function_unary(tensor)
-        and not torch.compiler.is_compiling()
-    )
-
-
-def _flat(tensor: Tensor) -> Tensor:
-    """``tensor`` as one dimension (gloo wants the rows of a gather or scatter along the first).
-
-    A new view costs about a microsecond per call, so a tensor that is flat already is kept.
-    """
-    return tensor if tensor.dim() == 1 else tensor.flatten()
-
-
-class _Options(Protocol):
-    asyncOp: bool  # noqa: N815 (torch's name)
-
-
-_O = TypeVar("_O", bound=_Options)
-
-
-def _sync_options(cls: type[_O], async_op: bool = False) -> _O:
-    """Return new options of ``cls`` for a blocking call (or one with ``async_op``), as ``torch.distributed``'s
-    functions build them."""
-    opts = cls()
-    opts.asyncOp = async_op
-    return opts
-
-
-TorchHandle = Any
-"""A ``torch.distributed`` ``Work`` (typed loosely: torch's stubs give it no ``wait(timeout)``)."""
 
 
 @final
@@ -274,25 +208,6 @@ def _canonical(
     return sorted(ops, key=lambda op: (op[2], op[0] != (rank < op[2])))
 
 
-def real_view(tensor: Tensor) -> Tensor:
-    """``tensor`` as gloo moves it: a complex tensor as its pairs of reals (the same memory; gloo has no
-    complex type), any other tensor as it is."""
-    return torch.view_as_real(tensor) if tensor.is_complex() else tensor
-
-
-def reduce_op(op: ReduceOperation) -> dist.ReduceOp:
-    """The torch reduction of ``op`` (``MEAN`` is ``AVG``, which gloo and NCCL both support)."""
-    return dist.ReduceOp(_REDUCE_OPS[op])
-
-
-def gang_reduce_op(op: object) -> ReduceOperation | None:
-    """The gang reduction that torch's ``op`` (a ``ReduceOp`` or its ``RedOpType``) is, or ``None``."""
-    for gang_op, torch_op in _REDUCE_OPS.items():
-        if op == torch_op:
-            return gang_op
-    return None
-
-
 @final
 class ProcessGroupGang(Gang):
     """A gang that wraps a ``torch.distributed`` process group.
@@ -325,22 +240,7 @@ class ProcessGroupGang(Gang):
         # Members create (or wrap) a group in the same order, so the name is the same on all of them.
         self._name = rendezvous.wrapped_name(pg.group_name, self._size) if name is None else name
         self._splits = 0
-        # Built once and handed straight to the group (see `_direct`).
-        # Indexed by `async_op` (False: 0, True: 1).
-        self._allreduce_options = [
-            {op: _sync_options(AllreduceOptions, a) for op in ReduceOperation} for a in (False, True)
-        ]
-        self._reduce_scatter_options = [
-            {op: _sync_options(ReduceScatterOptions, a) for op in ReduceOperation} for a in (False, True)
-        ]
-        for op, torch_op in _REDUCE_OPS.items():
-            for a in (False, True):
-                self._allreduce_options[a][op].reduceOp = dist.ReduceOp(torch_op)
-                self._reduce_scatter_options[a][op].reduceOp = dist.ReduceOp(torch_op)
-        self._allgather_options = [_sync_options(AllgatherOptions, a) for a in (False, True)]
-        self._all_to_all_options = [_sync_options(AllToAllOptions, a) for a in (False, True)]
-        self._broadcast_options: list[dict[int, BroadcastOptions]] = [{}, {}]
-        self._barrier_options = _sync_options(BarrierOptions)
+        self._barrier_options = options(BarrierOptions)
         self._barrier_options.device = pg.bound_device_id or torch.device("cpu")
         self._where = (self._rank, self._size)  # what a TorchWork names in its errors
         self._cuda = self._device.type == "cuda"
@@ -547,49 +447,33 @@ class ProcessGroupGang(Gang):
             else:
                 dist.barrier(group=self._pg)
 
+    # The collectives start through the translation shared with `gang.ft` (`gang._torch_ops`).
+
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation, async_op: bool) -> Work | None:
         try:  # not `guard`: a `with` costs more than a `try` right after a wake-up
-            if _direct(tensor):
-                work = self._pg.allreduce([tensor], self._allreduce_options[async_op][op])
-            else:
-                work = dist.all_reduce(tensor, _REDUCE_OPS[op], group=self._pg, async_op=async_op)
-            if not async_op:
-                if work is not None:  # `torch.distributed`'s functions wait themselves
-                    work.wait()
-                return None
+            return self._complete("all_reduce", GROUP_CALLS.all_reduce(self._pg, tensor, op, async_op), async_op)
         except BACKEND_ERRORS as ex:
             raise operation_error("all_reduce", self, ex) from ex
-        return TorchWork("all_reduce", [work], self._where, self._cuda)
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
         with guard("all_gather", self):
-            out, inp = _flat(output_tensor), _flat(input_tensor)
-            if SINGLE_COLLECTIVES and _direct(inp):
-                work = self._pg.all_gather_single(out, inp, self._allgather_options[async_op])
-            else:
-                work = all_gather_tensor(out, inp, group=self._pg, async_op=async_op)
+            work = GROUP_CALLS.all_gather(self._pg, output_tensor, input_tensor, async_op)
             return self._complete("all_gather", work, async_op)
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
         with guard("all_gather_to_list", self):
-            if _direct(input_tensor):
-                self._pg.allgather([output_tensors], [input_tensor], self._allgather_options[False]).wait()
-            else:
-                dist.all_gather(output_tensors, input_tensor, group=self._pg)
+            work = GROUP_CALLS.all_gather_to_list(self._pg, output_tensors, input_tensor, False)
+            self._complete("all_gather_to_list", work, False)
 
     @override
     def _reduce_scatter(
         self, output_tensor: Tensor, input_tensor: Tensor, op: ReduceOperation, async_op: bool
     ) -> Work | None:
         with guard("reduce_scatter", self):
-            out, inp = _flat(output_tensor), _flat(input_tensor)
-            if SINGLE_COLLECTIVES and _direct(inp):
-                work = self._pg.reduce_scatter_single(out, inp, self._reduce_scatter_options[async_op][op])
-            else:
-                work = reduce_scatter_tensor(out, inp, _REDUCE_OPS[op], group=self._pg, async_op=async_op)
+            work = GROUP_CALLS.reduce_scatter(self._pg, output_tensor, input_tensor, op, async_op)
             return self._complete("reduce_scatter", work, async_op)
 
     @override
@@ -616,35 +500,16 @@ class ProcessGroupGang(Gang):
         in_splits: list[int],
         async_op: bool,
     ) -> Work | None:
-        # Rows are split along the first dimension, whatever the shape (as torch's users pass them);
-        # empty split lists mean equal rows.
         try:  # not `guard`: a `with` costs more than a `try` right after a wake-up
-            if SINGLE_COLLECTIVES and _direct(input):
-                work = self._pg.all_to_all_single(
-                    output, input, out_splits, in_splits, self._all_to_all_options[async_op]
-                )
-            else:
-                work = dist.all_to_all_single(
-                    output, input, out_splits or None, in_splits or None, group=self._pg, async_op=async_op
-                )
-            if not async_op:
-                if work is not None:  # `torch.distributed`'s functions wait themselves
-                    work.wait()
-                return None
+            work = GROUP_CALLS.all_to_all(self._pg, output, input, out_splits, in_splits, async_op)
+            return self._complete(operation, work, async_op)
         except BACKEND_ERRORS as ex:
             raise operation_error(operation, self, ex) from ex
-        return TorchWork(operation, [work], self._where, self._cuda)
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int, async_op: bool) -> Work | None:
         with guard("broadcast", self):
-            if _direct(tensor):
-                opts = self._broadcast_options[async_op].get(source_rank) or self._new_broadcast_options(
-                    source_rank, async_op
-                )
-                work = self._pg.broadcast([tensor], opts)
-            else:
-                work = dist.broadcast(tensor, group=self._pg, group_src=source_rank, async_op=async_op)
+            work = GROUP_CALLS.broadcast(self._pg, tensor, source_rank, async_op)
             return self._complete("broadcast", work, async_op)
 
     @override
@@ -686,19 +551,14 @@ class ProcessGroupGang(Gang):
         return TorchWork(operation, works, self._where, self._cuda)
 
     def _complete(self, operation: str, work: TorchHandle | None, async_op: bool) -> Work | None:
-        """Wait for ``work`` (inside the caller's ``guard``), or hand it back as a :class:`TorchWork`."""
+        """Wait for ``work`` (inside the caller's ``guard`` or ``try``; ``None``: a ``torch.distributed``
+        function waited already), or hand it back as a :class:`TorchWork`."""
         if not async_op:
             if work is not None:
                 work.wait()
             return None
         assert work is not None
         return TorchWork(operation, [work], self._where, self._cuda)
-
-    def _new_broadcast_options(self, source_rank: int, async_op: bool) -> BroadcastOptions:
-        opts = self._broadcast_options[async_op][source_rank] = _sync_options(BroadcastOptions, async_op)
-        opts.rootRank = source_rank
-        opts.rootTensor = 0
-        return opts
 
     @override
     def _close(self) -> None:

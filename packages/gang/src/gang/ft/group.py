@@ -14,11 +14,8 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from gang._torch_groups import StandaloneGroup
-from gang.gang import ReduceOperation
-from gang.process_group_gang import reduce_op
 
 
 class Reaper:
@@ -217,37 +214,11 @@ def wait_until(
     return True
 
 
-def _reduce_options(op: ReduceOperation) -> dist.AllreduceOptions:
-    options = dist.AllreduceOptions()
-    options.reduceOp = reduce_op(op)
-    return options
-
-
-_REDUCE_OPTIONS = {op: _reduce_options(op) for op in ReduceOperation}
-_ROOT_OPTIONS: dict[int, dist.BroadcastOptions] = {}
-
-
-def reduce_options(op: ReduceOperation) -> dist.AllreduceOptions:
-    """Allreduce options for ``op`` (built once; the group only reads them)."""
-    return _REDUCE_OPTIONS[op]
-
-
-def root_options(rank: int) -> dist.BroadcastOptions:
-    """Broadcast options from ``rank`` (built once per rank; the group only reads them)."""
-    options = _ROOT_OPTIONS.get(rank)
-    if options is None:
-        options = _ROOT_OPTIONS[rank] = dist.BroadcastOptions()
-        options.rootRank = rank
-    return options
-
-
 __all__ = [
     "Reaper",
     "build_within",
     "forget_frames",
     "reaper",
-    "reduce_options",
-    "root_options",
     "settle",
     "wait_briefly",
     "wait_until",

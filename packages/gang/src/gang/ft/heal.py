@@ -1,4 +1,4 @@
-"""Healing: the chunked transfer of a state dict.
+"""Healing: who sends what to whom when a quorum forms, and the chunked transfer of a state dict.
 
 A replica that is behind (restarted, new, or partly healed) receives the state of an up-to-date
 member point to point, never through a broadcast, so members that are up to date receive
@@ -14,11 +14,16 @@ has the same dtype and shape (else into a new tensor), through a chunk-sized buf
 target is not on the group's device. So a healer and a healing process each hold at most one
 chunk beyond the state itself (a non-contiguous tensor of the sender is the exception: it is
 copied whole, once).
+
+:func:`heal` runs one heal of a quorum on this process: it sends the state of :class:`HealedState`
+(the user's, with the states attached to it) to the ranks the plan gives this one, or receives and
+loads it, and :func:`log_heal` reports it.
 """
 
 from __future__ import annotations
 
 import pickle
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +32,9 @@ import torch
 from torch import Tensor
 
 from gang._torch_groups import StandaloneGroup
+from gang.errors import GangError
+from gang.ft.log import log_event
+from gang.ft.policy import Quorum
 
 CHUNK_BYTES = 64 * 2**20
 """The largest piece of a tensor sent at once (64 MiB)."""
@@ -213,4 +221,153 @@ def _slots(skeleton: object) -> list[tuple[_Path, TensorSlot]]:
     return sorted(found, key=lambda item: item[1].index)
 
 
-__all__ = ["CHUNK_BYTES", "TensorSlot", "flatten", "receive_state", "send_state"]
+_Get = Callable[[], Mapping[str, Any]]
+_Load = Callable[[Mapping[str, Any]], None]
+
+
+class HealedState:
+    """What a replica gang's heals move: the user's state and the states attached to it.
+
+    :param state_dict: Returns the user's state (``join``'s ``state_dict``).
+    :param load_state_dict: Loads it (``join``'s ``load_state_dict``).
+    :ivar dirty: Whether a heal wrote part of the state in place, then failed.
+    :ivar moved: The bytes this process sent and received healing, in that order (for tests).
+    """
+
+    def __init__(self, state_dict: _Get, load_state_dict: _Load) -> None:
+        self._state_dict = state_dict
+        self._load_state_dict = load_state_dict
+        # State healed along with the user's (`LocalSGD`, `DiLoCo`): name -> (state_dict, load_state_dict).
+        self._attached: dict[str, tuple[_Get, _Load]] = {}
+        self.dirty = False
+        self.moved = [0, 0]
+
+    def attach(self, name: str, state_dict: _Get, load_state_dict: _Load) -> bool:
+        """Heal ``state_dict()`` under ``name`` along with the user's state; ``False`` if ``name`` is taken.
+
+        A replica that heals loads the user's state first, then each attached one in the order attached.
+        """
+        if name in self._attached:
+            return False
+        self._attached[name] = (state_dict, load_state_dict)
+        return True
+
+    def detach(self, name: str) -> None:
+        """Stop healing what :meth:`attach` attached under ``name``."""
+        self._attached.pop(name, None)
+
+    def get(self) -> Mapping[str, Any]:
+        """What a heal sends: the user's state, with the attached states when there are any."""
+        if not self._attached:
+            return self._state_dict()
+        return {"user": self._state_dict(), "attached": {n: get() for n, (get, _) in self._attached.items()}}
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        """Load what :meth:`get` of the healer returned."""
+        if not self._attached:
+            self._load_state_dict(state)
+            return
+        self._load_state_dict(state["user"])
+        for name, (_, load) in self._attached.items():
+            load(state["attached"][name])
+
+
+def rank_plan(quorum: Quorum) -> dict[int, int]:
+    """The quorum's heal plan by rank in the quorum: the rank of each member that heals -> its healer's."""
+    index = {m: r for r, m in enumerate(quorum.members)}
+    return {index[m]: index[source] for m, source in quorum.heal.items()}
+
+
+def unhealable(replica_id: str, step: int, quorum: Quorum) -> GangError:
+    """The error of a replica whose state a failed heal left dirty while no member of ``quorum`` heals it."""
+    return GangError(
+        f"`step` failed on replica {replica_id!r} before step {step + 1} of "
+        f"{quorum.describe()}: a heal that failed midway left this replica's state partly "
+        "overwritten, and no member is ahead of it to heal it again; restore it from a checkpoint "
+        "(`load_state_dict` of the model and of this gang)."
+    )
+
+
+@dataclass(frozen=True)
+class Healed:
+    """What :func:`heal` did.
+
+    :ivar step: The healer's step number, which this process took (``None``: this process sent).
+    :ivar moved: The bytes sent or received.
+    :ivar done: What was done, for the log ("received N bytes from rank R", "sent N bytes to ranks [...]").
+    :ivar seconds: How long it took, from reading the state to loading it or sending the last byte.
+    """
+
+    step: int | None
+    moved: int
+    done: str
+    seconds: float
+
+
+def heal(
+    pg: StandaloneGroup,
+    rank: int,
+    plan: Mapping[int, int],
+    state: HealedState,
+    step: int,
+    device: torch.device,
+    finish: Callable[[Any], None],
+) -> Healed | None:
+    """Receive ``state`` from this rank's healer in ``plan`` (:func:`rank_plan`) and load it, or send
+    it (with ``step``) to every rank that ``plan`` gives this one; ``None`` if this rank has no part.
+
+    :attr:`HealedState.dirty` is set while a received state is written in place, and cleared once
+    it is loaded. Raises what a transfer, or the caller's ``state_dict``/``load_state_dict``, raised.
+
+    :param finish: Waits for one transfer's work to complete.
+    """
+    receivers = [r for r, s in plan.items() if s == rank]
+    if rank not in plan and not receivers:
+        return None
+    started = time.monotonic()
+    if rank in plan:
+        current = state.get()
+        state.dirty = True  # from here on, tensors of `current` may be written in place
+        healed_step, received_state, received = receive_state(pg, plan[rank], current, device, finish)
+        state.moved[1] += received
+        assert isinstance(received_state, Mapping)
+        state.load(received_state)
+        state.dirty = False
+        return Healed(
+            healed_step, received, f"received {received} bytes from rank {plan[rank]}", time.monotonic() - started
+        )
+    full = state.get()
+    sent = sum(send_state(pg, r, full, step, device, finish) for r in receivers)
+    state.moved[0] += sent
+    return Healed(None, sent, f"sent {sent} bytes to ranks {receivers}", time.monotonic() - started)
+
+
+def log_heal(quorum: Quorum, replica_id: str, replica_rank: int, healed: Healed, step: int) -> None:
+    """Report what :func:`heal` did on replica ``replica_id``'s process ``replica_rank`` (now at ``step``)."""
+    log_event(
+        "heal",
+        f"heal in {quorum.describe()} on replica {replica_id!r} rank {replica_rank}: "
+        f"{healed.done} in {healed.seconds:.3f} s",
+        replica=replica_id,
+        replica_rank=replica_rank,
+        round=quorum.round,
+        source=quorum.heal.get(replica_id, replica_id),
+        bytes=healed.moved,
+        seconds=round(healed.seconds, 6),
+        step=step,
+    )
+
+
+__all__ = [
+    "CHUNK_BYTES",
+    "Healed",
+    "HealedState",
+    "TensorSlot",
+    "flatten",
+    "heal",
+    "log_heal",
+    "rank_plan",
+    "receive_state",
+    "send_state",
+    "unhealable",
+]

@@ -25,19 +25,12 @@ from gang._torch_groups import (
     register_python_group,
     unregister_python_group,
 )
+from gang._torch_ops import STANDALONE_CALLS as _CALLS
 from gang.address import user_gloo_interface
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
-from gang.extend import check_int, check_open, check_timeout, claim_rank, operation_error
-from gang.ft.group import (
-    build_within,
-    forget_frames,
-    reaper,
-    reduce_options,
-    root_options,
-    settle,
-    wait_briefly,
-)
-from gang.ft.heal import receive_state, send_state
+from gang.extend import check_int, check_open, claim_rank, operation_error
+from gang.ft.group import build_within, forget_frames, reaper, settle, wait_briefly
+from gang.ft.heal import HealedState, heal, log_heal, rank_plan, unhealable
 from gang.ft.heartbeat import Heartbeat
 from gang.ft.identity import (
     check_liveness_address,
@@ -60,18 +53,10 @@ from gang.ft.quorum import (
 )
 from gang.ft.reach import probe
 from gang.ft.replica_process_group import BACKEND_NAME, ReplicaProcessGroup, replicate_ddp, replicate_fsdp
+from gang.ft.terms import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_REPLICA_TIMEOUT, reconcile
 from gang.gang import Gang, ReduceOperation
-from gang.process_group_gang import real_view
 from gang.trace import process_rank
 from gang.work import Work
-
-DEFAULT_REPLICA_TIMEOUT = timedelta(seconds=60)
-"""The ``timeout`` of :meth:`ReplicaGang.join` when none is given: the bound on one of the
-replicas' collectives, on a heal and on the commit vote."""
-
-DEFAULT_HEARTBEAT_TIMEOUT = timedelta(seconds=2)
-"""The ``heartbeat_timeout`` of :meth:`ReplicaGang.join` when none is given."""
-
 
 _fault_hook: Callable[[ReplicaGang, str], RuntimeError | None] | None = None
 """A test-only seam (``tests/ft`` sets it): called before each collective of a step with the gang
@@ -181,14 +166,10 @@ class ReplicaGang(Gang):
         self._max_retries = max_retries
         self._aborts: list[str] = []  # the reasons of the consecutive steps not committed
         self._last_error: GangError | None = None
-        self._dirty = False  # a heal wrote part of the state in place, then failed
-        self._heal_bytes = [0, 0]  # bytes this process sent and received healing (for tests)
+        self._state = HealedState(state_dict, load_state_dict)  # what a heal moves
+        self._heal_bytes = self._state.moved  # bytes this process sent and received healing (for tests)
         self._replica_id = replica_id
         self._address = address
-        self._state_dict = state_dict
-        self._load_state_dict = load_state_dict
-        # State healed along with the user's (`LocalSGD`, `DiLoCo`): name -> (state_dict, load_state_dict).
-        self._attached: dict[str, tuple[Callable[[], Mapping[str, Any]], Callable[[Mapping[str, Any]], None]]] = {}
         self._timeout = timeout
         self._policy = policy
         self._quorum_timeout = timedelta(seconds=policy.quorum_timeout)
@@ -326,36 +307,15 @@ class ReplicaGang(Gang):
             if not callable(fn):
                 raise TypeError(f"`{name}` must be callable, but is {fn!r} instead.")
         rank, size = check_replica_rank(replica_rank, replica_size)
-        min_replicas = check_int("min_replicas", min_replicas, minimum=1)
-        timeout = check_timeout(timeout, default=DEFAULT_REPLICA_TIMEOUT)
-        if not isinstance(init_sync, bool):
-            raise TypeError(f"`init_sync` must be a `bool`, but is {init_sync!r} instead.")
-        if policy is None:
-            policy = Policy(
-                min_replicas,
-                check_timeout(quorum_timeout, default=timeout, name="quorum_timeout").total_seconds(),
-                check_timeout(
-                    heartbeat_timeout, default=DEFAULT_HEARTBEAT_TIMEOUT, name="heartbeat_timeout"
-                ).total_seconds(),
-                init_sync,
-            )
-        elif not isinstance(policy, Policy):
-            raise TypeError(f"`policy` must be a `gang.ft.policy.Policy`, but is {policy!r} instead.")
-        else:
-            given = {
-                "min_replicas": (min_replicas, 1),
-                "quorum_timeout": (quorum_timeout, None),
-                "heartbeat_timeout": (heartbeat_timeout, None),
-                "init_sync": (init_sync, True),
-            }
-            for name, (value, default) in given.items():
-                if value != default:
-                    raise ValueError(
-                        f"`{name}` must be left out when `policy` is given (the policy carries it), "
-                        f"but is {value!r} instead."
-                    )
-        if max_retries is not None:
-            max_retries = check_int("max_retries", max_retries, minimum=1)
+        terms = reconcile(
+            min_replicas=min_replicas,
+            timeout=timeout,
+            quorum_timeout=quorum_timeout,
+            heartbeat_timeout=heartbeat_timeout,
+            init_sync=init_sync,
+            policy=policy,
+            max_retries=max_retries,
+        )
         return cls(
             replica_id=rid,
             replica_rank=rank,
@@ -364,9 +324,9 @@ class ReplicaGang(Gang):
             device=device,
             state_dict=state_dict,
             load_state_dict=load_state_dict,
-            timeout=timeout,
-            policy=policy,
-            max_retries=max_retries,
+            timeout=terms.timeout,
+            policy=terms.policy,
+            max_retries=terms.max_retries,
             liveness_address=check_liveness_address(liveness_address),
         )
 
@@ -465,7 +425,7 @@ class ReplicaGang(Gang):
         if self._in_step:
             raise InvalidOperationError("`load_state_dict` cannot be called inside `with gang.step():`.")
         self._step_number = step
-        self._dirty = False  # the caller restored the model's state with it
+        self._state.dirty = False  # the caller restored the model's state with it
         self._restored = True
 
     # -- the step ---------------------------------------------------------------------------------
@@ -699,60 +659,26 @@ class ReplicaGang(Gang):
         return True
 
     def _heal(self, quorum: Quorum) -> None:
-        """Send this replica's state to the members the quorum's heal plan gives it, or receive it."""
-        index = {m: r for r, m in enumerate(quorum.members)}
-        plan = {index[m]: index[source] for m, source in quorum.heal.items()}
-        if self._dirty and self.rank not in plan:
-            error = GangError(
-                f"`step` failed on replica {self._replica_id!r} before step {self._step_number + 1} of "
-                f"{quorum.describe()}: a heal that failed midway left this replica's state partly "
-                "overwritten, and no member is ahead of it to heal it again; restore it from a checkpoint "
-                "(`load_state_dict` of the model and of this gang)."
-            )
+        """Send this replica's state to the members the quorum's heal plan gives it, or receive it
+        (:func:`gang.ft.heal.heal`)."""
+        plan = rank_plan(quorum)
+        if self._state.dirty and self.rank not in plan:
+            error = unhealable(self._replica_id, self._step_number, quorum)
             self._record("heal", error)  # drops the group and votes against: the peers go on at once
             raise error
-        receivers = [r for r, s in plan.items() if s == self.rank]
-        if self.rank not in plan and not receivers:
-            return
         if self._pg is None or self._error is not None:
             return
-        started = time.monotonic()
         try:  # no local reference to the group: dropping it must destroy it (see `_record`)
-            if self.rank in plan:
-                current = self._full_state()
-                self._dirty = True  # from here on, tensors of `current` may be written in place
-                step, state, received = receive_state(
-                    self._pg, plan[self.rank], current, self._device, self._finish_transfer
-                )
-                self._heal_bytes[1] += received
-                assert isinstance(state, Mapping)
-                self._load_full_state(state)
-                self._step_number, self._dirty = step, False
-                moved, done = received, f"received {received} bytes from rank {plan[self.rank]}"
-            else:
-                state = self._full_state()
-                sent = sum(
-                    send_state(self._pg, r, state, self._step_number, self._device, self._finish_transfer)
-                    for r in receivers
-                )
-                self._heal_bytes[0] += sent
-                moved, done = sent, f"sent {sent} bytes to ranks {receivers}"
+            healed = heal(
+                self._pg, self.rank, plan, self._state, self._step_number, self._device, self._finish_transfer
+            )
         except Exception as ex:  # a failed transfer, or the caller's `state_dict`/`load_state_dict` raised
             self._record("heal", ex)
             return
-        seconds = time.monotonic() - started
-        log_event(
-            "heal",
-            f"heal in {quorum.describe()} on replica {self._replica_id!r} rank {self._replica_rank}: "
-            f"{done} in {seconds:.3f} s",
-            replica=self._replica_id,
-            replica_rank=self._replica_rank,
-            round=quorum.round,
-            source=quorum.heal.get(self._replica_id, self._replica_id),
-            bytes=moved,
-            seconds=round(seconds, 6),
-            step=self._step_number,
-        )
+        if healed is not None:
+            if healed.step is not None:
+                self._step_number = healed.step
+            log_heal(quorum, self._replica_id, self._replica_rank, healed, self._step_number)
 
     def _attach_state(
         self,
@@ -764,28 +690,12 @@ class ReplicaGang(Gang):
 
         A replica that heals loads the user's state first, then each attached one in the order attached.
         """
-        if name in self._attached:
+        if not self._state.attach(name, state_dict, load_state_dict):
             raise InvalidOperationError(f"`{name}` is already attached to replica {self._replica_id!r}'s gang.")
-        self._attached[name] = (state_dict, load_state_dict)
 
     def _detach_state(self, name: str) -> None:
         """Stop healing what :meth:`_attach_state` attached under ``name``."""
-        self._attached.pop(name, None)
-
-    def _full_state(self) -> Mapping[str, Any]:
-        """What a heal sends: the user's state, with the attached states when there are any."""
-        if not self._attached:
-            return self._state_dict()
-        return {"user": self._state_dict(), "attached": {n: get() for n, (get, _) in self._attached.items()}}
-
-    def _load_full_state(self, state: Mapping[str, Any]) -> None:
-        """Load what :meth:`_full_state` of the healer returned."""
-        if not self._attached:
-            self._load_state_dict(state)
-            return
-        self._load_state_dict(state["user"])
-        for name, (_, load) in self._attached.items():
-            load(state["attached"][name])
+        self._state.detach(name)
 
     def _finish(self, work: Any) -> None:
         settle(work, self._device, self._timeout.total_seconds(), self._protocol.watch_interval, self._watch)
@@ -921,20 +831,21 @@ class ReplicaGang(Gang):
     # Results are written in place; a collective that fails may leave its output partly written
     # (the step is then not committed anywhere), and the later ones of the step do not run.
 
+    # Each collective starts through the torch translation it shares with `ProcessGroupGang`
+    # (`gang._torch_ops`), on the standalone group of the quorum: started as torch's async
+    # operations, waited for by `_run` (watching the peers) or handed back as a `_StepWork`.
+
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation, async_op: bool) -> Work | None:
-        t = real_view(tensor)
-        return self._start("all_reduce", lambda pg: pg.allreduce([t], reduce_options(op)), async_op)
+        return self._start("all_reduce", lambda pg: _CALLS.all_reduce(pg, tensor, op, True), async_op)
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
-        outputs, inp = list(real_view(output_tensor).unbind(0)), real_view(input_tensor)
-        return self._start("all_gather", lambda pg: pg.allgather([outputs], [inp]), async_op)
+        return self._start("all_gather", lambda pg: _CALLS.all_gather(pg, output_tensor, input_tensor, True), async_op)
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
-        outputs, inp = [real_view(t) for t in output_tensors], real_view(input_tensor)
-        self._run("all_gather_to_list", lambda pg: pg.allgather([outputs], [inp]))
+        self._run("all_gather_to_list", lambda pg: _CALLS.all_gather_to_list(pg, output_tensors, input_tensor, True))
 
     @override
     def _reduce_scatter(
@@ -943,20 +854,20 @@ class ReplicaGang(Gang):
         total = input_tensor.clone()  # gloo has no reduce-scatter of one tensor: reduce all rows
         return self._start(
             "reduce_scatter",
-            lambda pg: pg.allreduce([real_view(total)], reduce_options(op)),
+            lambda pg: _CALLS.all_reduce(pg, total, op, True),
             async_op,
             then=lambda: output_tensor.copy_(total[self.rank]),
         )
 
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
-        out, inp = real_view(output_tensor).view(-1), real_view(input_tensor).view(-1)
-        return self._start("all_to_all", lambda pg: pg.alltoall_base(out, inp, [], []), async_op)
+        return self._start(
+            "all_to_all", lambda pg: _CALLS.all_to_all(pg, output_tensor, input_tensor, [], [], True), async_op
+        )
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int, async_op: bool) -> Work | None:
-        t = real_view(tensor)
-        return self._start("broadcast", lambda pg: pg.broadcast([t], root_options(source_rank)), async_op)
+        return self._start("broadcast", lambda pg: _CALLS.broadcast(pg, tensor, source_rank, True), async_op)
 
     @override
     def _send_recv(

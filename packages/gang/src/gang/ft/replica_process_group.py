@@ -37,10 +37,10 @@ from gang._torch_groups import (
     fix_ddp_buckets,
     fsdp_grads_view_reduce_output,
 )
+from gang._torch_ops import gang_reduce_op
 from gang.errors import GangError, NotSupportedError
 from gang.gang import Gang
 from gang.ops import ReduceOperation
-from gang.process_group_gang import gang_reduce_op
 
 
 @runtime_checkable
