@@ -412,7 +412,7 @@ def diloco_rate(data: Data) -> str:
             ]
         )
     header = ["replica 2's link", "sent per exchange", "outer step (median)", "against unlimited", "bytes / rate"]
-    header.append("syncs")
+    header.append("exchanges")
     return table("Streaming DiLoCo, 3 replicas on test hosts, 2 fragments", header, body, data.run(DILOCO_RATE))
 
 

@@ -257,47 +257,52 @@ HIDDEN = "32768"  # the model's hidden width: 3.4 MB of float64 parameters, frag
 
 
 def test_streaming_diloco_with_a_rate_limited_link_completes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # DiLoCo of 3 replicas, 2 fragments, every 4 local steps; run once with every link as it is and
-    # once with replica 2's link limited to 20 Mbit/s (tbf). Both complete and match the replay;
-    # the outer step's time (exchange and update) of each is reported side by side (a benchmark
-    # row; with HOSTS_DILOCO_OUT set, written there as JSON for docs/performance.rst).
+    # DiLoCo of 3 replicas, 2 fragments, every 4 local steps: one run, every link as it is for the
+    # first half, then (all replicas paused before local step 12) replica 2's link limited to
+    # 20 Mbit/s (tbf). It completes and matches the replay; the outer step's time (exchange and
+    # update) of each half is reported side by side (a benchmark row; with HOSTS_DILOCO_OUT set,
+    # written there as JSON for docs/performance.rst).
     env = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2", "FT_TIMEOUT": "30", "FT_QUORUM_TIMEOUT": "20"}
     env |= {"FT_HEARTBEAT_TIMEOUT": "3"}
     monkeypatch.setenv("FT_HIDDEN", HIDDEN)  # the workers' model and the replay's
-    steps = 24
-    rows = []
+    steps, limit_at = 24, 12
     load = [os.getloadavg()[0]]
     with TestHosts(4, prefix="dl") as hosts:
-        for name, port in (("unlimited", "29401"), ("limited", "29402")):
-            if name == "limited":
-                hosts.limit_rate(3, RATE)
-            cluster = NetDiLoCo(tmp_path / name, hosts, port)
-            try:
-                for rid in ("0", "1", "2"):
-                    cluster.start(rid, steps=steps, env=env)
-                for rid in ("0", "1", "2"):
-                    cluster.wait(rid, "paused", 1)
-                for rid in ("0", "1", "2"):
-                    cluster.release(rid, "enter", 1)
-                cluster.finish({"0": 0, "1": 0, "2": 0})
-                syncs = cluster.check_replay(delay=0, alpha=0.0)
-                assert len(syncs) >= steps // 2 - 1 and all(s["quorum"] == ["0", "1", "2"] for s in syncs), syncs
-                exchanges = [s for s in syncs if s["fragments"]]  # not the first step's (it only heals)
-                seconds = sorted(s["seconds"] for s in exchanges)
-                sent = [s["bytes"] for s in exchanges]
-                rows.append(
-                    {
-                        "link": name,
-                        "rate_bits_per_second": RATE if name == "limited" else None,
-                        "outer_step_s": seconds[len(seconds) // 2],
-                        "bytes_per_exchange": sum(sent) / len(sent),
-                        "syncs": len(exchanges),
-                    }
-                )
-                assert hosts.leaks() == []
-            finally:
-                cluster.close()
+        cluster = NetDiLoCo(tmp_path / "run", hosts, "29401")
+        try:
+            for rid in ("0", "1", "2"):
+                cluster.start(rid, steps=steps, env=env, pause=f"step:{limit_at}")
+            for rid in ("0", "1", "2"):
+                cluster.wait(rid, "paused", 1)
+            for rid in ("0", "1", "2"):
+                cluster.release(rid, "enter", 1)
+            for rid in ("0", "1", "2"):
+                cluster.wait(rid, "paused", limit_at)
+            hosts.limit_rate(3, RATE)
+            for rid in ("0", "1", "2"):
+                cluster.release(rid, "step", limit_at)
+            cluster.finish({"0": 0, "1": 0, "2": 0})
+            syncs = cluster.check_replay(delay=0, alpha=0.0)
+            assert len(syncs) >= steps // 2 and all(s["quorum"] == ["0", "1", "2"] for s in syncs), syncs
+            assert hosts.leaks() == []
+        finally:
+            cluster.close()
     load.append(os.getloadavg()[0])
+    rows = []
+    for name, limited in (("unlimited", False), ("limited", True)):
+        # Not the first step's sync (it only heals); the limit holds from local step `limit_at` on.
+        exchanges = [s for s in syncs if s["fragments"] and (s["local_steps"] > limit_at) == limited]
+        seconds = sorted(s["seconds"] for s in exchanges)
+        sent = [s["bytes"] for s in exchanges]
+        rows.append(
+            {
+                "link": name,
+                "rate_bits_per_second": RATE if limited else None,
+                "outer_step_s": seconds[len(seconds) // 2],
+                "bytes_per_exchange": sum(sent) / len(sent),
+                "syncs": len(exchanges),
+            }
+        )
     for row in rows:
         print(
             f"[ft network] DiLoCo 2 fragments, replica 2's link {row['link']}: median outer step "
