@@ -390,6 +390,32 @@ def diloco_jax(data: Data) -> str:
     return table("DiLoCo, JAX and torch, 3 replicas of 1 process", header, body, data.run(DILOCO_JAX))
 
 
+DILOCO_RATE = "hosts_diloco_rate.json"
+
+
+def diloco_rate(data: Data) -> str:
+    """Streaming DiLoCo on test hosts with one replica's link rate-limited, against the unlimited link."""
+    index = by(data.rows(DILOCO_RATE), "link")
+    unlimited = index[("unlimited",)]
+    body = []
+    for link, what in (("unlimited", "as it is (veth pair)"), ("limited", "limited by ``tbf``")):
+        row = index[(link,)]
+        rate = row["rate_bits_per_second"]
+        body.append(
+            [
+                what if rate is None else f"{what} to {rate / 1e6:g} Mbit/s",
+                f"{row['bytes_per_exchange'] / 1e6:.2f} MB",
+                f"{row['outer_step_s']:.3f} s",
+                f"{row['outer_step_s'] / unlimited['outer_step_s']:.1f}x",
+                "\\-" if rate is None else f"{row['bytes_per_exchange'] * 8 / rate:.3f} s",
+                str(row["syncs"]),
+            ]
+        )
+    header = ["replica 2's link", "sent per exchange", "outer step (median)", "against unlimited", "bytes / rate"]
+    header.append("exchanges")
+    return table("Streaming DiLoCo, 3 replicas on test hosts, 2 fragments", header, body, data.run(DILOCO_RATE))
+
+
 def targets(data: Data) -> str:
     """Each target, what the committed results measure, and whether that meets it."""
     quick, traffic_rows = data.rows(QUICK), data.rows(TRAFFIC_FILE)
@@ -545,6 +571,7 @@ TABLES: dict[str, Callable[[Data], str]] = {
     "ft": ft,
     "hsdp": hsdp,
     "diloco_jax": diloco_jax,
+    "diloco_rate": diloco_rate,
     "recorded": recorded,
 }
 """Each table's file name (``perf_<name>.rst``) and the function that writes it."""

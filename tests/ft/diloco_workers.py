@@ -22,7 +22,9 @@ all-to-all (the exchange's first collective) starts (through ``gang.ft.replica``
 fault seam). ``FT_FRAGMENTS``, ``FT_DELAY``,
 ``FT_ALPHA``, ``FT_SYNC_EVERY`` and ``FT_QUANTIZE`` (``int8`` or ``float8``; unset: full precision)
 configure DiLoCo (``FT_SYNC_EVERY`` and ``FT_QUANTIZE`` also LocalSGD); ``FT_TIMEOUT``, ``FT_QUORUM_TIMEOUT``,
-``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` the gang.
+``FT_HEARTBEAT_TIMEOUT`` and ``FT_MIN_REPLICAS`` the gang. ``FT_HIDDEN`` sets the model's hidden width
+(default 16; a wide one makes an exchange megabytes): its parameters are then logged as the
+SHA-256 of their float64 bytes (:func:`flat`), which the test compares with the replay's.
 
 :func:`replay` is DiLoCo from its definition in plain torch, in one process: it needs only the
 committed syncs (their local step, fragments, quorum, heals and averaged members).
@@ -30,6 +32,7 @@ committed syncs (their local step, fragments, quorum, heals and averaged members
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
@@ -59,7 +62,8 @@ def build_model(rid: str) -> nn.Sequential:
     (with ``FT_SAME_START=1``, every replica starts from it and joins with ``init_sync=False``)."""
     same = os.environ.get("FT_SAME_START") == "1"
     torch.manual_seed(1234 if rid == "0" or same else zlib.crc32(rid.encode()))
-    return nn.Sequential(nn.Linear(IN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, OUT)).double()
+    hidden = int(os.environ.get("FT_HIDDEN") or HIDDEN)
+    return nn.Sequential(nn.Linear(IN, hidden), nn.Tanh(), nn.Linear(hidden, OUT)).double()
 
 
 def inner(params: Any) -> torch.optim.Optimizer:
@@ -172,9 +176,18 @@ def loss_of(model: nn.Module, rid: str, process: int, t: int) -> Tensor:
     return loss
 
 
-def flat(tensors: list[Tensor]) -> list[float]:
-    values: list[float] = torch.cat([t.detach().reshape(-1) for t in tensors]).tolist()
+def flat(tensors: list[Tensor]) -> list[float] | str:
+    """The values of ``tensors`` in order, or with ``FT_HIDDEN`` set the SHA-256 of their float64 bytes."""
+    joined = torch.cat([t.detach().reshape(-1) for t in tensors])
+    if os.environ.get("FT_HIDDEN"):
+        return digest(joined)
+    values: list[float] = joined.tolist()
     return values
+
+
+def digest(values: Tensor) -> str:
+    """The SHA-256 of ``values`` as float64 bytes (equal digests: bit-identical values)."""
+    return hashlib.sha256(values.to(torch.float64).contiguous().numpy().tobytes()).hexdigest()
 
 
 def quantized_mean(rows: dict[str, list[Tensor]], averaged: list[str], procs: int, quantize: str) -> list[Tensor]:

@@ -23,12 +23,14 @@ from gang.testing import HostProcess, TestHosts
 
 REPLICAS = {"a": 0, "b": 1, "c": 2}  # replica id -> host
 STORE_HOST = 3
+LIVENESS = {"c": "route"}  # GANG_FT_LIVENESS_ADDRESS by replica: "a" and "b" use the default choice
 
 
 class HostsCluster(Cluster):
-    """:class:`test_ft.Cluster` with the store on host 3 and replica ``r`` on host ``REPLICAS[r]``."""
+    """:class:`test_ft.Cluster` with the store on host 3 and replica ``r`` on host ``REPLICAS[r]``
+    (its death signal's address chosen as ``liveness`` says for ``r``, else by default)."""
 
-    def __init__(self, root: Path, hosts: TestHosts, liveness: str | None = None) -> None:
+    def __init__(self, root: Path, hosts: TestHosts, liveness: dict[str, str]) -> None:
         self.hosts = hosts
         self.liveness = liveness
         super().__init__(root)
@@ -44,7 +46,7 @@ class HostsCluster(Cluster):
 
     def _popen(self, cmd: list[str], environment: dict[str, str]) -> Any:
         rid = environment["GANG_FT_REPLICA_ID"]
-        extra = {} if self.liveness is None else {"GANG_FT_LIVENESS_ADDRESS": self.liveness}
+        extra = {"GANG_FT_LIVENESS_ADDRESS": self.liveness[rid]} if rid in self.liveness else {}
         keep = {k: v for k, v in environment.items() if k.startswith(("GANG_FT_", "FT_"))}
         proc: HostProcess = self.hosts[REPLICAS[rid]].popen(cmd, env=env(**keep, **extra))
         self.procs.append(proc)  # type: ignore[arg-type]  # a Popen[str]: the cluster only waits and kills
@@ -63,10 +65,10 @@ class HostsCluster(Cluster):
         return out.stdout.split()[3].rpartition(":")[0]
 
 
-@pytest.fixture(params=[None, "route"], ids=["default-address", "route"])
-def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HostsCluster]:
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[HostsCluster]:
     with TestHosts(4, own_name="loopback") as hosts:
-        c = HostsCluster(tmp_path, hosts, request.param)
+        c = HostsCluster(tmp_path, hosts, LIVENESS)
         try:
             yield c
             assert_contained(hosts)
@@ -77,7 +79,8 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HostsClu
 def test_three_replicas_on_three_hosts_a_kill_and_a_restart(cluster: HostsCluster) -> None:
     ids = list(REPLICAS)
     cluster.start_all({"a": "enter:6", "b": "collective:3", "c": "enter:6"})
-    # Each death signal publishes its host's own address, with the default choice and with "route".
+    # Each death signal publishes its host's own address, with the default choice ("a", "b") and
+    # with "route" ("c").
     for rid, host in REPLICAS.items():
         assert cluster.published(rid) == cluster.hosts[host].address
     cluster.wait("b", "paused", 3)

@@ -9,12 +9,16 @@ was committed by every replica that logged it with the same members and bit-iden
 (no split brain), and every finishing replica's parameters equal a single-process replay of the
 logged membership schedule. A replica that ends with ``GangError`` (its store unreachable for
 ``timeout + quorum_timeout``) is started again once its link is back, as a supervisor would, and
-heals in. The bounds of the issue are checked with a generous margin (the machine is shared and
-loaded); the measured times are printed (``-s``) for the docs.
+heals in. Every step attempt of every replica (from ``enter``, or from the end of a wait outside
+the quorum, to its step's end) must end within ``timeout + quorum_timeout`` plus a small slack
+(the kernel's retransmission timer, the watch interval, scheduling): that bound is the guarantee
+itself. The times of detection and recovery are checked with a generous margin (the machine is
+shared and loaded). The measured times are printed (``-s``) for the docs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -34,7 +38,9 @@ from gang.testing import TestHosts
 
 TIMEOUT = 3.0  # seconds: timeout, quorum_timeout and heartbeat_timeout of every replica
 PACE = "0.2"  # seconds: the least time of one step
-MARGIN = 15.0  # seconds added to every bound checked (a loaded 2-core machine)
+MARGIN = 15.0  # seconds added to the bounds on detection and recovery (a loaded 2-core machine)
+ATTEMPT = 2 * TIMEOUT  # the bound on a step attempt: timeout + quorum_timeout
+SLACK = 1.5  # seconds past it allowed: the kernel's retransmission timer, the watch interval, scheduling
 STORE_PORT = "29400"  # the store's port on its own host
 
 
@@ -94,7 +100,8 @@ class NetCluster(Cluster):
         self._until(condition, what)
 
     def longest_attempt(self) -> float:
-        """The longest step attempt of any replica: from an ``enter`` to its step's end (commit, abort, error)."""
+        """The longest step attempt of any replica: from an ``enter`` (or from the end of a wait
+        outside the quorum, its ``outside`` record) to its step's end (commit, abort, error)."""
         longest = 0.0
         for logs in self.logs.values():
             for log in logs:
@@ -102,10 +109,18 @@ class NetCluster(Cluster):
                 for e in self.events(log):
                     if e["event"] == "enter":
                         began = e["t"]
+                    elif e["event"] == "ft_log" and e["ft"].get("event") == "outside" and began is not None:
+                        began += e["ft"]["seconds"]
                     elif e["event"] in ("commit", "abort", "error") and began is not None:
                         longest = max(longest, e["t"] - began)
                         began = None
         return longest
+
+    def check_attempts(self, what: str) -> None:
+        """Report the longest step attempt and check it against ``timeout + quorum_timeout``."""
+        longest = self.longest_attempt()
+        report(f"{what}: longest step attempt of any replica", longest)
+        assert longest < ATTEMPT + SLACK, longest
 
 
 class NetDiLoCo(NetCluster, DiLoCoCluster):
@@ -138,7 +153,7 @@ def steps_for(seconds: float) -> int:
 
 @pytest.mark.parametrize("cut", [10.0, 40.0])
 def test_a_replicas_host_cut_off_is_dropped_then_healed_back_in(net: NetCluster, cut: float) -> None:
-    steps = steps_for(cut + 60)
+    steps = steps_for(cut + 25)  # the cut, the restart and the heal, with room for a slow start
     net.launch(steps)
     net.wait("2", "commit", 5)
     t_cut = time.time()
@@ -164,12 +179,11 @@ def test_a_replicas_host_cut_off_is_dropped_then_healed_back_in(net: NetCluster,
     assert [e for e in net.all_events("2") if e["event"] == "healed"]
     net.finish({"0": 0, "1": 0, "2": 0})
     net.check_training(["0", "1", "2"], steps)
-    report(f"cut {cut:g} s: longest step attempt of any replica", net.longest_attempt())
-    assert net.longest_attempt() < 2 * TIMEOUT + TIMEOUT + MARGIN
+    net.check_attempts(f"cut {cut:g} s")
 
 
 def test_the_stores_host_cut_briefly_training_goes_on(net: NetCluster) -> None:
-    steps = steps_for(20)
+    steps = steps_for(10)
     net.launch(steps)
     net.wait("2", "commit", 5)
     net.hosts.cut(0)
@@ -177,7 +191,7 @@ def test_the_stores_host_cut_briefly_training_goes_on(net: NetCluster) -> None:
     net.hosts.restore(0)
     net.finish({"0": 0, "1": 0, "2": 0})
     net.check_training(["0", "1", "2"], steps)
-    report("store cut 1.5 s: longest step attempt of any replica", net.longest_attempt())
+    net.check_attempts("store cut 1.5 s")
 
 
 def test_the_stores_host_cut_for_long_every_replica_gets_gang_error(net: NetCluster) -> None:
@@ -197,7 +211,7 @@ def test_the_stores_host_cut_for_long_every_replica_gets_gang_error(net: NetClus
 
 
 def test_two_replicas_that_cannot_reach_each_other_commit_apart_then_heal(net: NetCluster) -> None:
-    steps = steps_for(50)
+    steps = steps_for(35)
     net.launch(steps)
     net.wait("2", "commit", 5)
     t_part = time.time()
@@ -209,7 +223,7 @@ def test_two_replicas_that_cannot_reach_each_other_commit_apart_then_heal(net: N
     print(f"[ft network] partition: steps aborted on replica 0 before it: {len(aborted)}")
     assert len(aborted) <= PARTITION_ABORTS, aborted
     assert not net.ended("1")  # it waits apart, as a spare
-    time.sleep(5.0)
+    time.sleep(3.0)  # it keeps waiting apart (no GangError) while the link stays broken
     net.hosts.heal(1, 2)
     t_heal = time.time()
     net.until(lambda: any(e["members"] == ["0", "1", "2"] for e in net.commits_after("1", t_heal)), "1 back")
@@ -218,12 +232,11 @@ def test_two_replicas_that_cannot_reach_each_other_commit_apart_then_heal(net: N
     net.finish({"0": 0, "1": 0, "2": 0})
     net.check_training(["0", "1", "2"], steps)
     assert [e for e in net.all_events("1") if e["event"] == "healed"]
-    report("partition: longest step attempt of any replica", net.longest_attempt())
-    assert net.longest_attempt() < 2 * TIMEOUT + TIMEOUT + MARGIN
+    net.check_attempts("partition")
 
 
 def test_a_flapping_link_no_hang_no_split_brain_all_back(net: NetCluster) -> None:
-    steps = steps_for(60)
+    steps = steps_for(35)
     net.launch(steps)
     net.wait("2", "commit", 5)
     net.hosts.flap(3, period=1.0, duration=12.0).join()
@@ -236,35 +249,66 @@ def test_a_flapping_link_no_hang_no_split_brain_all_back(net: NetCluster) -> Non
     assert back < 2 * TIMEOUT + TIMEOUT + MARGIN
     net.finish({"0": 0, "1": 0, "2": 0})
     net.check_training(["0", "1", "2"], steps)
-    report("flapping link: longest step attempt of any replica", net.longest_attempt())
+    net.check_attempts("flapping link")
 
 
-def test_streaming_diloco_with_a_rate_limited_link_completes(tmp_path: Path) -> None:
-    # DiLoCo of 3 replicas, 2 fragments, every 4 local steps; run once with every link as it is and
-    # once with replica 2's link limited to 20 Mbit/s (tbf). Both complete and match the replay;
-    # the time of an exchange is reported side by side (a benchmark row).
+RATE = 20_000_000  # bits per second: replica 2's link in the rate-limited run
+HIDDEN = "32768"  # the model's hidden width: 3.4 MB of float64 parameters, fragments of 2.1 and 1.3 MB
+
+
+def test_streaming_diloco_with_a_rate_limited_link_completes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # DiLoCo of 3 replicas, 2 fragments, every 4 local steps: one run, every link as it is for the
+    # first half, then (all replicas paused before local step 12) replica 2's link limited to
+    # 20 Mbit/s (tbf). It completes and matches the replay; the outer step's time (exchange and
+    # update) of each half is reported side by side (a benchmark row; with HOSTS_DILOCO_OUT set,
+    # written there as JSON for docs/performance.rst).
     env = {"FT_SYNC_EVERY": "4", "FT_FRAGMENTS": "2", "FT_TIMEOUT": "30", "FT_QUORUM_TIMEOUT": "20"}
     env |= {"FT_HEARTBEAT_TIMEOUT": "3"}
-    rows = {}
+    monkeypatch.setenv("FT_HIDDEN", HIDDEN)  # the workers' model and the replay's
+    steps, limit_at = 24, 12
+    load = [os.getloadavg()[0]]
     with TestHosts(4, prefix="dl") as hosts:
-        for name, port in (("unlimited", "29401"), ("limited", "29402")):
-            if name == "limited":
-                hosts.limit_rate(3, 20_000_000)
-            cluster = NetDiLoCo(tmp_path / name, hosts, port)
-            try:
-                for rid in ("0", "1", "2"):
-                    cluster.start(rid, steps=40, env=env)
-                for rid in ("0", "1", "2"):
-                    cluster.wait(rid, "paused", 1)
-                for rid in ("0", "1", "2"):
-                    cluster.release(rid, "enter", 1)
-                cluster.finish({"0": 0, "1": 0, "2": 0})
-                syncs = cluster.check_replay(delay=0, alpha=0.0)
-                assert len(syncs) >= 15 and all(s["quorum"] == ["0", "1", "2"] for s in syncs), syncs
-                seconds = sorted(s["seconds"] for s in syncs)
-                rows[name] = (seconds[len(seconds) // 2], sum(s["bytes"] for s in syncs) / len(syncs))
-                assert hosts.leaks() == []
-            finally:
-                cluster.close()
-    for name, (median, sent) in rows.items():
-        print(f"[ft network] DiLoCo 2 fragments, replica 2's link {name}: median exchange {median:.4f} s, {sent:.0f} B")
+        cluster = NetDiLoCo(tmp_path / "run", hosts, "29401")
+        try:
+            for rid in ("0", "1", "2"):
+                cluster.start(rid, steps=steps, env=env, pause=f"step:{limit_at}")
+            for rid in ("0", "1", "2"):
+                cluster.wait(rid, "paused", 1)
+            for rid in ("0", "1", "2"):
+                cluster.release(rid, "enter", 1)
+            for rid in ("0", "1", "2"):
+                cluster.wait(rid, "paused", limit_at)
+            hosts.limit_rate(3, RATE)
+            for rid in ("0", "1", "2"):
+                cluster.release(rid, "step", limit_at)
+            cluster.finish({"0": 0, "1": 0, "2": 0})
+            syncs = cluster.check_replay(delay=0, alpha=0.0)
+            assert len(syncs) >= steps // 2 and all(s["quorum"] == ["0", "1", "2"] for s in syncs), syncs
+            assert hosts.leaks() == []
+        finally:
+            cluster.close()
+    load.append(os.getloadavg()[0])
+    rows = []
+    for name, limited in (("unlimited", False), ("limited", True)):
+        # Not the first step's sync (it only heals); the limit holds from local step `limit_at` on.
+        exchanges = [s for s in syncs if s["fragments"] and (s["local_steps"] > limit_at) == limited]
+        seconds = sorted(s["seconds"] for s in exchanges)
+        sent = [s["bytes"] for s in exchanges]
+        rows.append(
+            {
+                "link": name,
+                "rate_bits_per_second": RATE if limited else None,
+                "outer_step_s": seconds[len(seconds) // 2],
+                "bytes_per_exchange": sum(sent) / len(sent),
+                "syncs": len(exchanges),
+            }
+        )
+    for row in rows:
+        print(
+            f"[ft network] DiLoCo 2 fragments, replica 2's link {row['link']}: median outer step "
+            f"{row['outer_step_s']:.3f} s, {row['bytes_per_exchange']:.0f} B sent per exchange"
+        )
+    out = os.environ.get("HOSTS_DILOCO_OUT")
+    if out:
+        result = {"rows": rows, "load": f"{load[0]:.1f} at the start, {load[1]:.1f} at the end"}
+        Path(out).write_text(json.dumps(result, indent=1) + "\n")

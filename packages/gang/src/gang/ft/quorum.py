@@ -133,6 +133,12 @@ class StoreUnreachableError(RuntimeError):
     """The coordination store did not answer for the whole retry time."""
 
 
+class StepDeadlineError(RuntimeError):
+    """A request was cut short by the deadline of the step attempt it belongs to
+    (:attr:`StoreClient.deadline`): the step ends, but the store is not given up on (its
+    retries go on at the next request, within the same ``timeout + retry``)."""
+
+
 class StoreRestartedError(Exception):
     """The store restarted under a request that depends on what the caller read before it (a
     ``since`` generation): the request is not sent to the new store. A
@@ -144,7 +150,7 @@ def _key(*parts: object) -> str:
     return ROOT + "/".join(str(p) for p in parts)
 
 
-def bound_unacknowledged(host: str, port: int, seconds: float) -> None:
+def bound_unacknowledged(host: str, port: int, seconds: float, *, known: set[str] | None = None) -> list[socket.socket]:
     """Make every TCP connection of this process to the store at ``host:port`` fail once data it
     sent stays unacknowledged for ``seconds`` (``TCP_USER_TIMEOUT``; Linux, else nothing).
 
@@ -154,29 +160,53 @@ def bound_unacknowledged(host: str, port: int, seconds: float) -> None:
     retries it. A store that is merely slow to answer is not affected (its kernel acknowledges
     the request at once). The store client's socket is not reachable from Python, so the
     process's open sockets are looked up (``/proc/self/fd``) by their peer's address.
+
+    :param known: The sockets open before the connection (:func:`socket_links`): the connection's
+        own sockets, those not among them, are returned as second descriptors, left open for the
+        caller (to bound one request by less, :meth:`StoreClient._bound`); none without ``known``.
     """
     option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    own: list[socket.socket] = []
     if option is None:
-        return
+        return own
     try:
         peers = {(str(a[4][0]), port) for a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
         names = os.listdir("/proc/self/fd")
     except OSError:
-        return
+        return own
     for name in names:
         try:
-            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+            link = os.readlink(f"/proc/self/fd/{name}")
+            if not link.startswith("socket:"):
                 continue
             sock = socket.socket(fileno=os.dup(int(name)))  # a second descriptor of the same socket
         except (OSError, ValueError):
             continue
-        with sock, contextlib.suppress(OSError):
-            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
-                continue
-            peer, peer_port = sock.getpeername()[:2]
-            # torch connects over IPv6 when it can: an IPv4 store is then a mapped address.
-            if (str(peer).removeprefix("::ffff:"), peer_port) in peers:
-                sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(seconds * 1000)))
+        keep = False
+        with contextlib.suppress(OSError):
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
+                peer, peer_port = sock.getpeername()[:2]
+                # torch connects over IPv6 when it can: an IPv4 store is then a mapped address.
+                if (str(peer).removeprefix("::ffff:"), peer_port) in peers:
+                    sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(seconds * 1000)))
+                    keep = known is not None and link not in known
+        if keep:
+            own.append(sock)
+        else:
+            sock.close()
+    return own
+
+
+def socket_links() -> set[str]:
+    """The sockets this process has open (``socket:[inode]``; empty where ``/proc`` is missing)."""
+    links: set[str] = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/self/fd/{name}")
+                if link.startswith("socket:"):
+                    links.add(link)
+    return links
 
 
 def _lines(raw: bytes | None) -> list[list[str]]:
@@ -198,6 +228,12 @@ class StoreClient:
         self.host, self.port, self.retry, self.timeout = host, port, retry, timeout
         self.generation = 0
         """How many times the client reconnected (a store restarted meanwhile lost every key)."""
+        self.deadline: float | None = None
+        """A monotonic time no request waits past (the deadline of the step attempt it is made
+        for); ``None``: none. A request cut short by it raises :class:`StepDeadlineError`."""
+        self._retry_end: float | None = None  # when the retries of the store that stopped answering end
+        self._own: list[socket.socket] = []  # second descriptors of the current connection's sockets
+        self._broken = False  # a request on the current connection was cut short: its answer may still come
         self._store = self._connect(timeout)
 
     @property
@@ -205,10 +241,27 @@ class StoreClient:
         """The current connection (a new one after a reconnect), for torch's own use of the store."""
         return self._store
 
-    def _connect(self, timeout: timedelta) -> TCPStore:
+    def _connect(self, timeout: timedelta, *, own: bool = True) -> TCPStore:
+        known = socket_links() if own else None
         store = TCPStore(self.host, self.port, is_master=False, timeout=timeout, wait_for_workers=False)
-        bound_unacknowledged(self.host, self.port, self.timeout.total_seconds())
+        sockets = bound_unacknowledged(self.host, self.port, self.timeout.total_seconds(), known=known)
+        if own:
+            for old in self._own:
+                old.close()
+            self._own = sockets
         return store
+
+    def _bound(self, seconds: float) -> None:
+        """Bound the current connection's next request by ``seconds``: its answer (the store's
+        timeout) and the acknowledgement of what it sends (``TCP_USER_TIMEOUT``, see
+        :func:`bound_unacknowledged`)."""
+        self._store.set_timeout(timedelta(seconds=seconds))
+        option = getattr(socket, "TCP_USER_TIMEOUT", None)
+        if option is None:
+            return
+        for sock in self._own:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(seconds * 1000)))
 
     def _call(self, request: Callable[[TCPStore], _T], since: int | None = None) -> _T:
         """Send ``request``, reconnecting while the store does not answer (for ``retry`` seconds).
@@ -219,39 +272,72 @@ class StoreClient:
         if since is not None and since != self.generation:
             raise StoreRestartedError(f"the store was restarted since generation {since}")
         began = time.monotonic()
+        # The first try waits at most until the step's deadline or the end of the retries of a
+        # store that stopped answering, whichever comes first (at least 0.1 s).
+        ends = [t for t in (self.deadline, self._retry_end) if t is not None]
+        first_wait = min([self.timeout.total_seconds(), *(max(0.1, t - began) for t in ends)])
         try:
-            return request(self._store)
+            if self._broken:
+                raise RuntimeError("the last request on this connection was cut short")
+            if first_wait < self.timeout.total_seconds():
+                self._bound(first_wait)
+                try:
+                    value = request(self._store)
+                finally:
+                    self._bound(self.timeout.total_seconds())
+            else:
+                value = request(self._store)
+            self._retry_end = None
+            return value
         except BACKEND_ERRORS as first:
             # A request fails within `timeout` (`bound_unacknowledged`, give or take the kernel's
-            # retransmission timer); the retries end `retry` after the failure, and at most
-            # `timeout + retry` after the request began. Each connection attempt and the request on
-            # it are bounded by what is left (torch's connect tries twice, a delay apart: about
-            # three times the timeout it is given).
-            deadline = min(time.monotonic(), began + self.timeout.total_seconds()) + self.retry
+            # retransmission timer); the retries end `retry` after the first failure, and at most
+            # `timeout + retry` after the first unanswered request began (a request cut short by
+            # the step's deadline leaves that end for the next one). Each connection attempt and
+            # the request on it are bounded by what is left (torch's connect tries twice, a delay
+            # apart: about three times the timeout it is given).
+            if self._retry_end is None:
+                self._retry_end = min(time.monotonic(), began + self.timeout.total_seconds()) + self.retry
+            retry_end = self._retry_end
+            deadline = retry_end if self.deadline is None else min(retry_end, self.deadline)
             pause = 0.05
             while True:
                 time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
                 pause = min(pause * 2, 0.5)
+                if deadline < retry_end and time.monotonic() >= deadline:  # no connection attempt past it
+                    self._broken = True
+                    raise StepDeadlineError(f"{first}; the step attempt's deadline passed") from first
                 left = max(0.05, deadline - time.monotonic())
                 try:
                     self._store = self._connect(timedelta(seconds=min(1.0, self.timeout.total_seconds(), left) / 3))
+                    self._broken = False
                     self.generation += 1
                     if since is not None:
                         self._store.set_timeout(self.timeout)
                         raise StoreRestartedError(f"the store was restarted since generation {since}")
-                    self._store.set_timeout(timedelta(seconds=min(self.timeout.total_seconds(), left)))
+                    self._bound(min(self.timeout.total_seconds(), left))
                     try:
-                        return request(self._store)
+                        value = request(self._store)
                     finally:
-                        self._store.set_timeout(self.timeout)
+                        self._bound(self.timeout.total_seconds())
+                    self._retry_end = None
+                    return value
                 except BACKEND_ERRORS as ex:
                     if time.monotonic() >= deadline:
+                        self._broken = True
+                        if deadline < retry_end:
+                            raise StepDeadlineError(f"{first}; the step attempt's deadline passed: {ex}") from ex
                         raise StoreUnreachableError(f"{first}; retried for {self.retry:g} s: {ex}") from ex
 
     def connection(self) -> TCPStore:
         """A new connection to the store, of its own (a process group's rendezvous waits on it
-        while this client's requests go on)."""
-        return self._connect(self.timeout)
+        while this client's requests go on); its connection attempts end by :attr:`deadline`."""
+        seconds = self.timeout.total_seconds()
+        if self.deadline is not None:  # torch's connect tries twice: about three times the timeout given
+            seconds = min(seconds, max(0.05, (self.deadline - time.monotonic()) / 3))
+        store = self._connect(timedelta(seconds=seconds), own=False)
+        store.set_timeout(self.timeout)
+        return store
 
     def set(self, key: str, value: str) -> None:
         """Set ``key``."""
@@ -382,6 +468,11 @@ class QuorumClient:
         self._proposes: int | None = None  # the round whose vote this process completed: it proposes the next
         self._me = f"{replica_id}|{replica_rank}|{token}"
         self._address = address
+        self.began = 0.0
+        """The monotonic time the last :meth:`form` began, or last found this replica kept
+        outside a published quorum (a spare, or apart): where the step attempt it forms for began."""
+        self.outside = 0.0
+        """The seconds the last :meth:`form` waited with this replica kept outside the quorum (0: none)."""
 
     def describe(self) -> str:
         """Name this process for messages."""
@@ -531,7 +622,8 @@ class QuorumClient:
         if proposed is not None and self._proposes == proposed.round:
             self._propose(proposed)
         self._proposes = None
-        start = time.monotonic()
+        entered = start = self.began = time.monotonic()
+        self.outside = 0.0
         first = last_round + 1 if last_round > 0 else self.first_round()
         # `append` is not acknowledged: one sent to a store that just died is lost unnoticed, and
         # the reconnect of the next request tells it. So the generation is read right before
@@ -556,7 +648,9 @@ class QuorumClient:
                 if self.replica_id in quorum.members:
                     return quorum
                 if self.replica_id in quorum.spares or self.replica_id in quorum.apart:
-                    start = now  # a spare, or apart (a link is broken): it waits on, from this round on
+                    # A spare, or apart (a link is broken): it waits on, from this round on.
+                    start = self.began = now
+                    self.outside = now - entered
                 if self.policy.give_up(now - start, quorum):
                     raise QuorumTimeoutError(
                         f"{self.describe()} was left out of every quorum for {now - start:.3g} s: not every "
@@ -954,6 +1048,7 @@ __all__ = [
     "Quorum",
     "QuorumClient",
     "QuorumTimeoutError",
+    "StepDeadlineError",
     "StoreClient",
     "StoreRestartedError",
     "StoreUnreachableError",

@@ -48,6 +48,7 @@ from gang.ft.quorum import (
     PolicyMismatchError,
     QuorumClient,
     QuorumTimeoutError,
+    StepDeadlineError,
     StoreClient,
     StoreUnreachableError,
 )
@@ -190,6 +191,9 @@ class ReplicaGang(Gang):
         self._addresses: dict[str, str] = {}  # the death signal's address of each incarnation probed
         self._commit: bool | None = None
         self._restored = False  # `load_state_dict` was called since the last step
+        self._budget = 0.0  # seconds of this step attempt's `timeout + quorum_timeout` not spent yet
+        self._wait_end = 0.0  # when the gang's wait in progress runs out of the budget (monotonic)
+        self._waits = 0  # how deep in `_waiting` this thread is
         self._store = self._connect()
         if replica_id.isdigit():  # torchft's numbering: a replica's processes follow the previous replica's
             claim_rank(int(replica_id) * replica_size + replica_rank)
@@ -445,6 +449,15 @@ class ReplicaGang(Gang):
         the peers waiting for it in a collective (their collectives fail, so they vote against
         too). The exception then propagates; the next step forms a new quorum and a new group.
 
+        A step attempt lasts at most ``timeout + quorum_timeout`` of the gang's own time, from
+        entering this block (or from when a spare, or a replica kept apart, stops waiting outside
+        the quorum) to its end: forming the quorum spends from that budget, and every wait after
+        it (the reachability probes, building the group, the heal, each collective, the vote and
+        the store requests among them) ends when the budget is spent, recorded as the step's
+        error (the step is not committed; :meth:`should_commit` returns ``False``). The caller's
+        own code between the gang's calls spends nothing. See :ref:`step-attempt-bound` for the
+        slack and for what forming a quorum may take.
+
         :raises InvalidOperationError: If the gang is closed or a step is already running.
         :raises GangError: If fewer than ``min_replicas`` replicas joined for ``quorum_timeout``, the
             coordination store is unreachable, this replica's state was partly overwritten by a
@@ -479,7 +492,8 @@ class ReplicaGang(Gang):
             try:
                 if self._commit is None:
                     try:
-                        self._vote(False)
+                        with self._waiting():
+                            self._vote(False)
                     except GangError:
                         if ok:
                             raise
@@ -534,7 +548,8 @@ class ReplicaGang(Gang):
             raise InvalidOperationError("`should_commit` must be called inside `with gang.step():`.")
         if self._commit is None:
             self._settle_pending()
-            self._vote(self._error is None)
+            with self._waiting():
+                self._vote(self._error is None)
         if self._store_lost is not None:
             raise self._store_lost
         assert self._commit is not None
@@ -558,6 +573,20 @@ class ReplicaGang(Gang):
             ) from ex
         except BACKEND_ERRORS as ex:
             raise self._store_error("step", ex) from ex
+        # The step attempt began when this process began forming the quorum, or stopped waiting
+        # outside one (a spare, or apart): what forming took is spent.
+        self._budget = (self._timeout + self._quorum_timeout).total_seconds()
+        self._budget -= time.monotonic() - self._protocol.began
+        if self._protocol.outside > 0:
+            log_event(
+                "outside",
+                f"replica {self._replica_id!r} rank {self._replica_rank} waited {self._protocol.outside:.3f} s outside "
+                f"the quorum (a spare, or apart) before step {self._step_number + 1}",
+                replica=self._replica_id,
+                replica_rank=self._replica_rank,
+                round=quorum.round,
+                seconds=round(self._protocol.outside, 6),
+            )
         log_quorum(self._replica_id, self._quorum, quorum, self._replica_rank)
         self._trace.rename(f"replica gang at step {self._step_number + 1}")
         self._heartbeat.watch(watched(quorum, self._replica_id, self._replica_rank))
@@ -565,19 +594,45 @@ class ReplicaGang(Gang):
         self._round = quorum.round
         self._rank, self._size = quorum.members.index(self._replica_id), len(quorum.members)
         mine = quorum.steps[self._rank]
-        if restored and mine != self._step_number:
-            # A quorum proposed before `load_state_dict` (see `QuorumClient.form`) takes this
-            # replica at its old step: it must not commit (the next quorum heals from the joins).
-            self._record("step", GangError(f"the quorum took this replica at step {mine}, before it was restored"))
-        elif self._pg_round != quorum.group and quorum.group != quorum.round:
-            # The quorum reuses a group this process dropped after the last vote (its mark did not
-            # reach the leader): building it again would wait for peers that never come. Vote
-            # against at once; the next quorum builds a new group.
-            self._record("step", GangError(f"the group of round {quorum.group} was dropped by this process"))
-        elif self._pg_round != quorum.group:
-            self._rebuild(quorum)
-        if self._error is None:
-            self._heal(quorum)
+        with self._waiting():
+            if restored and mine != self._step_number:
+                # A quorum proposed before `load_state_dict` (see `QuorumClient.form`) takes this
+                # replica at its old step: it must not commit (the next quorum heals from the joins).
+                self._record("step", GangError(f"the quorum took this replica at step {mine}, before it was restored"))
+            elif self._pg_round != quorum.group and quorum.group != quorum.round:
+                # The quorum reuses a group this process dropped after the last vote (its mark did not
+                # reach the leader): building it again would wait for peers that never come. Vote
+                # against at once; the next quorum builds a new group.
+                self._record("step", GangError(f"the group of round {quorum.group} was dropped by this process"))
+            elif self._pg_round != quorum.group:
+                self._rebuild(quorum)
+            if self._error is None:
+                self._heal(quorum)
+
+    @contextmanager
+    def _waiting(self) -> Iterator[float]:
+        """A wait of the gang inside a step attempt (probing and building its group, healing, a
+        collective, the vote): yields the seconds left of the attempt's budget, ``timeout +
+        quorum_timeout`` from its start (see :meth:`step`), and spends what the wait takes. The
+        caller's own code between the gang's calls spends nothing. The waits inside end by the
+        budget: :meth:`_watch` raises once it is spent, and so does a store request
+        (:class:`~gang.ft.quorum.StepDeadlineError`)."""
+        if self._waits:  # inside another wait: its end holds
+            yield max(0.0, self._wait_end - time.monotonic())
+            return
+        began = time.monotonic()
+        self._wait_end = self._store.deadline = began + self._budget
+        self._waits += 1
+        try:
+            yield max(0.0, self._budget)
+        finally:
+            self._waits -= 1
+            self._store.deadline = None
+            self._budget -= time.monotonic() - began
+
+    def _left(self) -> float:
+        """Seconds left of the step attempt's budget, inside :meth:`_waiting`."""
+        return max(0.0, self._wait_end - time.monotonic())
 
     def _rebuild(self, quorum: Quorum) -> None:
         """Build the quorum's process group, within ``timeout``, once every other member's process
@@ -598,7 +653,7 @@ class ReplicaGang(Gang):
             )
             self._pg = build_within(
                 lambda: new_standalone_group(store, rank, size, device, timeout, address),
-                timeout.total_seconds(),
+                min(timeout.total_seconds(), self._left()),
                 self._protocol.watch_interval,
                 self._watch,
             )
@@ -632,7 +687,7 @@ class ReplicaGang(Gang):
                 self._addresses[token] = address
             if address != "-":
                 peers[member] = address
-        seconds = min(self._timeout, self._heartbeat_timeout).total_seconds()
+        seconds = min(min(self._timeout, self._heartbeat_timeout).total_seconds(), self._left())
         lost = sorted(probe(peers, seconds))
         if not lost:
             return False
@@ -648,7 +703,7 @@ class ReplicaGang(Gang):
             round=quorum.round,
             unreachable=lost,
         )
-        self._heartbeat.reports.wait_written(seconds)  # the next round's leader reads the report
+        self._heartbeat.reports.wait_written(min(seconds, self._left()))  # the next round's leader reads the report
         self._record(
             "step (building the group)",
             GangError(
@@ -698,22 +753,30 @@ class ReplicaGang(Gang):
         self._state.detach(name)
 
     def _finish(self, work: Any) -> None:
-        settle(work, self._device, self._timeout.total_seconds(), self._protocol.watch_interval, self._watch)
+        with self._waiting() as left:
+            seconds = min(self._timeout.total_seconds(), left)
+            settle(work, self._device, seconds, self._protocol.watch_interval, self._watch)
 
     def _finish_within(self, work: Any, seconds: float) -> bool:
         """Wait up to ``seconds`` for ``work`` as :meth:`_finish` does; return whether it finished."""
-        deadline = time.monotonic() + seconds
-        interval = self._protocol.watch_interval
-        while not wait_briefly(work, max(1e-3, min(interval, deadline - time.monotonic()))):
-            if time.monotonic() >= deadline:
-                return False
-            self._watch()
-        return True
+        with self._waiting():
+            deadline = time.monotonic() + seconds
+            interval = self._protocol.watch_interval
+            while not wait_briefly(work, max(1e-3, min(interval, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline:
+                    return False
+                self._watch()
+            return True
 
     def _finish_transfer(self, work: Any) -> None:
         # A point-to-point work's `wait(timeout)` is gloo's own wait, which closes the connection
-        # when the time is up: a heal's sends and receives are waited for whole (up to `timeout`).
-        settle(work, self._device, self._timeout.total_seconds(), float("inf"), None)
+        # when the time is up: a heal's sends and receives are waited for whole (up to `timeout`),
+        # or until the step attempt's budget is spent (the step is lost then: the connection may close).
+        left = self._left()
+        if self._device.type == "cuda" or left >= self._timeout.total_seconds():
+            settle(work, self._device, min(self._timeout.total_seconds(), left), float("inf"), None)
+        elif not wait_briefly(work, max(1e-3, left)):
+            raise RuntimeError(f"the heal's transfer did not end within the step attempt's {self._attempt_seconds()}")
 
     def _watch(self) -> None:
         """Raise if this step can no longer commit (see :meth:`QuorumClient.check_step`).
@@ -723,9 +786,15 @@ class ReplicaGang(Gang):
         hold the others in the collective for the whole ``timeout``.
         """
         assert self._quorum is not None
+        if time.monotonic() >= self._wait_end:
+            raise RuntimeError(f"stopped waiting: the step attempt's {self._attempt_seconds()} is spent")
         reason = self._protocol.check_step(self._quorum)
         if reason is not None:
             raise RuntimeError(f"stopped waiting for the collective: {reason}")
+
+    def _attempt_seconds(self) -> str:
+        """The step attempt's budget, for messages."""
+        return f"`timeout + quorum_timeout` ({(self._timeout + self._quorum_timeout).total_seconds():g} s)"
 
     def _vote(self, ok: bool) -> None:
         assert self._quorum is not None
@@ -733,13 +802,17 @@ class ReplicaGang(Gang):
             self._commit = False
             raise self._store_lost
         try:
-            deadline = self._timeout.total_seconds()
+            deadline = min(self._timeout.total_seconds(), self._left())
             # While this thread blocks for the decision, the heartbeat thread watches the vote.
             block = ok and self._heartbeat.running
             if block:
                 self._heartbeat.watch_vote((self._quorum, time.monotonic() + deadline))
             try:
                 decision = self._protocol.vote(self._quorum, ok, deadline, block=block)
+            except StepDeadlineError as ex:  # the store did not answer by the attempt's end: not committed here
+                decision = None
+                if self._error is None:
+                    self._record("should_commit", ex, abort=False)
             finally:
                 self._heartbeat.watch_vote(None)
         except BACKEND_ERRORS as ex:
@@ -818,7 +891,7 @@ class ReplicaGang(Gang):
             self._forget_pending()
             self._drop_group()
             if self._commit is None:
-                with suppress(GangError):  # the store is lost: the vote stays "not committed"
+                with suppress(GangError), self._waiting():  # the store is lost: the vote stays "not committed"
                     self._vote(False)
             elif self._quorum is not None:  # after the vote: the next quorum must not reuse the group
                 with suppress(*BACKEND_ERRORS):
