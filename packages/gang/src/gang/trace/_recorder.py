@@ -1,7 +1,7 @@
 """The flight recorder and the hooks: what every gang operation goes through when tracing is on.
 
 One :class:`GangTrace` per gang keeps the gang's name, members (global ranks), sequence numbers
-and a preallocated ring of its last operations. :meth:`GangTrace.run` is the one place a gang's
+and a bounded ring (a ``deque``) of its last operations. :meth:`GangTrace.run` is the one place a gang's
 public methods call into when tracing is on (:data:`STATE`); it records the operation, calls the
 user's hooks, runs the operation and records its end (for an ``async_op`` call, when the handle's
 ``wait()`` returns or raises). A :class:`~gang.GangError` raised there dumps every gang's ring of
