@@ -4,6 +4,7 @@ tables, the expected values that `#wrong` checks results against, and the module
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 from pathlib import Path
 
@@ -245,3 +246,18 @@ def test_bench_modules_import_no_cycle() -> None:
 
     cycles = sorted(name for name in graph if reaches(name, name, set()))
     assert not cycles, f"import cycles through {cycles}: {graph}"
+
+
+@pytest.mark.parametrize("count", [1, 2, 4, 5])
+def test_call_order_lets_each_call_follow_either_neighbour_equally_often(count: int) -> None:
+    iterations = 2 * count * 3
+    follows: dict[tuple[int, int], int] = {}
+    for it in range(iterations):
+        order = bc.call_order(it, count)
+        assert sorted(order) == list(range(count))
+        for before, after in itertools.pairwise(order):
+            follows[(before, after)] = follows.get((before, after), 0) + 1
+    for i in range(count):
+        j = (i + 1) % count
+        if i != j:
+            assert follows.get((i, j), 0) == follows.get((j, i), 0) > 0, (i, j, follows)

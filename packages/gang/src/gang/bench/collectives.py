@@ -2,9 +2,10 @@
 the implementations that other packages provide (``gang_jax`` adds raw JAX and JaxGang).
 
 Every (collective, size) is timed for the implementations interleaved in one loop (the order
-rotates every iteration), after a warm-up that also compiles the JAX programs. Each iteration
-starts after a barrier; each rank times its own call, and the per-rank times are reduced with MAX
-after the loop (outside the timed region), so an iteration counts the slowest rank. The reported
+rotates every iteration and runs backwards every other round, :func:`call_order`), after a
+warm-up that also compiles the JAX programs. Each iteration starts after a barrier; each rank
+times its own call, and the per-rank times are reduced with MAX after the loop (outside the timed
+region), so an iteration counts the slowest rank. The reported
 time is the median over iterations, with the mean and the 95th percentile beside it.
 
 After the timing, each implementation runs once more on inputs refilled with a known pattern
@@ -275,10 +276,25 @@ def without_gloo_notice() -> Iterator[None]:
             sys.stdout.flush()
 
 
+def call_order(iteration: int, count: int) -> list[int]:
+    """The order of ``count`` calls in iteration ``iteration``: rotated by one each iteration, and backwards
+    in every other round of ``count`` iterations.
+
+    A rotation alone keeps each call's predecessor (the call before it in the list, or none): a call
+    that always follows a cold one (another library's) always pays for the cold caches, and one that
+    always follows its twin (``gang`` then ``gang-untraced``) never does, which skews their paired
+    ratio by more than the difference it measures. Backwards, each call follows the one after it in
+    the list instead, so of two neighbours in the list each follows the other equally often.
+    """
+    shift = iteration % count
+    order = [(k + shift) % count for k in range(count)]
+    return order[::-1] if (iteration // count) % 2 else order
+
+
 def time_interleaved(
     calls: dict[str, Call], warmup: int, iters: int, device: torch.device | None = None
 ) -> dict[str, list[float]]:
-    """Time every callable ``iters`` times, interleaved (rotating order), after ``warmup`` untimed rounds.
+    """Time every callable ``iters`` times, interleaved (in :func:`call_order`), after ``warmup`` untimed rounds.
 
     Each call starts after a barrier. Returns, per implementation, the slowest rank's time of each
     iteration in seconds (a MAX all-reduce of the per-rank times, done after the loop). On a CUDA
@@ -294,9 +310,7 @@ def time_interleaved(
     local = torch.zeros(len(names), iters, dtype=torch.float64)
     clock = time.perf_counter
     for it in range(iters):
-        shift = it % len(names)
-        for k in range(len(names)):
-            index = (k + shift) % len(names)
+        for index in call_order(it, len(names)):
             call = calls[names[index]]
             dist.barrier()
             start = clock()

@@ -1,7 +1,7 @@
 """The flight recorder and the hooks: what every gang operation goes through when tracing is on.
 
 One :class:`GangTrace` per gang keeps the gang's name, members (global ranks), sequence numbers
-and a preallocated ring of its last operations. :meth:`GangTrace.run` is the one place a gang's
+and a bounded ring (a ``deque``) of its last operations. :meth:`GangTrace.run` is the one place a gang's
 public methods call into when tracing is on (:data:`STATE`); it records the operation, calls the
 user's hooks, runs the operation and records its end (for an ``async_op`` call, when the handle's
 ``wait()`` returns or raises). A :class:`~gang.GangError` raised there dumps every gang's ring of
@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +55,9 @@ DUMP_SIGNAL = signal.SIGUSR1
 """The signal that makes a process dump its recorder (installed only where nothing else handles it)."""
 
 # Indices into a record (a list, the cheapest mutable record to build on the hot path).
-# While the operation runs, _IN and _OUT hold its tensors (_OUT None: in place, the inputs); once it
-# ended (or a hook or a dump asks), the (shape, dtype) of each (_META True): the ring keeps no tensor.
+# _IN and _OUT hold the (shape, dtype) of each tensor (_META True): the ring keeps no tensor. Records
+# made by `GangTrace.start` hold the tensors themselves until the operation ends (or a hook or a dump
+# asks; _OUT None: in place, the inputs). _END is the end time (of a failed operation, or any with hooks).
 _ID, _SEQ, _P2P, _OP, _IN, _OUT, _PEERS, _START, _END, _STATE, _ERROR, _FRAMES, _CONTEXT, _META = range(14)
 
 _STARTED, _COMPLETED, _FAILED = "started", "completed", "failed"
@@ -108,7 +110,18 @@ def _env_int(name: str, default: int) -> int:
 class _State:
     """What every gang of the process shares: whether tracing is on, the ring size, the hooks, the rank."""
 
-    __slots__ = ("buffer_size", "claimed_rank", "directory", "frames", "hooks", "lock", "on", "rank", "roots")
+    __slots__ = (
+        "buffer_size",
+        "claimed_rank",
+        "directory",
+        "frames",
+        "general",
+        "hooks",
+        "lock",
+        "on",
+        "rank",
+        "roots",
+    )
 
     def __init__(self) -> None:
         self.buffer_size = _env_int("GANG_TRACE_BUFFER_SIZE", DEFAULT_BUFFER_SIZE)
@@ -119,10 +132,12 @@ class _State:
         self.claimed_rank: int | None = None  # the first root gang's global rank
         self.roots: dict[str, int] = {}  # roots of each kind made so far, for their ids
         self.lock = threading.Lock()
-        self.on = self.buffer_size > 0
+        self.on = self.general = False
+        self.update()
 
     def update(self) -> None:
         self.on = self.buffer_size > 0 or bool(self.hooks)
+        self.general = bool(self.hooks) or self.frames != 1  # not `GangTrace.run`'s common case
 
 
 STATE = _State()
@@ -246,7 +261,6 @@ class GangTrace:
         "members",
         "name",
         "p2p_seq",
-        "pos",
         "ring",
         "seq",
         "splits",
@@ -267,8 +281,7 @@ class GangTrace:
         self.p2p_seq = 0
         self.splits = 0
         self.context: str | None = None  # what the gang is inside (a replica gang's step)
-        self.ring: list[list[Any] | None] = [None] * STATE.buffer_size
-        self.pos = 0
+        self.ring: deque[list[Any]] = deque(maxlen=STATE.buffer_size)
         _TRACES.add(self)
         if not _signal_installed:
             install_signal_handler()
@@ -306,37 +319,47 @@ class GangTrace:
 
         Returns what the public method returns: ``None``, or with ``async_op`` a :class:`Work` that
         records the end when its ``wait()`` returns or raises.
+
+        The common case (a blocking call, no hook, one caller frame) does the least it can: it
+        appends one entry, shapes and dtypes and the caller's code and instruction offset
+        included, and marks it completed afterwards; the end time is taken only for hooks and
+        failures, and everything else (lines, names, lists) waits for a dump.
         """
-        if STATE.hooks or STATE.frames > 1:
-            entry = self.start(operation, inputs, outputs, peers, 3)
-        else:  # the common case, inlined: this runs between a wake-up and the collective
+        fast = not (async_op or STATE.general)
+        if fast:
             if peers is None:
                 self.seq += 1
             else:
                 self.p2p_seq += 1
-            f = sys._getframe(2) if STATE.frames else None  # the caller of the gang's method
-            frames = None if f is None else ((f.f_code, f.f_lasti),)  # the line is found at dump time
+            metas: tuple[tuple[Any, torch.dtype], ...]
+            outs: tuple[tuple[Any, torch.dtype], ...]
+            if outputs is None and len(inputs) == 1:
+                t = inputs[0]
+                metas = outs = ((t.shape, t.dtype),)
+            else:
+                metas = _metas(inputs)
+                outs = metas if outputs is None else _metas(outputs)
+            f = _getframe(2)  # the caller of the gang's method; its line is found at dump time
+            # One entry, in the order of the _ID, _SEQ, ... indices.
             entry = [
                 next(_RECORD_IDS),
                 self.seq,
                 self.p2p_seq,
                 operation,
-                inputs,
-                outputs,
+                metas,
+                outs,
                 peers,
                 _now(),
                 None,
                 _STARTED,
                 None,
-                frames,
+                (f.f_code, f.f_lasti),
                 self.context,
-                False,
+                True,
             ]
-            ring = self.ring
-            if ring:
-                pos = self.pos
-                ring[pos] = entry
-                self.pos = pos + 1 if pos + 1 < len(ring) else 0
+            self.ring.append(entry)
+        else:
+            entry = self.start(operation, inputs, outputs, peers, 3)
         try:
             work = impl(*args)
             if work is not None and not async_op:
@@ -344,15 +367,13 @@ class GangTrace:
         except BaseException as ex:
             self.end(entry, ex)
             raise
+        if fast:
+            if entry[9] is _STARTED:  # _STATE (a literal index: a global's lookup counts here); a replica
+                entry[9] = _COMPLETED  # gang may have marked it failed meanwhile (`failed`)
+            return None
         if work is not None and async_op:
             return _TracedWork(work, self, entry)
-        if STATE.hooks:
-            self.end(entry, None)
-        else:  # the common case, inlined
-            entry[_END] = _now()
-            _settle(entry)
-            if entry[_STATE] == _STARTED:
-                entry[_STATE] = _COMPLETED
+        self.end(entry, None)
         return CompletedWork(operation) if async_op else None
 
     def start(
@@ -373,14 +394,11 @@ class GangTrace:
             self.p2p_seq += 1
         elif operation != "step":
             self.seq += 1
-        frames: Any = None
-        depth = STATE.frames
-        if depth:
-            f: Any = sys._getframe(caller)
-            frames = []
-            while f is not None and len(frames) < depth:
-                frames.append((f.f_code, f.f_lasti))
-                f = f.f_back
+        frames: list[Any] = []
+        f: Any = sys._getframe(caller) if STATE.frames else None
+        while f is not None and len(frames) < 2 * STATE.frames:
+            frames += (f.f_code, f.f_lasti)
+            f = f.f_back
         entry = [
             next(_RECORD_IDS),
             self.seq,
@@ -393,15 +411,11 @@ class GangTrace:
             None,
             _STARTED,
             None,
-            frames,
+            tuple(frames),
             self.context,
             False,
         ]
-        ring = self.ring
-        if ring:
-            pos = self.pos
-            ring[pos] = entry
-            self.pos = pos + 1 if pos + 1 < len(ring) else 0
+        self.ring.append(entry)
         if STATE.hooks:
             _settle(entry)
             try:
@@ -439,17 +453,19 @@ class GangTrace:
 
     def entries(self) -> list[list[Any]]:
         """The ring's entries, oldest first."""
-        ring = self.ring
-        pos = self.pos
-        return [e for e in (*ring[pos:], *ring[:pos]) if e is not None]
+        return list(self.ring)
 
     def resize(self, size: int) -> None:
-        kept = self.entries()[-size:] if size else []
-        self.ring = [*kept, *([None] * (size - len(kept)))]
-        self.pos = len(kept) % size if size else 0
+        self.ring = deque(self.ring, maxlen=size)
 
 
 _now = time.time_ns
+_getframe = sys._getframe
+
+
+def _metas(tensors: Sequence[Tensor]) -> tuple[tuple[Any, torch.dtype], ...]:
+    """The (shape, dtype) of each tensor: what the ring keeps of them."""
+    return tuple([(t.shape, t.dtype) for t in tensors])
 
 
 def _text(error: BaseException) -> str:
@@ -463,13 +479,9 @@ def _settle(entry: list[Any]) -> None:
     if entry[_META]:
         return
     inputs, outputs = entry[_IN], entry[_OUT]
-    if len(inputs) == 1:
-        t = inputs[0]
-        metas: tuple[tuple[Any, torch.dtype], ...] = ((t.shape, t.dtype),)
-    else:
-        metas = tuple([(t.shape, t.dtype) for t in inputs])
+    metas = _metas(inputs)
     entry[_IN] = metas
-    entry[_OUT] = metas if outputs is None else tuple([(t.shape, t.dtype) for t in outputs])
+    entry[_OUT] = metas if outputs is None else _metas(outputs)
     entry[_META] = True
 
 
@@ -547,11 +559,12 @@ def trace_directory() -> Path:
     return Path(chosen) if chosen else Path(tempfile.gettempdir()) / "gang_trace"
 
 
-def _frames(frames: Any) -> list[dict[str, Any]]:
-    """Recorded ``(code, offset of the instruction)`` pairs as torch's analyzer reads frames."""
-    if not frames:
-        return []
-    return [{"name": code.co_name, "filename": code.co_filename, "line": _line(code, at)} for code, at in frames]
+def _frames(frames: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """Recorded frames (``code, offset of the instruction``, flat, innermost first) as torch's analyzer reads them."""
+    return [
+        {"name": code.co_name, "filename": code.co_filename, "line": _line(code, at)}
+        for code, at in zip(frames[::2], frames[1::2], strict=True)
+    ]
 
 
 def _line(code: Any, offset: int) -> int:
