@@ -96,6 +96,26 @@ def functional_ops() -> dict[str, Any]:
     return {k: np.asarray(v) for k, v in out.items()}
 
 
+def functional_shapes() -> dict[str, Any]:
+    """Arrays the compiled program cannot take as its shard (0-d, no rows, a 0-d result) and a few it can."""
+    g = gang()
+    r, n = g.rank, g.size
+    out = {
+        "scalar": functional.all_reduce(g, jnp.float32(r + 1), ReduceOperation.SUM),
+        "rs_scalar": functional.reduce_scatter(g, jnp.arange(n, dtype=jnp.int32) + r, ReduceOperation.SUM),
+        "no_rows": functional.all_reduce(g, jnp.zeros((0, 2)), ReduceOperation.SUM),
+        "gather_2d": functional.all_gather(g, jnp.full((2, 3), r, dtype=jnp.int8)),
+        "bcast_complex": functional.broadcast(g, jnp.array([1 + 2j * r, -0.0], dtype=jnp.complex64), source_rank=1),
+        "bcast_scalar": functional.broadcast(g, jnp.int32(r), source_rank=n - 1),
+    }
+    x = jnp.ones(5)
+    functional.all_reduce(g, x, ReduceOperation.SUM)
+    before = g.num_compiled
+    for _ in range(3):
+        functional.all_reduce(g, x + 1, ReduceOperation.SUM)
+    return {"compiled": g.num_compiled - before} | {k: (np.asarray(v), v.shape) for k, v in out.items()}
+
+
 def functional_errors() -> list[str]:
     g = gang()
     errors = []

@@ -70,6 +70,19 @@ def test_functional(world: World) -> None:
         assert r["rs"].dtype == np.int32
 
 
+def test_functional_shapes(world: World) -> None:
+    # 0-d arrays, arrays without rows and 0-d results take another path than the others; a loop compiles nothing.
+    for rank, r in enumerate(world.run(jw.functional_shapes)):
+        assert r["compiled"] == 0
+        assert r["scalar"] == (np.float32(6), ())
+        assert r["rs_scalar"] == (np.int32(3 * rank + 3), ())
+        np.testing.assert_array_equal(r["no_rows"][0], np.zeros((0, 2)))
+        np.testing.assert_array_equal(r["gather_2d"][0], np.stack([np.full((2, 3), k, np.int8) for k in range(3)]))
+        np.testing.assert_array_equal(r["bcast_complex"][0], np.array([1 + 2j, -0.0], np.complex64))
+        assert np.signbit(r["bcast_complex"][0][1].real)
+        assert r["bcast_scalar"] == (np.int32(2), ())
+
+
 def test_functional_errors(world: World) -> None:
     for errors in world.run(jw.functional_errors):
         assert len(errors) == 5

@@ -287,6 +287,9 @@ class _Plan:
         self.aliased: bool | None = None
 
 
+_NOT_YET: Any = object()
+"""What :meth:`Communicator.call` finds for a call it has no plan for yet."""
+
 STAGED_BYTES = 16 << 20
 """Blocks up to this size are copied into a device buffer that the plan keeps; larger ones are
 handed to JAX without a copy (``jax.device_put`` of a NumPy view aliases host memory on CPU, but
@@ -343,13 +346,15 @@ class Communicator:
         self.mesh = Mesh(np.array(devices, dtype=object), (AXIS,))
         self.sharding = NamedSharding(self.mesh, _SPEC)
         self._plans: dict[_Key, _Plan] = {}
+        self._local: dict[_Key, _Plan | None] = {}
+        """The plans of :meth:`call` (``None``: one that runs through the blocks of :meth:`run`)."""
         self._staged_bytes = 0
 
     @property
     def cache_size(self) -> int:
         """The number of compiled programs held (JAX's own count: a retrace would show here)."""
         total = 0
-        for plan in self._plans.values():
+        for plan in [*self._plans.values(), *filter(None, self._local.values())]:
             for fn in {id(plan.fn): plan.fn, id(plan.host_fn): plan.host_fn}.values():
                 count = getattr(fn, "_cache_size", None)
                 total += int(count()) if callable(count) else 1
@@ -358,6 +363,7 @@ class Communicator:
     def clear(self) -> None:
         """Drop every compiled collective and staging buffer."""
         self._plans.clear()
+        self._local.clear()
         self._staged_bytes = 0
 
     def _plan(self, key: _Key, body: Callable[[], _Body], shape: tuple[int, ...], dtype: np.dtype[Any]) -> _Plan:
@@ -444,7 +450,64 @@ class Communicator:
         """The (cache key, body factory) of ``kernel`` with ``args`` on a block of ``shape`` and ``dtype``."""
         return (kernel.name, *args, tuple(shape), dtype), lambda: kernel.body(self.size, dtype, *args)
 
-    def call(self, kernel: Kernel, x: Any, args: tuple[Any, ...] = ()) -> jax.Array:
-        """Run ``kernel`` with ``args`` on this process's ``x``; return the result block (leading axis 1)."""
-        key, body = self.program(kernel, tuple(x.shape), np.dtype(x.dtype), args)
-        return self.run(key, body, x[None])
+    def call(
+        self,
+        kernel: Kernel,
+        x: jax.Array,
+        args: tuple[Any, ...] = (),
+        *,
+        pre: Callable[[jax.Array], jax.Array] | None = None,
+        post: Callable[[jax.Array, np.dtype[Any]], jax.Array] | None = None,
+    ) -> jax.Array:
+        """Run ``kernel`` with ``args`` on this process's array ``x`` (its block); return this process's result.
+
+        :param pre: Applied to the block before the kernel, inside the compiled program.
+        :param post: ``post(result, x.dtype)``, applied to the kernel's result inside the program.
+
+        The program takes ``x`` itself as this process's shard and returns this process's result
+        as its shard (the leading axis of length 1 that the kernels add is taken off inside the
+        program), so a call runs the compiled program and nothing else on JAX's side, as a raw
+        ``jit(shard_map(...))`` call does. Where that cannot be, a 0-d ``x``, one with no rows, or
+        a 0-d result, the leading axis is added and taken off outside the program.
+        """
+        shape, dtype = x.shape, x.dtype
+        key = (kernel.name, pre, post, args, shape, dtype)
+        plan = self._local.get(key, _NOT_YET)
+        if plan is _NOT_YET:
+            plan = self._local[key] = self._local_plan(kernel, args, tuple(shape), np.dtype(dtype), pre, post)
+        if plan is None:
+            block = x[None] if pre is None else pre(x[None])
+            key, body = self.program(kernel, tuple(block.shape), np.dtype(block.dtype), args)
+            out = self.run(key, body, block)
+            return (out if post is None else post(out, np.dtype(dtype)))[0]
+        local = x if x.devices() == {self.device} else jax.device_put(x, self.device)
+        return _first_block(plan.fn(plan.build(local)))
+
+    def _local_plan(
+        self,
+        kernel: Kernel,
+        args: tuple[Any, ...],
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        pre: Callable[[jax.Array], jax.Array] | None,
+        post: Callable[[jax.Array, np.dtype[Any]], jax.Array] | None,
+    ) -> _Plan | None:
+        """The plan of :meth:`call` for ``x`` of ``shape`` and ``dtype`` (``None``: it runs through the blocks)."""
+        if not shape or shape[0] == 0:
+            return None
+        if pre is None:
+            inner = dtype
+        else:
+            inner = np.dtype(jax.eval_shape(pre, jax.ShapeDtypeStruct(shape, dtype)).dtype)  # type: ignore[no-untyped-call]
+        body = kernel.body(self.size, inner, *args)
+
+        def block(b: jax.Array) -> jax.Array:  # [1, *shape] -> the result with its leading axis of length 1
+            y = body(b if pre is None else pre(b))
+            return y if post is None else post(y, dtype)
+
+        rows = jax.shard_map(block, mesh=self.mesh, in_specs=_SPEC, out_specs=_SPEC)
+        like = jax.ShapeDtypeStruct((self.size, *shape), dtype, sharding=self.sharding)  # type: ignore[no-untyped-call]
+        if len(jax.eval_shape(rows, like).shape) == 1:  # a 0-d result cannot be a shard
+            return None
+        mapped = jax.shard_map(lambda b: block(b[None])[0], mesh=self.mesh, in_specs=_SPEC, out_specs=_SPEC)
+        return _Plan(jax.jit(mapped), _builder((self.size * shape[0], *shape[1:]), dtype, self.sharding))

@@ -60,6 +60,39 @@ def restart_clock() -> None:
         job.started = time.monotonic()
 
 
+class _Done:
+    """Whether a job has ended, as a ``threading.Event`` says it, on one lock (set once).
+
+    The waiter blocks on the lock itself, which the worker releases when the job ends: one wake-up,
+    where an ``Event`` takes a condition variable and a lock made per wait (microseconds a call).
+    """
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def is_set(self) -> bool:
+        """Whether the job has ended."""
+        return self._set
+
+    def set(self) -> None:
+        """Say that the job has ended (once) and wake its waiters."""
+        self._set = True
+        self._lock.release()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until the job has ended, at most ``timeout`` seconds; return whether it has."""
+        if self._set:
+            return True
+        if self._lock.acquire(timeout=max(timeout, 0.0)):
+            self._lock.release()  # the next waiter, if any, passes too
+            return True
+        return self._set
+
+
 class _Job(Generic[T]):
     """One operation on the lane: what it runs, for whom, and how it ended."""
 
@@ -71,7 +104,7 @@ class _Job(Generic[T]):
         self.fn = fn
         self.timeout_s = timeout_s
         self.started: float | None = None
-        self.done = threading.Event()
+        self.done = _Done()
         self.result: T | None = None
         self.error: BaseException | None = None
 

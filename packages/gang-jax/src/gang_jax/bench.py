@@ -7,6 +7,13 @@
 shift through the gang against the raw JAX ``ppermute`` program on resident arrays.
 ``python -m gang_jax.bench`` runs it on 2 local processes, paired in one run, and prints one row
 per size (``--sizes``, ``--iters``, ``--nproc``, ``--out`` for the JSON rows).
+
+Each API has its own yardstick. :mod:`gang_jax.functional` (``gang-jax-functional``) takes and
+returns resident ``jax.Array`` s, as the raw program does (``jax``), so it is paired with it.
+``JaxGang`` (``gang-jax``) takes torch tensors and writes its result into them, which must copy
+the result (raw JAX on resident arrays copies nothing), so it is paired with raw JAX fed from torch
+tensors as a user would do it without gang (``jax-from-torch``: the tensor handed to JAX through
+DLPack, the program, the result copied back into a tensor).
 """
 
 from __future__ import annotations
@@ -15,20 +22,24 @@ from collections.abc import Callable
 from typing import Any, cast
 
 import jax
+import jax.dlpack
 import numpy as np
 import torch
 import torch.distributed as dist
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from gang import ReduceOperation
 from gang.bench.cases import Case, reference
 from gang.bench.collectives import gang_call, iterations, time_interleaved, untraced, without_gloo_notice
 from gang.bench.metrics import Row, make_row, median, paired_ratio
+from gang_jax import functional
 from gang_jax._convert import to_numpy
 from gang_jax.gang import JaxGang
 
 __all__ = ["JaxImpls"]
 
 _INT_BY_SIZE = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+_TORCH_INT_BY_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class JaxImpls:
@@ -38,8 +49,9 @@ class JaxImpls:
     :meth:`close` closes that gang.
     """
 
-    names = ("jax", "gang-jax", "gang-jax-untraced")
-    """The implementation names."""
+    names = ("jax", "gang-jax-functional", "jax-from-torch", "gang-jax", "gang-jax-untraced")
+    """The implementation names: raw JAX and :mod:`gang_jax.functional` on resident arrays, raw JAX fed from
+    torch tensors and :class:`JaxGang` on torch tensors (and with its flight recorder off)."""
     device_types = ("cpu",)
     """JaxGang works on CPU tensors."""
 
@@ -67,15 +79,9 @@ class JaxImpls:
         mapped = jax.shard_map(body, mesh=self.mesh, in_specs=self.spec, out_specs=self.spec)
         return cast(Callable[[Any], Any], jax.jit(mapped))
 
-    def _raw(self, op: str, numel: int, dtype: torch.dtype) -> Case:
-        """The raw JAX case: the input is already a ``jax.Array`` on the device, the result stays one."""
+    def _program(self, op: str) -> Callable[[Any], Any]:
+        """The raw JAX program of ``op`` on a global array (one block per process, tiled along its axis)."""
         lax: Any = jax.lax  # untyped
-        if op == SENDRECV:
-            source, expected = sendrecv_reference(self.gang.rank, self.n, numel, dtype)
-        else:
-            source, expected = reference(op, self.gang.rank, self.n, numel, dtype)
-        block = to_numpy(source.reshape(-1))
-        state = {"x": self._global(block), "out": None}
         if op == "all_reduce":
             fn = self._compile(lambda b: lax.psum(b, "x"))
         elif op == "all_gather":
@@ -91,6 +97,17 @@ class JaxImpls:
             fn = self._compile(lambda b: lax.ppermute(b, "x", ring))
         else:
             raise ValueError(op)
+        return fn
+
+    def _raw(self, op: str, numel: int, dtype: torch.dtype) -> Case:
+        """The raw JAX case: the input is already a ``jax.Array`` on the device, the result stays one."""
+        if op == SENDRECV:
+            source, expected = sendrecv_reference(self.gang.rank, self.n, numel, dtype)
+        else:
+            source, expected = reference(op, self.gang.rank, self.n, numel, dtype)
+        block = to_numpy(source.reshape(-1))
+        state = {"x": self._global(block), "out": None}
+        fn = self._program(op)
 
         def run() -> None:
             state["out"] = fn(state["x"]).block_until_ready()
@@ -99,14 +116,54 @@ class JaxImpls:
             state["x"] = self._global(block)
 
         def result() -> torch.Tensor:
-            local = np.asarray(state["out"].addressable_shards[0].data)
-            bits = local.view(_INT_BY_SIZE[local.dtype.itemsize]).copy()  # torch has no NumPy bfloat16
-            return torch.from_numpy(bits).view(dtype).reshape(expected.shape)
+            return _to_torch(state["out"].addressable_shards[0].data, dtype, expected.shape)
 
         return Case(run, reset, result, expected)
 
+    def _raw_from_torch(self, op: str, numel: int, dtype: torch.dtype) -> Case:
+        """Raw JAX fed from torch tensors as a user would without gang, by the quickest public calls: the tensor
+        handed to JAX through DLPack (quicker than ``jax.device_put`` of its NumPy view), the program, and the
+        result copied back into the tensor through NumPy (quicker than DLPack); in place for ``all_reduce`` and
+        ``broadcast``, as the gang writes it."""
+        source, expected = reference(op, self.gang.rank, self.n, numel, dtype)
+        inp = source.reshape(-1).clone()
+        out = inp if op in ("all_reduce", "broadcast") else torch.empty(expected.numel(), dtype=dtype)
+        target = out.view(_TORCH_INT_BY_SIZE[dtype.itemsize]).numpy()  # the same memory (NumPy has no bfloat16)
+        fn, sharding = self._program(op), self.sharding
+        shape = (self.n * inp.numel(),)
+
+        def run() -> None:
+            local = jax.dlpack.from_dlpack(inp)
+            result = fn(jax.make_array_from_single_device_arrays(shape, sharding, [local]))
+            np.copyto(target, np.asarray(result.addressable_data(0)).view(target.dtype))
+
+        def reset() -> None:
+            inp.copy_(source.reshape(-1))
+
+        return Case(run, reset, lambda: out.view(expected.shape), expected)
+
+    def _functional(self, op: str, numel: int, dtype: torch.dtype) -> Case:
+        """:mod:`gang_jax.functional` on a resident ``jax.Array`` (in the gang's layout), its result left one."""
+        g, sum_ = self.gang, ReduceOperation.SUM
+        source, expected = reference(op, g.rank, self.n, numel, dtype)
+        x = jax.device_put(to_numpy(source), self.me)
+        calls: dict[str, Callable[[], jax.Array]] = {
+            "all_reduce": lambda: functional.all_reduce(g, x, sum_),
+            "all_gather": lambda: functional.all_gather(g, x),
+            "reduce_scatter": lambda: functional.reduce_scatter(g, x, sum_),
+            "all_to_all": lambda: functional.all_to_all(g, x),
+            "broadcast": lambda: functional.broadcast(g, x, 0),
+        }
+        call = calls[op]
+        state: dict[str, jax.Array] = {}
+
+        def run() -> None:
+            state["out"] = call()
+
+        return Case(run, lambda: None, lambda: _to_torch(state["out"], dtype, expected.shape), expected)
+
     def cases(self, op: str, numel: int, dtype: torch.dtype) -> dict[str, Case]:
-        """Return the ``jax`` and ``gang-jax`` cases of ``op`` on a full buffer of ``numel`` elements of ``dtype``.
+        """Return the cases of ``op`` on a full buffer of ``numel`` elements of ``dtype``, one per implementation.
 
         Raw JAX runs 32-bit types at most (64-bit ones need ``jax_enable_x64``, which
         :class:`JaxGang` turns on for its own calls only), so 64-bit dtypes time ``gang-jax`` alone.
@@ -116,6 +173,9 @@ class JaxImpls:
             out["gang-jax-untraced"] = untraced(gang_call(self.gang, op, numel, dtype))
         if dtype.itemsize <= 4:
             out = {"jax": self._raw(op, numel, dtype), **out}
+            if op != SENDRECV:
+                out["gang-jax-functional"] = self._functional(op, numel, dtype)
+                out["jax-from-torch"] = self._raw_from_torch(op, numel, dtype)
         return out
 
     def _sendrecv(self, numel: int, dtype: torch.dtype) -> Case:
@@ -135,6 +195,13 @@ class JaxImpls:
     def close(self) -> None:
         """Close the gang."""
         self.gang.close()
+
+
+def _to_torch(x: jax.Array, dtype: torch.dtype, shape: torch.Size) -> torch.Tensor:
+    """A copy of the process-local array ``x`` as a torch tensor of ``dtype`` and ``shape``."""
+    local = np.asarray(x)
+    bits = local.view(_INT_BY_SIZE[local.dtype.itemsize]).copy()  # torch has no NumPy bfloat16
+    return torch.from_numpy(bits).view(dtype).reshape(shape)
 
 
 SENDRECV = "sendrecv"

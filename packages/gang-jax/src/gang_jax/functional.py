@@ -15,6 +15,7 @@ when ``jax_enable_x64`` is off (JAX then only refuses to *create* 64-bit arrays)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -52,20 +53,45 @@ def _check_rows(gang: JaxGang, x: jax.Array) -> None:
         )
 
 
+_NAMES: dict[Any, str] = {}
+"""The name of each dtype met (``np.dtype.name`` takes microseconds, a call's budget)."""
+
+
+def _name(x: jax.Array) -> str:
+    name = _NAMES.get(x.dtype)
+    if name is None:
+        name = _NAMES[x.dtype] = np.dtype(x.dtype).name
+    return name
+
+
+_ACCEPTED: set[tuple[ReduceOperation, Any]] = set()
+"""The (reduction, dtype) pairs :func:`gang.extend.check_op` accepted."""
+
+
 def _check_op(op: object, x: jax.Array) -> ReduceOperation:
-    return check_op("op", op, np.dtype(x.dtype).name, of="`x`")
+    if isinstance(op, ReduceOperation) and (op, x.dtype) in _ACCEPTED:
+        return op
+    checked = check_op("op", op, _name(x), of="`x`")
+    _ACCEPTED.add((checked, x.dtype))
+    return checked
 
 
-def _run(gang: JaxGang, operation: str, x: jax.Array, fn: Any, *args: Any, detail: str = "") -> jax.Array:
-    """Run ``fn(*args)`` in the gang's queue, after its operations in flight (debug mode checks the call first)."""
-    call = f"functional.{operation}({np.dtype(x.dtype).name}{list(x.shape)}{detail})"
+def _run(
+    gang: JaxGang, operation: str, x: jax.Array, fn: Any, *args: Any, detail: Callable[[], str] | None = None, **kw: Any
+) -> jax.Array:
+    """Run ``fn(*args, **kw)`` in the queue, after the operations in flight (debug mode checks the call first).
+
+    :param detail: Returns the arguments after ``x`` as debug mode shows them, such as ``", op=SUM"``.
+    """
+
+    def call() -> str:
+        return f"functional.{operation}({_name(x)}{list(x.shape)}{'' if detail is None else detail()})"
 
     def run() -> jax.Array:
-        out: jax.Array = fn(*args)
+        out: jax.Array = fn(*args, **kw)
         return out.block_until_ready()  # done on the queue, so that the gang's timeout bounds it
 
-    block = gang._run_jax(operation, call, run)
-    return block[0]
+    return gang._run_jax(operation, call, run)
 
 
 def _to_bits(x: jax.Array) -> jax.Array:
@@ -103,7 +129,9 @@ def all_reduce(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
     """
     g = _check(gang, x, "all_reduce")
     checked = _check_op(op, x)
-    return _run(g, "all_reduce", x, g.communicator.call, ALL_REDUCE, x, (checked,), detail=f", op={checked.name}")
+    return _run(
+        g, "all_reduce", x, g.communicator.call, ALL_REDUCE, x, (checked,), detail=lambda: f", op={checked.name}"
+    )
 
 
 def all_gather(gang: Gang, x: jax.Array) -> jax.Array:
@@ -133,7 +161,7 @@ def reduce_scatter(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
     g = _check(gang, x, "reduce_scatter")
     _check_rows(g, x)
     checked = _check_op(op, x)
-    detail = f", op={checked.name}"
+    detail = lambda: f", op={checked.name}"  # noqa: E731
     return _run(g, "reduce_scatter", x, g.communicator.call, REDUCE_SCATTER, x, (checked,), detail=detail)
 
 
@@ -166,8 +194,16 @@ def broadcast(gang: Gang, x: jax.Array, source_rank: int = 0) -> jax.Array:
     g = _check(gang, x, "broadcast")
     source_rank = check_rank("source_rank", source_rank, g.size)
 
-    def run() -> jax.Array:
-        bits = g.communicator.call(BROADCAST, _to_bits(x), (source_rank,))
-        return _from_bits(bits, np.dtype(x.dtype))
-
-    return _run(g, "broadcast", x, run, detail=f", source_rank={source_rank}")
+    detail = lambda: f", source_rank={source_rank}"  # noqa: E731
+    return _run(
+        g,
+        "broadcast",
+        x,
+        g.communicator.call,
+        BROADCAST,
+        x,
+        (source_rank,),
+        pre=_to_bits,
+        post=_from_bits,
+        detail=detail,
+    )

@@ -266,16 +266,16 @@ class JaxGang(Gang):
         self._lane.call(name, self, call, self._timeout_s)
         return None
 
-    def _run_jax(self, operation: str, call: str, fn: Callable[[], T]) -> T:
+    def _run_jax(self, operation: str, call: Callable[[], str], fn: Callable[[], T]) -> T:
         """Run ``fn`` (a JAX program of :mod:`gang_jax.functional`) in the lane's order, checked by debug mode.
 
         :param operation: The name of the operation, for error messages.
-        :param call: The call as debug mode compares it across ranks.
+        :param call: Returns the call as debug mode compares it across ranks (called in debug mode only).
         """
         check_open(self, operation)
         self._lane.check(operation, self)
         if self.debug:
-            self._verify_same_call(call)
+            self._verify_same_call(call())
 
         def run() -> T:
             with guard(operation, self):

@@ -24,9 +24,18 @@ TRAFFIC_OPS = ("send", "send_recv_ring", "all_to_all_uneven", "exchange_rows", "
 ``all_to_all_uneven`` and ``exchange_rows``, and all the buckets of ``overlap`` (all-reduced).
 """
 
-PAIRS = (("gang", "torch"), ("gang-jax", "jax"), ("gang", "gang-untraced"), ("gang-jax", "gang-jax-untraced"))
+PAIRS = (
+    ("gang", "torch"),
+    ("gang-jax", "jax-from-torch"),
+    ("gang-jax-functional", "jax"),
+    ("gang-jax", "jax"),
+    ("gang", "gang-untraced"),
+    ("gang-jax", "gang-jax-untraced"),
+)
 """(ours, the baseline) pairs whose time ratio is the overhead of our API over the raw one, then the cost of the
-flight recorder (``-untraced``: the same gang with it off, see ``--recorder``)."""
+flight recorder (``-untraced``: the same gang with it off, see ``--recorder``). ``JaxGang`` on torch tensors is
+paired with raw JAX fed from torch tensors (``jax-from-torch``), then with raw JAX on resident arrays (``jax``),
+which copies nothing; ``gang_jax.functional`` on resident arrays with raw JAX on them."""
 
 ROW_KEYS = ("impl", "op", "bytes", "world_size", "time_us", "algbw_gbps", "busbw_gbps")
 """The keys every JSON row has (extra keys may follow)."""
