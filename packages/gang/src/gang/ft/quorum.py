@@ -111,6 +111,8 @@ _POLL_MIN = 0.0001
 _POLL_MAX = 0.001  # while a wait is young (`_FAST` seconds): a step's members arrive close together
 _POLL_SLOW = 0.01  # afterwards: waiting for a slow or dead replica should not load the store
 _FAST = 0.05
+_POLL_MEMBER = 0.002  # a member of a proposed round, for `_FAST_MEMBER` seconds: the last member publishes
+_FAST_MEMBER = 1.0  # it the moment it joins, and the others arrive at the step's skew (not a dead replica's)
 _RECHECK = 0.05  # the most seconds between the leader's reads of the round while its count does not change
 _MEMBER = 1 << 20  # what a member of a proposed round adds to its join count (see `_join`)
 _ABSENT = "\x00"  # never a value of ours: `compare_set` returns it for a key that does not exist
@@ -378,6 +380,8 @@ class QuorumClient:
         self._closed: deque[int] = deque()
         self._suspect: tuple[bytes, float] | None = None  # a heartbeat seen silent, and when
         self._others_publish = False  # whether a later member may publish the round this process joined
+        # A round's result as `_publish` found it, and the store's generation then (saves reading it back).
+        self._published: tuple[int, bytes, int] | None = None
         self._step_goes_on = False  # whether the last view `_lead` read saw the previous quorum's step go on
         self._proposes: int | None = None  # the round whose vote this process completed: it proposes the next
         self._me = f"{replica_id}|{replica_rank}|{token}"
@@ -531,6 +535,7 @@ class QuorumClient:
         if proposed is not None and self._proposes == proposed.round:
             self._propose(proposed)
         self._proposes = None
+        self._published = None
         start = time.monotonic()
         first = last_round + 1 if last_round > 0 else self.first_round()
         # `append` is not acknowledged: one sent to a store that just died is lost unnoticed, and
@@ -543,7 +548,9 @@ class QuorumClient:
         defer = start + _RECHECK if self._others_publish else 0.0
         while True:
             now = time.monotonic()
-            result = self.client.peek(_key("r", n, "result"))
+            result = self._take_published(n)
+            if result is None:
+                result = self.client.peek(_key("r", n, "result"))
             if self.client.generation != generation:  # the store was restarted: its rounds are gone
                 generation = self.client.generation
                 # Unless the new store published the round already (a join replayed there by the
@@ -583,7 +590,9 @@ class QuorumClient:
                     if self._step_goes_on:  # the round's wait begins when the previous quorum's step ends
                         round_start = now
                     due = now + min(_RECHECK, wait)
-            poll = _backoff(poll, start)
+            # A member of a proposed round, not its last, polls faster: the result comes as the
+            # others arrive (the step's skew), unless one is gone.
+            poll = _backoff(poll, start, *(_POLL_MEMBER, _FAST_MEMBER) if self._others_publish else ())
 
     def _join(self, n: int, step: int, proposed: Quorum | None = None) -> tuple[int, bool]:
         """Join round ``n`` at ``step``; return ``n`` and whether this process leads it (it joined first).
@@ -648,15 +657,22 @@ class QuorumClient:
         A result decided from reads of a store that restarted since (:attr:`StoreClient.generation`
         is no longer ``generation``) is never written: the new store's leader decides the round.
         """
-        if self._deleted(n):
-            return False
         result = _key("r", n, "result")
+        closed = self.client.peek(_key("closed"))
+        if (0 if closed is None else int(closed)) >= n and self.client.peek(result) is None:
+            return False  # round `n` closed and its keys were deleted (as `_deleted`)
         try:
-            if self.client.compare_set(result, "", text, since=generation) != text.encode():
-                return True  # another process published it first
+            published = self.client.compare_set(result, "", text, since=generation)
         except StoreRestartedError:
             return False
-        closed = self.client.peek(_key("closed"))
+        if published != text.encode():
+            self._published = (n, published, generation)
+            return True  # another process published it first
+        if closed is not None and int(closed) >= n:
+            # It may have reached `n + KEEP_ROUNDS` since. Below `n` (a round being published,
+            # the usual case) the value read serves as the `compare_set`'s expected one: any later
+            # value is returned by it, and checked.
+            closed = self.client.peek(_key("closed"))
         while closed is None or int(closed) < n:
             closed = self.client.compare_set(_key("closed"), "" if closed is None else closed.decode(), str(n))
         if int(closed) >= n + KEEP_ROUNDS:  # round `n` closed and was deleted before this `compare_set`
@@ -664,7 +680,16 @@ class QuorumClient:
             return False
         self.closed_round = n
         self._closed.append(n)
+        self._published = (n, published, generation)
         return True
+
+    def _take_published(self, n: int) -> bytes | None:
+        """Round ``n``'s result as this process's last :meth:`_publish` found it in the current
+        store (then forgotten), else ``None``."""
+        published, self._published = self._published, None
+        if published is not None and published[0] == n and published[2] == self.client.generation:
+            return published[1]
+        return None
 
     def take_closed(self) -> list[int]:
         """The rounds this process published since the last call: their collection
@@ -939,10 +964,12 @@ def _parse_result(text: bytes) -> Quorum:
     return Quorum.from_json(text)
 
 
-def _backoff(poll: float, start: float) -> float:
-    """Sleep ``poll`` seconds; return the next interval (doubling, capped by how long we waited)."""
+def _backoff(poll: float, start: float, most: float = _POLL_MAX, fast: float = _FAST) -> float:
+    """Sleep ``poll`` seconds; return the next interval (doubling, capped by how long we waited:
+    ``most`` for ``fast`` seconds, then ``_POLL_SLOW``; never above ``_POLL_MAX`` in the first ``_FAST``)."""
     time.sleep(poll)
-    return min(poll * 2, _POLL_MAX if time.monotonic() - start < _FAST else _POLL_SLOW)
+    waited = time.monotonic() - start
+    return min(poll * 2, _POLL_MAX if waited < _FAST else most if waited < fast else _POLL_SLOW)
 
 
 __all__ = [
