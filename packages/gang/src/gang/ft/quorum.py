@@ -111,8 +111,6 @@ _POLL_MIN = 0.0001
 _POLL_MAX = 0.001  # while a wait is young (`_FAST` seconds): a step's members arrive close together
 _POLL_SLOW = 0.01  # afterwards: waiting for a slow or dead replica should not load the store
 _FAST = 0.05
-_POLL_MEMBER = 0.002  # a member of a proposed round, for `_FAST_MEMBER` seconds: the last member publishes
-_FAST_MEMBER = 1.0  # it the moment it joins, and the others arrive at the step's skew (not a dead replica's)
 _RECHECK = 0.05  # the most seconds between the leader's reads of the round while its count does not change
 _MEMBER = 1 << 20  # what a member of a proposed round adds to its join count (see `_join`)
 _ABSENT = "\x00"  # never a value of ours: `compare_set` returns it for a key that does not exist
@@ -590,9 +588,7 @@ class QuorumClient:
                     if self._step_goes_on:  # the round's wait begins when the previous quorum's step ends
                         round_start = now
                     due = now + min(_RECHECK, wait)
-            # A member of a proposed round, not its last, polls faster: the result comes as the
-            # others arrive (the step's skew), unless one is gone.
-            poll = _backoff(poll, start, *(_POLL_MEMBER, _FAST_MEMBER) if self._others_publish else ())
+            poll = _backoff(poll, start)
 
     def _join(self, n: int, step: int, proposed: Quorum | None = None) -> tuple[int, bool]:
         """Join round ``n`` at ``step``; return ``n`` and whether this process leads it (it joined first).
@@ -964,12 +960,10 @@ def _parse_result(text: bytes) -> Quorum:
     return Quorum.from_json(text)
 
 
-def _backoff(poll: float, start: float, most: float = _POLL_MAX, fast: float = _FAST) -> float:
-    """Sleep ``poll`` seconds; return the next interval (doubling, capped by how long we waited:
-    ``most`` for ``fast`` seconds, then ``_POLL_SLOW``; never above ``_POLL_MAX`` in the first ``_FAST``)."""
+def _backoff(poll: float, start: float) -> float:
+    """Sleep ``poll`` seconds; return the next interval (doubling, capped by how long we waited)."""
     time.sleep(poll)
-    waited = time.monotonic() - start
-    return min(poll * 2, _POLL_MAX if waited < _FAST else most if waited < fast else _POLL_SLOW)
+    return min(poll * 2, _POLL_MAX if time.monotonic() - start < _FAST else _POLL_SLOW)
 
 
 __all__ = [
