@@ -25,7 +25,10 @@ optimizer is SGD with Nesterov momentum. Three measurements:
   ``vote_ms`` (gang.ft's vote; torchft's ``should_commit()``), and for gang.ft ``pack_ms`` (the
   contribution written, and quantized, into the send buffer) and ``update_ms`` (the average
   applied: LocalSGD's copy, DiLoCo's outer step), the rest being the exchange (and torchft's
-  update). Bytes are counted by the kernel: the growth of
+  update). gang.ft's quorum in parts (:data:`QUORUM_PHASES`, means over replicas and rounds: one
+  replica proposes, one publishes), its store requests per outer step (``requests``, the training
+  thread's) and its exchange's two collectives (``all_to_all_ms``, ``all_gather_ms``: blocking ones
+  with their wait, async ones only started). Bytes are counted by the kernel: the growth of
   ``tcpi_bytes_acked`` over every TCP socket the implementation opened in the process (socket
   ownership by the moment a socket first appears), during that implementation's own rounds, per
   outer step, as ``bytes_to_peers`` and ``bytes_to_coordinator`` (the gang.ft store or torchft's
@@ -73,6 +76,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 import torch
@@ -214,6 +218,17 @@ def time_calls(owner: Any, method: str, phases: dict[str, float], phase: str) ->
     setattr(owner, method, timed)
 
 
+def count_calls(owner: Any, method: str, counts: dict[str, float], name: str) -> None:
+    """Replace ``owner.method`` (on the instance) by a wrapper that adds one to ``counts[name]`` per call."""
+    original = getattr(owner, method)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counts[name] = counts.get(name, 0.0) + 1
+        return original(*args, **kwargs)
+
+    setattr(owner, method, counted)
+
+
 Maker = Callable[[argparse.Namespace, int, int, str, float, Callable[[], None]], tuple[Impl, Any]]
 
 
@@ -258,6 +273,17 @@ def make_gang(
     # The contribution written (and quantized) into the send buffer, and the update applied.
     time_calls(manager, "_pack", impl.phases, "pack")
     time_calls(manager, "_land", impl.phases, "update")
+    # Inside the quorum (see QUORUM_PHASES): the rest of it is the wait for the others.
+    protocol = rg._protocol
+    time_calls(protocol, "_propose", impl.phases, "propose")
+    time_calls(protocol, "_join", impl.phases, "join")
+    time_calls(protocol, "_lead", impl.phases, "lead")
+    time_calls(rg, "_rebuild", impl.phases, "rebuild")
+    time_calls(rg, "_heal", impl.phases, "heal")
+    count_calls(protocol.client, "_call", impl.phases, "requests")
+    # The exchange's two collectives (a blocking one with its wait; an async one only started).
+    time_calls(rg, "_all_to_all", impl.phases, "all_to_all")
+    time_calls(rg, "_all_gather", impl.phases, "all_gather")
     return impl, manager
 
 
@@ -387,7 +413,10 @@ def worker_paired(args: argparse.Namespace) -> None:
             record.setdefault("bytes_to_peers", []).append(peers / args.outer_steps)
             record.setdefault("bytes_to_coordinator", []).append(coord / args.outer_steps)
             record.setdefault("syncs", []).append((impl.syncs() - syncs) / args.outer_steps)
-            for phase in PHASES:
+            if impl.name == "gang.ft":
+                inside = sum(impl.phases.get(phase, 0.0) for phase in QUORUM_PHASES[:-1])
+                impl.phases["wait"] = impl.phases.get("quorum", 0.0) - inside
+            for phase in PHASES + QUORUM_PHASES + EXCHANGE_PHASES + ("requests",):
                 record.setdefault(f"{phase}_s", []).append(impl.phases.get(phase, 0.0) / args.outer_steps)
             if impl.size() != REPLICAS:
                 raise RuntimeError(f"{impl.name} synced with {impl.size()} replicas, not {REPLICAS}")
@@ -416,6 +445,15 @@ class SyncRecords(logging.Handler):
 
 PHASES = ("quorum", "pack", "vote", "update")
 """The timed phases of a sync (gang.ft has all four, torchft ``quorum`` and ``vote``)."""
+
+QUORUM_PHASES = ("propose", "join", "lead", "rebuild", "heal", "wait")
+"""gang.ft's quorum, in parts: the next round proposed by the last voter of the previous one as it
+enters the step (``propose``), joining the round (``join``: with the last member's publication of the
+proposal), a leader's reads and decision (``lead``), the group built anew (``rebuild``) and the heal
+(``heal``); ``wait`` is the rest: polling the round's result while the others arrive."""
+
+EXCHANGE_PHASES = ("all_to_all", "all_gather")
+"""gang.ft's exchange, timed per collective (a blocking one with its wait, an async one only started)."""
 
 OVERLAP_DELAYS = (0, 1, 2)
 """The ``fragment_sync_delay`` values of the overlap measurement."""
@@ -639,8 +677,15 @@ def paired_rows(config: str, results: list[dict[str, Any]], rounds: int) -> list
             # exchange and the update.
             **{
                 f"{phase}_ms": round(1e3 * median(q for r in results for q in r[name][f"{phase}_s"]), 2)
-                for phase in PHASES
+                for phase in PHASES + EXCHANGE_PHASES
             },
+            # The quorum's parts and the store requests: the mean over rounds and replicas (one
+            # replica proposes, one publishes: a median would hide them).
+            **{
+                f"{phase}_ms": round(1e3 * mean(q for r in results for q in r[name].get(f"{phase}_s", [0.0])), 2)
+                for phase in QUORUM_PHASES
+            },
+            "requests": round(mean(q for r in results for q in r[name].get("requests_s", [0.0])), 2),
             "iters": len(outer[name]),
             "times_ms": [round(t * 1e3, 2) for t in outer[name]],
         }
@@ -724,7 +769,16 @@ def table(rows: list[Row]) -> str:
                 f"compute {row['compute_ms']:.1f} ms, inner steps {row['inner_ms']:.1f} ms, "
                 f"syncs {row['sync_ms']:.1f} ms (quorum {row['quorum_ms']:.1f}, pack {row['pack_ms']:.1f}, "
                 f"vote {row['vote_ms']:.1f}, update {row['update_ms']:.1f}) "
-                f"({row['syncs']:g} per outer step, {row['iters']} outer steps)"
+                + (
+                    "(quorum: "
+                    + ", ".join(f"{p} {row[f'{p}_ms']:.1f}" for p in QUORUM_PHASES)
+                    + f"; {row['requests']:g} store requests; "
+                    + ", ".join(f"{p} {row[f'{p}_ms']:.1f}" for p in EXCHANGE_PHASES)
+                    + ") "
+                    if row["impl"] == "gang.ft"
+                    else ""
+                )
+                + f"({row['syncs']:g} per outer step, {row['iters']} outer steps)"
             )
         elif row["op"] == "diloco_overlap":
             delays = ", ".join(

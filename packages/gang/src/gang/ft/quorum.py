@@ -464,6 +464,8 @@ class QuorumClient:
         self._closed: deque[int] = deque()
         self._suspect: tuple[bytes, float] | None = None  # a heartbeat seen silent, and when
         self._others_publish = False  # whether a later member may publish the round this process joined
+        # A round's result as `_publish` found it, and the store's generation then (saves reading it back).
+        self._published: tuple[int, bytes, int] | None = None
         self._step_goes_on = False  # whether the last view `_lead` read saw the previous quorum's step go on
         self._proposes: int | None = None  # the round whose vote this process completed: it proposes the next
         self._me = f"{replica_id}|{replica_rank}|{token}"
@@ -622,6 +624,7 @@ class QuorumClient:
         if proposed is not None and self._proposes == proposed.round:
             self._propose(proposed)
         self._proposes = None
+        self._published = None
         entered = start = self.began = time.monotonic()
         self.outside = 0.0
         first = last_round + 1 if last_round > 0 else self.first_round()
@@ -635,7 +638,9 @@ class QuorumClient:
         defer = start + _RECHECK if self._others_publish else 0.0
         while True:
             now = time.monotonic()
-            result = self.client.peek(_key("r", n, "result"))
+            result = self._take_published(n)
+            if result is None:
+                result = self.client.peek(_key("r", n, "result"))
             if self.client.generation != generation:  # the store was restarted: its rounds are gone
                 generation = self.client.generation
                 # Unless the new store published the round already (a join replayed there by the
@@ -742,15 +747,22 @@ class QuorumClient:
         A result decided from reads of a store that restarted since (:attr:`StoreClient.generation`
         is no longer ``generation``) is never written: the new store's leader decides the round.
         """
-        if self._deleted(n):
-            return False
         result = _key("r", n, "result")
+        closed = self.client.peek(_key("closed"))
+        if (0 if closed is None else int(closed)) >= n and self.client.peek(result) is None:
+            return False  # round `n` closed and its keys were deleted (as `_deleted`)
         try:
-            if self.client.compare_set(result, "", text, since=generation) != text.encode():
-                return True  # another process published it first
+            published = self.client.compare_set(result, "", text, since=generation)
         except StoreRestartedError:
             return False
-        closed = self.client.peek(_key("closed"))
+        if published != text.encode():
+            self._published = (n, published, generation)
+            return True  # another process published it first
+        if closed is not None and int(closed) >= n:
+            # It may have reached `n + KEEP_ROUNDS` since. Below `n` (a round being published,
+            # the usual case) the value read serves as the `compare_set`'s expected one: any later
+            # value is returned by it, and checked.
+            closed = self.client.peek(_key("closed"))
         while closed is None or int(closed) < n:
             closed = self.client.compare_set(_key("closed"), "" if closed is None else closed.decode(), str(n))
         if int(closed) >= n + KEEP_ROUNDS:  # round `n` closed and was deleted before this `compare_set`
@@ -758,7 +770,16 @@ class QuorumClient:
             return False
         self.closed_round = n
         self._closed.append(n)
+        self._published = (n, published, generation)
         return True
+
+    def _take_published(self, n: int) -> bytes | None:
+        """Round ``n``'s result as this process's last :meth:`_publish` found it in the current
+        store (then forgotten), else ``None``."""
+        published, self._published = self._published, None
+        if published is not None and published[0] == n and published[2] == self.client.generation:
+            return published[1]
+        return None
 
     def take_closed(self) -> list[int]:
         """The rounds this process published since the last call: their collection
