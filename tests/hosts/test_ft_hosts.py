@@ -78,7 +78,11 @@ def cluster(tmp_path: Path) -> Iterator[HostsCluster]:
 
 def test_three_replicas_on_three_hosts_a_kill_and_a_restart(cluster: HostsCluster) -> None:
     ids = list(REPLICAS)
-    cluster.start_all({"a": "enter:6", "b": "collective:3", "c": "enter:6"})
+    # The members wait up to `quorum_timeout` for a live replica that has not joined the round yet:
+    # the restarted "b" must join step 6 even when its first entry takes longer than the 3 s
+    # timeout on a loaded machine (a dead replica is not waited for: its death signal says so).
+    waits = {"FT_QUORUM_TIMEOUT": "30"}
+    cluster.start_all({"a": "enter:6", "b": "collective:3", "c": "enter:6"}, env=waits)
     # Each death signal publishes its host's own address, with the default choice ("a", "b") and
     # with "route" ("c").
     for rid, host in REPLICAS.items():
@@ -87,7 +91,7 @@ def test_three_replicas_on_three_hosts_a_kill_and_a_restart(cluster: HostsCluste
     cluster.signal("b", signal.SIGKILL)
     for rid in ("a", "c"):
         cluster.wait(rid, "paused", 6)
-    cluster.start("b")  # a fresh process at step 0, on the same host
+    cluster.start("b", env=waits)  # a fresh process at step 0, on the same host
     cluster.wait("b", "paused", 1)
     cluster.release("b", "enter", 1)
     for rid in ("a", "c"):
