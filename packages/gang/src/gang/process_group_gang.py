@@ -244,6 +244,12 @@ class ProcessGroupGang(Gang):
         self._barrier_options.device = pg.bound_device_id or torch.device("cpu")
         self._where = (self._rank, self._size)  # what a TorchWork names in its errors
         self._cuda = self._device.type == "cuda"
+        # The latest blocking operation's torch work objects, kept until the next one: so that the
+        # backend's thread that ran them never drops the last reference to them, and with them to
+        # the caller's tensors. Dropping a tensor whose Python object only C++ still holds takes
+        # the interpreter's lock; in a thread, while the interpreter finalizes, that aborts the
+        # process ("terminate called without an active exception") after a job's last collective.
+        self._held: object = None
 
     @classmethod
     def create_default_process_group(
@@ -527,6 +533,7 @@ class ProcessGroupGang(Gang):
                 work = (self._pg.send if sends else self._pg.recv)([real_view(t)], peer, 0)
                 if not async_op:
                     work.wait()
+                    self._held = work
                     return None
             except BACKEND_ERRORS as ex:
                 raise operation_error(operation, self, ex) from ex
@@ -545,6 +552,7 @@ class ProcessGroupGang(Gang):
             if not async_op:
                 for work in works:
                     work.wait()
+                self._held = works
                 return None
         except BACKEND_ERRORS as ex:
             raise operation_error(operation, self, ex) from ex
@@ -556,6 +564,7 @@ class ProcessGroupGang(Gang):
         if not async_op:
             if work is not None:
                 work.wait()
+                self._held = work
             return None
         assert work is not None
         return TorchWork(operation, [work], self._where, self._cuda)
