@@ -362,7 +362,11 @@ def _unmatched_transfers(g: Group, by_rank: dict[int, Dump], suspects: list[dict
                     f"never posted the send for transfer #{n} to rank {dst} ({recv[0]}), which rank {dst} "
                     f"waits to receive at {where(recv[1])}"
                 )
-            tier = 0 if send is not None and recv is not None else 2
+            # A side that never posted its part while it waits in another operation is explained by
+            # that wait (listed after every other suspect, like a rank behind for the same reason).
+            blocked = _blocked(by_rank[rank])
+            elsewhere = blocked is not None and not (blocked["gang"] == g.uid and blocked.get("peers") is not None)
+            tier = 0 if send is not None and recv is not None else 4 if elsewhere else 2
             op = record["operation"]
             suspects.append(_suspect(rank, g.name, record["p2p_seq"], op, reason, tier, record))
             rows.append({"from": src, "to": dst, "transfer": n, "sent": send and send[0], "received": recv and recv[0]})
