@@ -100,12 +100,14 @@ def test_dead_peer_terminates_every_survivor_promptly(size: int) -> None:
         assert "Terminating process because the JAX distributed service detected fatal errors" in err, where
         assert f"Task {victim} heartbeat timeout" in err, where
         if "GANGERROR:" in out:
-            saw_gang_error += 1
             assert f"`all_reduce` failed on rank {rank} of a gang of size {size}" in out, where
+            if "did not complete within the gang's timeout of" in out:
+                continue  # the gang's own timeout came before gloo's error (a rank not next to the victim)
+            saw_gang_error += 1
             assert "Gloo" in out, where
             # The backend's exception is chained as the cause, not swallowed (JAX raises a RuntimeError kin).
             assert "CAUSE: " in out and "CAUSE: NoneType" not in out, where
-    # At least the victim's direct peers in the collective got a Python exception first.
+    # At least one of the victim's direct peers in the collective got gloo's exception first.
     assert saw_gang_error >= 1, outputs
 
 
