@@ -40,7 +40,10 @@ TIMEOUT = 3.0  # seconds: timeout, quorum_timeout and heartbeat_timeout of every
 PACE = "0.2"  # seconds: the least time of one step
 MARGIN = 15.0  # seconds added to the bounds on detection and recovery (a loaded 2-core machine)
 ATTEMPT = 2 * TIMEOUT  # the bound on a step attempt: timeout + quorum_timeout
-SLACK = 1.5  # seconds past it allowed: the kernel's retransmission timer, the watch interval, scheduling
+# Seconds past it allowed: the kernel's retransmission timer, the watch interval, scheduling (at most
+# 0.6 s measured up to load 23), and a gloo collective in flight when the budget ends, which was
+# seen to return 6.75 s past it, at gloo's own timeouts, on a machine at load 20 to 46.
+SLACK = 7.5
 STORE_PORT = "29400"  # the store's port on its own host
 
 
