@@ -23,7 +23,7 @@ import pytest
 from gang._torch_groups import TCPStore, serve_store
 from gang.ft.group import wait_until
 from gang.ft.policy import Policy
-from gang.ft.quorum import ROOT, STARTED, QuorumClient, StoreClient
+from gang.ft.quorum import ROOT, STARTED, QuorumClient, StepDeadlineError, StoreClient
 
 SECONDS = 20.0
 """Heartbeat and quorum timeouts long enough that heartbeats written once stay fresh on a busy machine."""
@@ -363,3 +363,16 @@ def test_a_round_decided_from_a_store_before_its_restart_is_not_published_in_the
     # The protocol's rule, not a timing claim: nothing published round 1 in the new store before
     # it was `heartbeat_timeout` old, so neither form returned earlier.
     assert closed - started[0] >= heartbeat, "a round decided from the old store was published in the new one"
+
+
+def test_a_request_past_the_step_attempts_deadline_ends_with_step_deadline_error(store: RestartableStore) -> None:
+    # The store stops answering (its server is gone, nothing listens on the port). A request whose
+    # client has a step deadline ends there with StepDeadlineError, leaving the store's own retries
+    # (SECONDS) to a later request; without a deadline it would retry until StoreUnreachableError.
+    client = StoreClient("127.0.0.1", store.port, retry=SECONDS, timeout=timedelta(seconds=SECONDS))
+    assert client.peek("k") is None
+    del store.server
+    gc.collect()
+    client.deadline = time.monotonic() + 0.5
+    with pytest.raises(StepDeadlineError, match="the step attempt's deadline passed"):
+        client.peek("k")
