@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
 
 from gang._torch_groups import PrefixStore, StandaloneGroup, TCPStore, new_standalone_group, serve_store
+from gang._torch_ops import TorchCalls
 from gang.ft.group import build_within, reaper
 from gang.ft.reach import RETRY, Reports, probe
+from gang.ops import ReduceOperation
 
 
 @contextmanager
@@ -100,3 +104,41 @@ def test_a_group_build_is_given_up_at_its_timeout_or_when_the_watch_raises() -> 
     alone = build_within(make("c", size=1), 30.0, 0.05, lambda: None)  # a group that can be built is returned
     assert alone.size() == 1
     reaper.drop(alone)
+
+
+@pytest.mark.parametrize("operation", ["all_reduce", "all_gather_to_list", "all_to_all", "broadcast"])
+def test_a_standalone_collective_ends_at_the_calls_own_timeout(operation: str) -> None:
+    # Two members of a standalone group in one process (threads); member 1 never joins the
+    # collective. Given a timeout of its own (gang.ft gives a blocking collective what is left of the
+    # step attempt's budget), gloo ends it then, not at the group's 30 s.
+    store = serve_store("127.0.0.1", timeout=timedelta(seconds=60))
+    groups: dict[int, StandaloneGroup] = {}
+
+    def build(rank: int) -> None:
+        client = TCPStore("127.0.0.1", store.port, is_master=False, wait_for_workers=False)
+        groups[rank] = new_standalone_group(
+            PrefixStore("t", client), rank, 2, torch.device("cpu"), timedelta(seconds=30)
+        )
+
+    builders = [threading.Thread(target=build, args=(rank,)) for rank in (0, 1)]
+    for thread in builders:
+        thread.start()
+    for thread in builders:
+        thread.join()
+    calls = TorchCalls(standalone=True)
+    x = torch.ones(2)
+    start: dict[str, Callable[[], Any]] = {
+        "all_reduce": lambda: calls.all_reduce(groups[0], x, ReduceOperation.SUM, True),
+        "all_gather_to_list": lambda: calls.all_gather_to_list(groups[0], [torch.empty(2), torch.empty(2)], x, True),
+        "all_to_all": lambda: calls.all_to_all(groups[0], torch.empty(2), x, [], [], True),
+        "broadcast": lambda: calls.broadcast(groups[0], x, 1, True),
+    }
+    calls.timeout = timedelta(seconds=0.5)
+    started = time.monotonic()
+    work = start[operation]()
+    calls.timeout = None
+    with pytest.raises(RuntimeError, match=r"[Tt]imed out"):
+        work.wait()
+    assert time.monotonic() - started < 15  # not the group's 30 s
+    for group in groups.values():
+        reaper.drop(group)

@@ -11,9 +11,10 @@ torch's collective options (:func:`options`) and the options built once from it.
 Two kinds of group take the calls. A registered ``ProcessGroup`` (:data:`GROUP_CALLS`) is called
 through its own methods with options built once for plain tensors (:func:`direct`), and through
 ``torch.distributed``'s functions for what only they handle. A standalone backend of
-:mod:`gang.ft` (:data:`STANDALONE_CALLS`; see :func:`gang._torch_groups.new_standalone_group`) is
-in no registry, so ``torch.distributed``'s functions cannot take it: every call goes to its own
-methods, complex tensors as their real views.
+:mod:`gang.ft` (``TorchCalls(standalone=True)``, one per :class:`gang.ft.ReplicaGang`; see
+:func:`gang._torch_groups.new_standalone_group`) is in no registry, so ``torch.distributed``'s
+functions cannot take it: every call goes to its own methods, complex tensors as their real views,
+with options that may carry a timeout of the call's own (:attr:`TorchCalls.timeout`).
 
 Public torch API only: the option classes and the version-dependent names are taken from
 :mod:`gang._torch_groups`, the one module that touches torch's private API. Internal (its names may
@@ -22,6 +23,8 @@ change); not part of the public API.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -106,6 +109,7 @@ def flat(tensor: Tensor) -> Tensor:
 
 class _Options(Protocol):
     asyncOp: bool  # noqa: N815 (torch's name)
+    timeout: timedelta
 
 
 class _ReduceOptions(_Options, Protocol):
@@ -139,12 +143,17 @@ _ALL_TO_ALL = [options(AllToAllOptions, a) for a in (False, True)]
 _BROADCAST: list[dict[int, BroadcastOptions]] = [{}, {}]  # by source rank, built on first use
 
 
+def _new_broadcast_options(source_rank: int, async_op: bool) -> BroadcastOptions:
+    opts = options(BroadcastOptions, async_op)
+    opts.rootRank = source_rank
+    opts.rootTensor = 0
+    return opts
+
+
 def _broadcast_options(source_rank: int, async_op: bool) -> BroadcastOptions:
     opts = _BROADCAST[async_op].get(source_rank)
     if opts is None:
-        opts = _BROADCAST[async_op][source_rank] = options(BroadcastOptions, async_op)
-        opts.rootRank = source_rank
-        opts.rootTensor = 0
+        opts = _BROADCAST[async_op][source_rank] = _new_broadcast_options(source_rank, async_op)
     return opts
 
 
@@ -158,10 +167,22 @@ class TorchCalls:
     :param standalone: Whether the groups are standalone backends (in no registry).
     """
 
-    __slots__ = ("_standalone",)
+    __slots__ = ("_standalone", "timeout")
 
     def __init__(self, *, standalone: bool) -> None:
         self._standalone = standalone
+        self.timeout: timedelta | None = None
+        """The time the backend gives the operations started next on a standalone backend, in
+        place of the group's own timeout (gloo's options carry one per operation); ``None``: the
+        group's. The calls on a registered group keep the group's."""
+
+    def _timed(self, opts: _O, make: Callable[[], _O]) -> _O:
+        """``opts`` (built once, shared), or new options from ``make`` with :attr:`timeout` (standalone only)."""
+        if self.timeout is None or not self._standalone:
+            return opts
+        fresh = make()
+        fresh.timeout = self.timeout
+        return fresh
 
     def all_reduce(self, pg: Any, tensor: Tensor, op: ReduceOperation, async_op: bool) -> TorchHandle | None:
         """Start an all-reduce of ``tensor`` in place."""
@@ -169,7 +190,8 @@ class TorchCalls:
             tensor = real_view(tensor)
         elif not direct(tensor):
             return dist.all_reduce(tensor, TORCH_REDUCE_OPS[op], group=pg, async_op=async_op)
-        return pg.allreduce([tensor], _ALLREDUCE[async_op][op])
+        opts = self._timed(_ALLREDUCE[async_op][op], lambda: _reduce_options(AllreduceOptions, async_op, op))
+        return pg.allreduce([tensor], opts)
 
     def all_gather_to_list(self, pg: Any, outputs: list[Tensor], tensor: Tensor, async_op: bool) -> TorchHandle | None:
         """Start an all-gather of ``tensor`` into ``outputs``, one tensor per rank."""
@@ -177,7 +199,9 @@ class TorchCalls:
             outputs, tensor = [real_view(t) for t in outputs], real_view(tensor)
         elif not direct(tensor):
             return dist.all_gather(outputs, tensor, group=pg, async_op=async_op)
-        return pg.allgather([outputs], [tensor], _ALLGATHER[async_op])
+        return pg.allgather(
+            [outputs], [tensor], self._timed(_ALLGATHER[async_op], lambda: options(AllgatherOptions, async_op))
+        )
 
     def all_gather(self, pg: Any, output: Tensor, tensor: Tensor, async_op: bool) -> TorchHandle | None:
         """Start an all-gather of ``tensor`` into the rows of ``output``."""
@@ -210,7 +234,8 @@ class TorchCalls:
         """Start an all-to-all of the rows of ``tensor`` into ``output``; empty split lists mean equal rows."""
         if self._standalone:
             out, inp = real_view(output).view(-1), real_view(tensor).view(-1)
-            return pg.alltoall_base(out, inp, output_splits, input_splits, _ALL_TO_ALL[async_op])
+            opts = self._timed(_ALL_TO_ALL[async_op], lambda: options(AllToAllOptions, async_op))
+            return pg.alltoall_base(out, inp, output_splits, input_splits, opts)
         if SINGLE_COLLECTIVES and direct(tensor):
             return pg.all_to_all_single(output, tensor, output_splits, input_splits, _ALL_TO_ALL[async_op])
         return dist.all_to_all_single(
@@ -223,19 +248,17 @@ class TorchCalls:
             tensor = real_view(tensor)
         elif not direct(tensor):
             return dist.broadcast(tensor, group=pg, group_src=source_rank, async_op=async_op)
-        return pg.broadcast([tensor], _broadcast_options(source_rank, async_op))
+        opts = self._timed(
+            _broadcast_options(source_rank, async_op), lambda: _new_broadcast_options(source_rank, async_op)
+        )
+        return pg.broadcast([tensor], opts)
 
 
 GROUP_CALLS = TorchCalls(standalone=False)
 """The calls on a registered ``ProcessGroup`` (:class:`~gang.ProcessGroupGang`'s)."""
 
-STANDALONE_CALLS = TorchCalls(standalone=True)
-"""The calls on a standalone backend (the cross-replica groups of :class:`gang.ft.ReplicaGang`)."""
-
-
 __all__ = [
     "GROUP_CALLS",
-    "STANDALONE_CALLS",
     "TORCH_REDUCE_OPS",
     "TorchCalls",
     "TorchHandle",

@@ -134,7 +134,8 @@ def settle(work: Any, device: torch.device, timeout: float, interval: float, wat
     ``work`` must be a collective's: the short waits use ``Work.wait(timeout)``, which for gloo's
     point-to-point works closes the connection when the time is up (give those ``watch=None``,
     which waits for them whole). ``watch`` raises to stop waiting (the caller then drops the
-    group; a gloo collective left behind ends at its own timeout, in the background).
+    group; a gloo collective left behind ends at its own timeout, in the background: a blocking
+    one of :class:`~gang.ft.ReplicaGang` is given what is left of the step attempt's budget).
     ``Work.wait()`` returns when a CPU (gloo) collective finished; for a CUDA (NCCL) one it only
     makes the current stream wait for it. There, an event recorded on the current stream after
     ``wait()`` completes once the collective ran on the device; it is polled up to ``timeout``

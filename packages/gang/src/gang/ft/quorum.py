@@ -77,6 +77,8 @@ import contextlib
 import json
 import os
 import socket
+import struct
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -213,6 +215,48 @@ def _lines(raw: bytes | None) -> list[list[str]]:
     return [line.split("|") for line in (raw or b"").decode().splitlines() if line]
 
 
+_C = TypeVar("_C")
+
+
+def _by(make: Callable[[], tuple[_C, list[socket.socket]]], end: float, where: str) -> tuple[_C, list[socket.socket]]:
+    """Run ``make`` on a thread of its own and return what it returns by the monotonic time ``end``.
+
+    :raises TimeoutError: If it is not done by then; it goes on, and when it ends its sockets are
+        closed and what it made is dropped (the thread is not a daemon: an exit waits for it).
+    :raises Exception: What ``make`` raised.
+    """
+    lock = threading.Lock()
+    done = threading.Event()
+    outcome: list[tuple[_C, list[socket.socket]] | BaseException] = []
+    abandoned = False
+
+    def run() -> None:
+        result: tuple[_C, list[socket.socket]] | BaseException
+        try:
+            result = make()
+        except BaseException as ex:  # handed to the caller
+            result = ex
+        with lock:
+            if abandoned:
+                if not isinstance(result, BaseException):
+                    for sock in result[1]:
+                        sock.close()
+                return
+            outcome.append(result)
+        done.set()
+
+    threading.Thread(target=run, name="gang-ft-store-connect").start()
+    done.wait(max(0.0, end - time.monotonic()))
+    with lock:
+        if not outcome:
+            abandoned = True
+            raise TimeoutError(f"the connection to the store at {where} was not made by the step attempt's deadline")
+    result = outcome[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
 class StoreClient:
     """A client of the coordination store that retries and reconnects when the store stops answering.
 
@@ -242,9 +286,19 @@ class StoreClient:
         return self._store
 
     def _connect(self, timeout: timedelta, *, own: bool = True) -> TCPStore:
+        """Connect to the store, torch's connect given ``timeout``; by :attr:`deadline` at the latest.
+
+        torch's connect runs past the timeout it is given (it retries, with pauses, and a cut link
+        answers nothing): before a deadline it runs on a thread of its own, and an attempt not done
+        by then raises here and is abandoned to its thread, which drops what it made.
+        """
         known = socket_links() if own else None
-        store = TCPStore(self.host, self.port, is_master=False, timeout=timeout, wait_for_workers=False)
-        sockets = bound_unacknowledged(self.host, self.port, self.timeout.total_seconds(), known=known)
+
+        def connect() -> tuple[TCPStore, list[socket.socket]]:
+            store = TCPStore(self.host, self.port, is_master=False, timeout=timeout, wait_for_workers=False)
+            return store, bound_unacknowledged(self.host, self.port, self.timeout.total_seconds(), known=known)
+
+        store, sockets = connect() if self.deadline is None else _by(connect, self.deadline, f"{self.host}:{self.port}")
         if own:
             for old in self._own:
                 old.close()
@@ -254,14 +308,20 @@ class StoreClient:
     def _bound(self, seconds: float) -> None:
         """Bound the current connection's next request by ``seconds``: its answer (the store's
         timeout) and the acknowledgement of what it sends (``TCP_USER_TIMEOUT``, see
-        :func:`bound_unacknowledged`)."""
+        :func:`bound_unacknowledged`), and the wait for its answer on the socket itself
+        (``SO_RCVTIMEO``: the kernel checks ``TCP_USER_TIMEOUT`` only when it retransmits, a
+        quarter to half a second late for short bounds, and the store's timeout does not bound
+        every request's answer)."""
         self._store.set_timeout(timedelta(seconds=seconds))
         option = getattr(socket, "TCP_USER_TIMEOUT", None)
         if option is None:
             return
+        whole, fraction = divmod(max(0.001, seconds), 1.0)
+        timeval = struct.pack("ll", int(whole), int(fraction * 1e6))
         for sock in self._own:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(seconds * 1000)))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
 
     def _call(self, request: Callable[[TCPStore], _T], since: int | None = None) -> _T:
         """Send ``request``, reconnecting while the store does not answer (for ``retry`` seconds).

@@ -25,7 +25,7 @@ from gang._torch_groups import (
     register_python_group,
     unregister_python_group,
 )
-from gang._torch_ops import STANDALONE_CALLS as _CALLS
+from gang._torch_ops import TorchCalls
 from gang.address import user_gloo_interface
 from gang.errors import BACKEND_ERRORS, GangError, InvalidOperationError, NotSupportedError
 from gang.extend import check_int, check_open, claim_rank, operation_error
@@ -192,6 +192,7 @@ class ReplicaGang(Gang):
         self._commit: bool | None = None
         self._restored = False  # `load_state_dict` was called since the last step
         self._budget = 0.0  # seconds of this step attempt's `timeout + quorum_timeout` not spent yet
+        self._calls = TorchCalls(standalone=True)  # the torch translation, with each blocking call's timeout
         self._wait_end = 0.0  # when the gang's wait in progress runs out of the budget (monotonic)
         self._waits = 0  # how deep in `_waiting` this thread is
         self._store = self._connect()
@@ -845,10 +846,18 @@ class ReplicaGang(Gang):
             return False
         try:
             self._fault(operation)
-            work = call(self._pg)
+            # A blocking collective waits at once: gloo ends it when the attempt's budget is spent,
+            # so that it is not left running (for `timeout`) after the gang stopped waiting for it.
+            self._calls.timeout = timedelta(seconds=max(0.001, min(self._timeout.total_seconds(), self._budget)))
+            try:
+                work = call(self._pg)
+            finally:
+                self._calls.timeout = None
             if work is not None:
                 self._finish(work)
         except BACKEND_ERRORS as ex:
+            if self._budget <= _SPENT:  # gloo's timeout (what was left) ended it as the watch would have
+                ex = RuntimeError(f"stopped waiting: the step attempt's {self._attempt_seconds()} is spent ({ex})")
             self._record(operation, ex)
             return False
         return True
@@ -910,15 +919,19 @@ class ReplicaGang(Gang):
 
     @override
     def _all_reduce(self, tensor: Tensor, op: ReduceOperation, async_op: bool) -> Work | None:
-        return self._start("all_reduce", lambda pg: _CALLS.all_reduce(pg, tensor, op, True), async_op)
+        return self._start("all_reduce", lambda pg: self._calls.all_reduce(pg, tensor, op, True), async_op)
 
     @override
     def _all_gather(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
-        return self._start("all_gather", lambda pg: _CALLS.all_gather(pg, output_tensor, input_tensor, True), async_op)
+        return self._start(
+            "all_gather", lambda pg: self._calls.all_gather(pg, output_tensor, input_tensor, True), async_op
+        )
 
     @override
     def _all_gather_to_list(self, output_tensors: list[Tensor], input_tensor: Tensor) -> None:
-        self._run("all_gather_to_list", lambda pg: _CALLS.all_gather_to_list(pg, output_tensors, input_tensor, True))
+        self._run(
+            "all_gather_to_list", lambda pg: self._calls.all_gather_to_list(pg, output_tensors, input_tensor, True)
+        )
 
     @override
     def _reduce_scatter(
@@ -927,7 +940,7 @@ class ReplicaGang(Gang):
         total = input_tensor.clone()  # gloo has no reduce-scatter of one tensor: reduce all rows
         return self._start(
             "reduce_scatter",
-            lambda pg: _CALLS.all_reduce(pg, total, op, True),
+            lambda pg: self._calls.all_reduce(pg, total, op, True),
             async_op,
             then=lambda: output_tensor.copy_(total[self.rank]),
         )
@@ -935,12 +948,12 @@ class ReplicaGang(Gang):
     @override
     def _all_to_all(self, output_tensor: Tensor, input_tensor: Tensor, async_op: bool) -> Work | None:
         return self._start(
-            "all_to_all", lambda pg: _CALLS.all_to_all(pg, output_tensor, input_tensor, [], [], True), async_op
+            "all_to_all", lambda pg: self._calls.all_to_all(pg, output_tensor, input_tensor, [], [], True), async_op
         )
 
     @override
     def _broadcast(self, tensor: Tensor, source_rank: int, async_op: bool) -> Work | None:
-        return self._start("broadcast", lambda pg: _CALLS.broadcast(pg, tensor, source_rank, True), async_op)
+        return self._start("broadcast", lambda pg: self._calls.broadcast(pg, tensor, source_rank, True), async_op)
 
     @override
     def _send_recv(
@@ -1115,6 +1128,10 @@ class ReplicaGang(Gang):
         pg, self._pg, self._pg_round = self._pg, None, -1
         if pg is not None:
             reaper.drop(pg)
+
+
+_SPENT = 0.05
+"""Seconds of a step attempt's budget under which a collective that failed is said to have spent it."""
 
 
 def _trace_key(replica_id: str, replica_rank: int) -> str:
