@@ -78,6 +78,26 @@ def compile_cache() -> tuple[int, int, int]:
     return before, after_loop, g.num_compiled
 
 
+def all_gather_programs() -> list[str]:
+    """The optimised HLO of the all-gather programs a call compiles: the functional one and the torch one."""
+    from gang_jax._collectives import ALL_GATHER
+
+    g = gang()
+    comm = g.communicator
+    x = jnp.arange(6, dtype=jnp.float32).reshape(2, 3) + g.rank
+    functional.all_gather(g, x)
+    g.all_gather(torch.zeros(g.size, 2, 3), torch.zeros(2, 3))
+    texts = []
+    plan = comm._local[(ALL_GATHER.name, None, None, (), x.shape, x.dtype)]
+    assert plan is not None
+    like = jax.ShapeDtypeStruct((g.size * 2, 3), x.dtype, sharding=comm.sharding)  # type: ignore[no-untyped-call]
+    texts.append(plan.fn.lower(like).compile().as_text())
+    (key,) = [k for k in comm._plans if k[0] == ALL_GATHER.name]
+    like = jax.ShapeDtypeStruct((g.size, *key[-2][1:]), key[-1], sharding=comm.sharding)  # type: ignore[no-untyped-call]
+    texts.append(comm._plans[key].fn.lower(like).compile().as_text())
+    return texts
+
+
 def functional_ops() -> dict[str, Any]:
     g = gang()
     r, n = g.rank, g.size

@@ -70,6 +70,16 @@ def test_functional(world: World) -> None:
         assert r["rs"].dtype == np.int32
 
 
+def test_all_gather_copies_nothing_after_the_gather(world: World) -> None:
+    # Gathering along the block's second axis made XLA gather in a transposed layout and then copy
+    # the whole result into the row-major one (in both the functional and the torch programs).
+    for texts in world.run(jw.all_gather_programs):
+        assert len(texts) == 2
+        for text in texts:
+            assert "all-gather(" in text
+            assert " copy(" not in text, text
+
+
 def test_functional_shapes(world: World) -> None:
     # 0-d arrays, arrays without rows and 0-d results take another path than the others; a loop compiles nothing.
     for rank, r in enumerate(world.run(jw.functional_shapes)):
