@@ -70,6 +70,16 @@ def test_functional(world: World) -> None:
         assert r["rs"].dtype == np.int32
 
 
+def test_large_float_broadcast_is_bit_for_bit(world: World) -> None:
+    # From 256 KiB a float result is the program's bits viewed as floats on the host; a float sum
+    # would turn -0.0 into 0.0 and could quiet NaNs or flush subnormals.
+    for results in world.run(jw.large_float_broadcast):
+        assert [dtype for _, _, dtype, _ in results] == ["float32", "float16", "bfloat16"]
+        for source, got, _, on_device in results:
+            np.testing.assert_array_equal(got, source)
+            assert on_device
+
+
 def test_all_gather_copies_nothing_after_the_gather(world: World) -> None:
     # Gathering along the block's second axis made XLA gather in a transposed layout and then copy
     # the whole result into the row-major one (in both the functional and the torch programs).
