@@ -115,19 +115,6 @@ def _from_bits(bits: jax.Array, dtype: np.dtype[Any]) -> jax.Array:
     return jax.lax.bitcast_convert_type(bits, dtype)
 
 
-_VIEW_BYTES = 256 << 10
-"""Floating-point broadcasts of this many bytes or more turn the bits back into the dtype on the host (see
-:func:`broadcast`): a view of the result's memory, about 35 us whatever the size, where the program's own
-conversion is a pass over the result (55 us at 256 KiB, 200 us at 4 MiB, one process, measured)."""
-
-
-def _viewed(bits: jax.Array, dtype: Any, device: jax.Device) -> jax.Array:
-    """``bits`` (unsigned integers of ``dtype``'s width, already computed) as a ``dtype`` array on ``device``,
-    without a copy: JAX aliases NumPy memory on the CPU (it copies where it cannot, which is still right)."""
-    out: jax.Array = jax.device_put(np.asarray(bits).view(dtype), device)
-    return out
-
-
 def all_reduce(gang: Gang, x: jax.Array, op: ReduceOperation) -> jax.Array:
     """Reduce ``x`` over every process of ``gang`` and return the result.
 
@@ -196,11 +183,6 @@ def all_to_all(gang: Gang, x: jax.Array) -> jax.Array:
 def broadcast(gang: Gang, x: jax.Array, source_rank: int = 0) -> jax.Array:
     """Return ``source_rank``'s ``x`` on every process (bit for bit).
 
-    The program moves the raw bits (an unsigned integer sum with zeros from every other rank, exact
-    whatever the bits mean: ``-0.0``, NaN payloads, subnormals). A floating-point result of up to
-    32 bits and from 256 KiB is made a ``x.dtype`` array by viewing the bits' memory on the host,
-    not by a pass of the program over them.
-
     :param gang: A :class:`~gang_jax.JaxGang`; every member calls this.
     :param x: Sent on the source; elsewhere only its shape and dtype matter.
     :param source_rank: A rank of ``gang`` (not a global rank).
@@ -213,12 +195,6 @@ def broadcast(gang: Gang, x: jax.Array, source_rank: int = 0) -> jax.Array:
     source_rank = check_rank("source_rank", source_rank, g.size)
 
     detail = lambda: f", source_rank={source_rank}"  # noqa: E731
-    dtype = x.dtype
-    if x.nbytes >= _VIEW_BYTES and dtype.itemsize <= 4 and jnp.issubdtype(dtype, jnp.floating):
-        # The program returns the bits and the host views them as `dtype`: the program's own
-        # conversion back would be one more pass over the result.
-        bits = _run(g, "broadcast", x, g.communicator.call, BROADCAST, x, (source_rank,), pre=_to_bits, detail=detail)
-        return _viewed(bits, dtype, g.jax_device)
     return _run(
         g,
         "broadcast",
