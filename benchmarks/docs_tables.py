@@ -296,6 +296,8 @@ JAX_COST = "jax_cost.json"
 JAX_PAIRS = (("gang-jax-functional", "jax"), ("gang-jax", "jax-from-torch"))
 """Each JAX API and its yardstick: ``gang_jax.functional`` on resident ``jax.Array`` s against the raw program
 on them, ``JaxGang`` on torch tensors against raw JAX fed from torch tensors."""
+JAX_CONTROL = "jax-lane"
+"""The control of ``jax_cost.json``: the raw program run on the gang's worker thread (the thread hand-off alone)."""
 
 
 def jax_cost(data: Data) -> str:
@@ -314,6 +316,13 @@ def jax_cost(data: Data) -> str:
                     "\\-" if mine is None else fmt(mine["time_us"], 0),
                     fmt(ratio),
                 ]
+            control = index.get((JAX_CONTROL, op, nbytes))
+            if control is not None:
+                functional_row = index.get(("gang-jax-functional", op, nbytes))
+                cells += [
+                    fmt(paired(control, "jax")),
+                    "\\-" if functional_row is None else fmt(paired(functional_row, JAX_CONTROL)),
+                ]
             body.append(cells)
     world = rows[0]["world_size"]
     header = [
@@ -326,6 +335,8 @@ def jax_cost(data: Data) -> str:
         "JaxGang us",
         "JaxGang / raw from torch",
     ]
+    if any(r["impl"] == JAX_CONTROL for r in rows):
+        header += ["raw on the worker thread / raw (hand-off)", "functional / raw on the worker thread"]
     return table(f"Each JAX API against its yardstick on {world} processes", header, body, data.run(JAX_COST))
 
 
@@ -516,6 +527,27 @@ def targets(data: Data) -> str:
             worst <= limit,
             JAX_COST,
         )
+    functional = ratios(cost, "gang-jax-functional", COLLECTIVES, cost[0]["world_size"], "jax")
+    large = {k: v for k, v in functional.items() if k[1] >= SMALL}
+    (op, nbytes), worst = max(large.items(), key=lambda kv: kv[1])
+    control = ratios(cost, "gang-jax-functional", COLLECTIVES, cost[0]["world_size"], JAX_CONTROL)
+    hand_off = ratios(cost, JAX_CONTROL, COLLECTIVES, cost[0]["world_size"], "jax")
+    split = ""
+    if control:
+        large_control = {k: v for k, v in control.items() if k[1] >= SMALL}
+        (c_op, c_bytes), c_worst = max(large_control.items(), key=lambda kv: kv[1])
+        large_hand_off = [v for k, v in hand_off.items() if k[1] >= SMALL]
+        split = (
+            f"; without the thread hand-off (paired with the raw program run on the gang's worker thread) worst "
+            f"{fmt(c_worst)} ({c_op} {size(c_bytes)}), median {fmt(statistics.median(large_control.values()))}; "
+            f"the hand-off alone median {fmt(statistics.median(large_hand_off))}, worst {fmt(max(large_hand_off))}"
+        )
+    add(
+        "``gang_jax.functional`` / the raw JAX program on resident arrays <= 1.05 from 64 KiB",
+        f"worst {fmt(worst)} ({op} {size(nbytes)}), median {fmt(statistics.median(large.values()))}{split}",
+        worst <= 1.05,
+        JAX_COST,
+    )
     small_rows = [r for r in data.rows(SMALL_FILE) if r["impl"] == "gang"]
     worst_small = max(small_rows, key=lambda r: r["paired_ratio"])
     add(

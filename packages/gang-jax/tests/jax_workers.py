@@ -78,6 +78,47 @@ def compile_cache() -> tuple[int, int, int]:
     return before, after_loop, g.num_compiled
 
 
+def all_gather_programs() -> list[str]:
+    """The optimised HLO of the all-gather programs a call compiles: the functional one and the torch one."""
+    from gang_jax._collectives import ALL_GATHER
+
+    g = gang()
+    comm = g.communicator
+    x = jnp.arange(6, dtype=jnp.float32).reshape(2, 3) + g.rank
+    functional.all_gather(g, x)
+    g.all_gather(torch.zeros(g.size, 2, 3), torch.zeros(2, 3))
+    texts = []
+    plan = comm._local[(ALL_GATHER.name, None, None, (), x.shape, x.dtype)]
+    assert plan is not None
+    like = jax.ShapeDtypeStruct((g.size * 2, 3), x.dtype, sharding=comm.sharding)  # type: ignore[no-untyped-call]
+    texts.append(plan.fn.lower(like).compile().as_text())
+    (key,) = [k for k in comm._plans if k[0] == ALL_GATHER.name]
+    like = jax.ShapeDtypeStruct((g.size, *key[-2][1:]), key[-1], sharding=comm.sharding)  # type: ignore[no-untyped-call]
+    texts.append(comm._plans[key].fn.lower(like).compile().as_text())
+    return texts
+
+
+def large_float_broadcast() -> list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], str, bool]]:
+    """Broadcasts from rank 1 of 256 KiB of floats whose bits an arithmetic sum could change: (the source's
+    bits, the result's bits, the result's dtype, whether the result is on the gang's device), per dtype."""
+    import ml_dtypes
+
+    g = gang()
+    out = []
+    for dtype, width, nan in (
+        (np.float32, np.uint32, 0x7F800001),
+        (np.float16, np.uint16, 0x7C01),
+        (ml_dtypes.bfloat16, np.uint16, 0x7F81),
+    ):
+        n = (256 << 10) // np.dtype(dtype).itemsize
+        bits = (np.arange(n, dtype=np.uint64) * 2654435761 % (1 << (8 * np.dtype(width).itemsize))).astype(width)
+        bits[:3] = [1 << (8 * np.dtype(width).itemsize - 1), 1, nan]  # -0.0, a subnormal, a signalling NaN
+        mine = bits if g.rank == 1 else bits[::-1].copy()
+        y = functional.broadcast(g, jnp.asarray(mine.view(dtype)), source_rank=1)
+        out.append((bits, np.asarray(y).view(width).copy(), str(y.dtype), y.devices() == {g.jax_device}))
+    return out
+
+
 def functional_ops() -> dict[str, Any]:
     g = gang()
     r, n = g.rank, g.size

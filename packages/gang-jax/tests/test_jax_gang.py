@@ -70,6 +70,26 @@ def test_functional(world: World) -> None:
         assert r["rs"].dtype == np.int32
 
 
+def test_large_float_broadcast_is_bit_for_bit(world: World) -> None:
+    # The program sums raw bits; a float sum would turn -0.0 into 0.0 and could quiet NaNs or
+    # flush subnormals (388 of 65536 elements came back changed when it summed the floats).
+    for results in world.run(jw.large_float_broadcast):
+        assert [dtype for _, _, dtype, _ in results] == ["float32", "float16", "bfloat16"]
+        for source, got, _, on_device in results:
+            np.testing.assert_array_equal(got, source)
+            assert on_device
+
+
+def test_all_gather_copies_nothing_after_the_gather(world: World) -> None:
+    # Gathering along the block's second axis made XLA gather in a transposed layout and then copy
+    # the whole result into the row-major one (in both the functional and the torch programs).
+    for texts in world.run(jw.all_gather_programs):
+        assert len(texts) == 2
+        for text in texts:
+            assert "all-gather(" in text
+            assert " copy(" not in text, text
+
+
 def test_functional_shapes(world: World) -> None:
     # 0-d arrays, arrays without rows and 0-d results take another path than the others; a loop compiles nothing.
     for rank, r in enumerate(world.run(jw.functional_shapes)):

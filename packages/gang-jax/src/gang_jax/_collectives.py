@@ -98,7 +98,11 @@ def _reduce_scatter_body(size: int, dtype: np.dtype[Any], op: ReduceOperation) -
 
 
 def _all_gather_block(block: jax.Array) -> jax.Array:
-    return _all_gather(block, AXIS, axis=1)  # [1, *shape] -> [1, size, *shape]
+    # [1, *shape] -> [1, size, *shape]. Gathered along axis 0 (tiled) and then reshaped, which is a
+    # bitcast: gathering along axis 1 made XLA pick a layout with that axis outermost for the
+    # gather, then copy the whole result into the row-major layout.
+    rows = _all_gather(block, AXIS, axis=0, tiled=True)  # [size, *shape]
+    return rows.reshape(1, *rows.shape)
 
 
 def _all_gather_body(size: int, dtype: np.dtype[Any]) -> _Body:

@@ -14,6 +14,11 @@ returns resident ``jax.Array`` s, as the raw program does (``jax``), so it is pa
 the result (raw JAX on resident arrays copies nothing), so it is paired with raw JAX fed from torch
 tensors as a user would do it without gang (``jax-from-torch``: the tensor handed to JAX through
 DLPack, the program, the result copied back into a tensor).
+
+``jax-lane`` is a control: the raw program on resident arrays, each call run on the gang's worker thread
+(:mod:`gang_jax._lane`) as the gang's calls are. Paired with ``jax`` it is the cost of that thread hand-off
+alone at the load the run saw; ``gang-jax-functional`` paired with it is everything else the functional call
+does.
 """
 
 from __future__ import annotations
@@ -49,9 +54,10 @@ class JaxImpls:
     :meth:`close` closes that gang.
     """
 
-    names = ("jax", "gang-jax-functional", "jax-from-torch", "gang-jax", "gang-jax-untraced")
-    """The implementation names: raw JAX and :mod:`gang_jax.functional` on resident arrays, raw JAX fed from
-    torch tensors and :class:`JaxGang` on torch tensors (and with its flight recorder off)."""
+    names = ("jax", "gang-jax-functional", "jax-lane", "jax-from-torch", "gang-jax", "gang-jax-untraced")
+    """The implementation names: raw JAX and :mod:`gang_jax.functional` on resident arrays, the raw program run on
+    the gang's worker thread (a control), raw JAX fed from torch tensors and :class:`JaxGang` on torch tensors
+    (and with its flight recorder off)."""
     device_types = ("cpu",)
     """JaxGang works on CPU tensors."""
 
@@ -120,6 +126,15 @@ class JaxImpls:
 
         return Case(run, reset, result, expected)
 
+    def _on_lane(self, case: Case) -> Case:
+        """``case`` with each call run on the gang's worker thread, as the gang runs its own (the control)."""
+        lane, g, run = self.gang._lane, self.gang, case.run
+
+        def on_lane() -> None:
+            lane.call("jax-lane", g, run, 600.0)
+
+        return Case(on_lane, case.reset, case.result, case.expected)
+
     def _raw_from_torch(self, op: str, numel: int, dtype: torch.dtype) -> Case:
         """Raw JAX fed from torch tensors as a user would without gang, by the quickest public calls: the tensor
         handed to JAX through DLPack (quicker than ``jax.device_put`` of its NumPy view), the program, and the
@@ -175,6 +190,7 @@ class JaxImpls:
             out = {"jax": self._raw(op, numel, dtype), **out}
             if op != SENDRECV:
                 out["gang-jax-functional"] = self._functional(op, numel, dtype)
+                out["jax-lane"] = self._on_lane(self._raw(op, numel, dtype))
                 out["jax-from-torch"] = self._raw_from_torch(op, numel, dtype)
         return out
 

@@ -32,6 +32,10 @@ LAYOUT_SIZES: dict[str, int | None] = {
 """The roles whose sizes lay out ``--gang`` (``--tp``, ``--pp``, ...), with their defaults: the
 ``<role>_size`` arguments of :func:`gang.create_parallel_gangs`."""
 
+CONTROLS = ("jax-lane",)
+"""Implementations timed only when ``--impls`` names them: controls that split another's cost, such as
+``jax-lane`` (the raw JAX program run on the JAX gang's worker thread: the thread hand-off alone)."""
+
 
 def _size(text: str) -> int:
     try:
@@ -178,8 +182,9 @@ def default_impls(args: argparse.Namespace, device: torch.device) -> tuple[list[
     runs on ``device`` (raw JAX and JaxGang on the CPU when gang_jax is installed), unless
     ``--impls`` names some or ``--no-jax`` leaves out the ``jax`` provider. The ``-untraced``
     implementations (the flight recorder off) come only with ``--recorder`` or when ``--impls``
-    names them. Only the root gang (``--gang root``) is timed by providers, and only on the
-    collectives (not on the traffic operations of ``--traffic``).
+    names them, and the controls (:data:`CONTROLS`) only when ``--impls`` names them. Only the root
+    gang (``--gang root``) is timed by providers, and only on the collectives (not on the traffic
+    operations of ``--traffic``).
     """
     wanted = None if args.impls is None else set(args.impls)
     makers: list[collectives.Provider] = []
@@ -195,6 +200,8 @@ def default_impls(args: argparse.Namespace, device: torch.device) -> tuple[list[
     chosen = [name for name in names if (name in wanted if wanted is not None else True)]
     if wanted is None and not args.recorder:  # the recorder's cost only when asked for
         chosen = [name for name in chosen if not name.endswith("-untraced")]
+    if wanted is None:  # controls only when named
+        chosen = [name for name in chosen if name not in CONTROLS]
     return chosen, makers
 
 

@@ -29,13 +29,17 @@ PAIRS = (
     ("gang-jax", "jax-from-torch"),
     ("gang-jax-functional", "jax"),
     ("gang-jax", "jax"),
+    ("gang-jax-functional", "jax-lane"),
+    ("jax-lane", "jax"),
     ("gang", "gang-untraced"),
     ("gang-jax", "gang-jax-untraced"),
 )
 """(ours, the baseline) pairs whose time ratio is the overhead of our API over the raw one, then the cost of the
 flight recorder (``-untraced``: the same gang with it off, see ``--recorder``). ``JaxGang`` on torch tensors is
 paired with raw JAX fed from torch tensors (``jax-from-torch``), then with raw JAX on resident arrays (``jax``),
-which copies nothing; ``gang_jax.functional`` on resident arrays with raw JAX on them."""
+which copies nothing; ``gang_jax.functional`` on resident arrays with raw JAX on them, then with the raw program
+run on the gang's worker thread (``jax-lane``, a control), which is itself paired with raw JAX: the thread
+hand-off's share."""
 
 ROW_KEYS = ("impl", "op", "bytes", "world_size", "time_us", "algbw_gbps", "busbw_gbps")
 """The keys every JSON row has (extra keys may follow)."""
