@@ -106,7 +106,7 @@ def test_a_group_build_is_given_up_at_its_timeout_or_when_the_watch_raises() -> 
     reaper.drop(alone)
 
 
-@pytest.mark.parametrize("operation", ["all_reduce", "all_gather_to_list", "all_to_all", "broadcast"])
+@pytest.mark.parametrize("operation", ["all_reduce", "all_gather_to_list", "all_to_all", "broadcast", "barrier"])
 def test_a_standalone_collective_ends_at_the_calls_own_timeout(operation: str) -> None:
     # Two members of a standalone group in one process (threads); member 1 never joins the
     # collective. Given a timeout of its own (gang.ft gives a blocking collective what is left of the
@@ -132,6 +132,7 @@ def test_a_standalone_collective_ends_at_the_calls_own_timeout(operation: str) -
         "all_gather_to_list": lambda: calls.all_gather_to_list(groups[0], [torch.empty(2), torch.empty(2)], x, True),
         "all_to_all": lambda: calls.all_to_all(groups[0], torch.empty(2), x, [], [], True),
         "broadcast": lambda: calls.broadcast(groups[0], x, 1, True),
+        "barrier": lambda: calls.barrier(groups[0]),
     }
     calls.timeout = timedelta(seconds=0.5)
     started = time.monotonic()

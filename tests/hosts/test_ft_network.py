@@ -11,7 +11,7 @@ logged membership schedule. A replica that ends with ``GangError`` (its store un
 ``timeout + quorum_timeout``) is started again once its link is back, as a supervisor would, and
 heals in. Every step attempt of every replica (from ``enter``, or from the end of a wait outside
 the quorum, to its step's end) must end within ``timeout + quorum_timeout`` plus a small slack
-(the kernel's retransmission timer, the watch interval, scheduling): that bound is the guarantee
+(the watch interval, scheduling): that bound is the guarantee
 itself. The times of detection and recovery are checked with a generous margin (the machine is
 shared and loaded). The measured times are printed (``-s``) for the docs.
 """

@@ -37,6 +37,7 @@ from gang._torch_groups import (
     AllgatherOptions,
     AllreduceOptions,
     AllToAllOptions,
+    BarrierOptions,
     BroadcastOptions,
     ReduceScatterOptions,
     all_gather_tensor,
@@ -253,6 +254,13 @@ class TorchCalls:
         )
         return pg.broadcast([tensor], opts)
 
+    def barrier(self, pg: Any) -> TorchHandle:
+        """Start a barrier on a standalone backend (a registered group's barrier is the gang's own)."""
+        return pg.barrier(self._timed(_BARRIER, lambda: BarrierOptions()))
+
+
+_BARRIER = BarrierOptions()
+"""The standalone barrier's options when no timeout of its own is given (read only)."""
 
 GROUP_CALLS = TorchCalls(standalone=False)
 """The calls on a registered ``ProcessGroup`` (:class:`~gang.ProcessGroupGang`'s)."""

@@ -305,22 +305,24 @@ class StoreClient:
             self._own = sockets
         return store
 
-    def _bound(self, seconds: float) -> None:
+    def _bound(self, seconds: float, *, answer: bool = True) -> None:
         """Bound the current connection's next request by ``seconds``: its answer (the store's
         timeout) and the acknowledgement of what it sends (``TCP_USER_TIMEOUT``, see
-        :func:`bound_unacknowledged`), and the wait for its answer on the socket itself
-        (``SO_RCVTIMEO``: the kernel checks ``TCP_USER_TIMEOUT`` only when it retransmits, a
-        quarter to half a second late for short bounds, and the store's timeout does not bound
-        every request's answer)."""
+        :func:`bound_unacknowledged`), and, with ``answer``, the wait for its answer on the socket
+        itself (``SO_RCVTIMEO``: the kernel checks ``TCP_USER_TIMEOUT`` only when it retransmits,
+        a quarter to half a second late for short bounds, and the store's timeout does not bound
+        every request's answer). Without ``answer`` the socket's wait has no bound of its own, as
+        torch leaves it: a store that is merely slow to answer is waited for."""
         self._store.set_timeout(timedelta(seconds=seconds))
         option = getattr(socket, "TCP_USER_TIMEOUT", None)
         if option is None:
             return
-        whole, fraction = divmod(max(0.001, seconds), 1.0)
+        whole, fraction = divmod(max(0.001, seconds), 1.0) if answer else (0.0, 0.0)
         timeval = struct.pack("ll", int(whole), int(fraction * 1e6))
         for sock in self._own:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(seconds * 1000)))
+            with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
 
     def _call(self, request: Callable[[TCPStore], _T], since: int | None = None) -> _T:
@@ -344,7 +346,7 @@ class StoreClient:
                 try:
                     value = request(self._store)
                 finally:
-                    self._bound(self.timeout.total_seconds())
+                    self._bound(self.timeout.total_seconds(), answer=False)
             else:
                 value = request(self._store)
             self._retry_end = None
@@ -379,7 +381,7 @@ class StoreClient:
                     try:
                         value = request(self._store)
                     finally:
-                        self._bound(self.timeout.total_seconds())
+                        self._bound(self.timeout.total_seconds(), answer=False)
                     self._retry_end = None
                     return value
                 except BACKEND_ERRORS as ex:

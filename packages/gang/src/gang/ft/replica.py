@@ -846,9 +846,12 @@ class ReplicaGang(Gang):
             return False
         try:
             self._fault(operation)
-            # A blocking collective waits at once: gloo ends it when the attempt's budget is spent,
-            # so that it is not left running (for `timeout`) after the gang stopped waiting for it.
-            self._calls.timeout = timedelta(seconds=max(0.001, min(self._timeout.total_seconds(), self._budget)))
+            # A blocking collective waits at once: gloo's waits inside it end when the attempt's
+            # budget is spent, so that it is not left running (for `timeout`) after the gang
+            # stopped waiting for it. Not on CUDA: NCCL's watchdog counts from the work's creation,
+            # the device's queued compute included, and may end the process instead of the step.
+            if self._device.type == "cpu":
+                self._calls.timeout = timedelta(seconds=max(0.001, min(self._timeout.total_seconds(), self._budget)))
             try:
                 work = call(self._pg)
             finally:
@@ -856,8 +859,9 @@ class ReplicaGang(Gang):
             if work is not None:
                 self._finish(work)
         except BACKEND_ERRORS as ex:
-            if self._budget <= _SPENT:  # gloo's timeout (what was left) ended it as the watch would have
-                ex = RuntimeError(f"stopped waiting: the step attempt's {self._attempt_seconds()} is spent ({ex})")
+            if self._budget <= _SPENT and _timed_out(ex):  # gloo's timeout (what was left) ended it, as the watch would
+                spent = RuntimeError(f"stopped waiting: the step attempt's {self._attempt_seconds()} is spent ({ex})")
+                spent.__cause__, ex = ex, spent
             self._record(operation, ex)
             return False
         return True
@@ -908,7 +912,7 @@ class ReplicaGang(Gang):
 
     @override
     def _barrier(self) -> None:
-        self._run("barrier", lambda pg: pg.barrier())
+        self._run("barrier", self._calls.barrier)
 
     # Results are written in place; a collective that fails may leave its output partly written
     # (the step is then not committed anywhere), and the later ones of the step do not run.
@@ -1132,6 +1136,12 @@ class ReplicaGang(Gang):
 
 _SPENT = 0.05
 """Seconds of a step attempt's budget under which a collective that failed is said to have spent it."""
+
+
+def _timed_out(ex: BaseException) -> bool:
+    """Whether ``ex`` is a backend's own timeout (gloo's "Timed out waiting ..."), not the watch's."""
+    text = str(ex)
+    return "timed out" in text.lower() and not text.startswith("stopped waiting")
 
 
 def _trace_key(replica_id: str, replica_rank: int) -> str:
