@@ -135,11 +135,9 @@ def test_a_standalone_collective_ends_at_the_calls_own_timeout(operation: str) -
         "barrier": lambda: calls.barrier(groups[0]),
     }
     calls.timeout = timedelta(seconds=0.5)
-    started = time.monotonic()
     work = start[operation]()
     calls.timeout = None
-    with pytest.raises(RuntimeError, match=r"[Tt]imed out"):
+    with pytest.raises(RuntimeError, match=r"[Tt]imed out.*\b500 ?ms"):  # gloo names the timeout it kept
         work.wait()
-    assert time.monotonic() - started < 15  # not the group's 30 s
     for group in groups.values():
         reaper.drop(group)

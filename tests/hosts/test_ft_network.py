@@ -329,16 +329,16 @@ client.peek("k")
 print("ready", flush=True)
 while not os.path.exists(sys.argv[3]):
     time.sleep(0.01)
-past = []
+past, errors = [], []
 for budget in (0.5, 1.5, 1.0):
     client.deadline = time.monotonic() + budget
     try:
         client.peek("k")
-    except StepDeadlineError:
+    except StepDeadlineError as ex:
         past.append(time.monotonic() - client.deadline)
-print("past", json.dumps(past), flush=True)
+        errors.append(str(ex))
+print("past", json.dumps([past, errors]), flush=True)
 """
-DEADLINE_SLACK = 0.25  # seconds: scheduling (the kernel's retransmission timer alone is 0.2 s or more)
 
 
 def test_a_store_request_over_a_cut_link_ends_at_the_step_attempts_deadline(tmp_path: Path) -> None:
@@ -364,10 +364,14 @@ def test_a_store_request_over_a_cut_link_ends_at_the_step_attempts_deadline(tmp_
         go.touch()
         while not (line := client.stdout.readline()).startswith("past "):  # its output and torch's warnings
             assert line, "the client ended without its result"
-        past = json.loads(line.removeprefix("past "))
+        past, errors = json.loads(line.removeprefix("past "))
         client.wait(30)
         store.kill()
         assert hosts.leaks() == []
     report("store requests over a cut link: the latest end past the step attempt's deadline", max(past))
-    assert len(past) == 3, past  # every request ended with StepDeadlineError
-    assert max(past) < DEADLINE_SLACK, past
+    assert len(errors) == 3, errors  # every request ended with StepDeadlineError
+    # The first request's answer was waited for on the socket, with what was left (torch's
+    # "Socket Timeout"), not until the kernel gave the unacknowledged request up ("Connection
+    # timed out", at a retransmission after the deadline).
+    assert "Socket Timeout" in errors[0], errors
+    assert "the step attempt's deadline passed" in errors[0], errors
