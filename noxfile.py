@@ -39,8 +39,8 @@ DISTRIBUTIONS = {"gang": "gang-core", "gang-mesh": "gang-mesh", "gang-jax": "gan
 # Each package's tests, and the cross-package tests in tests/.
 TEST_TARGETS = [*PACKAGES, "integration"]
 
-# Bare `nox`: lint, then `all` (typecheck, every package's tests, the cross-package tests, the
-# launchers, the plugin project and the docs as jobs on two lanes). Each of those has its own
+# Bare `nox`: lint, then `all` (typecheck, every package's tests, the cross-package tests but the
+# slow ones, the plugin project and the docs' site as jobs on two lanes). Each of those has its own
 # session too: `packages` runs the first three targets of `tests` side by side; `tests` runs any one.
 nox.options.sessions = ["lint", "all"]
 nox.options.reuse_existing_virtualenvs = False
@@ -189,17 +189,20 @@ def typecheck_jobs() -> Jobs:
 
 
 def docs_jobs() -> Jobs:
-    """The html and doctest builds (the doctest build reads the pages the html build pickled) and
-    every second example; the other examples."""
+    """The html and doctest builds (the doctest build reads the pages the html build pickled)."""
     build = ROOT / "docs" / "_build"
     sphinx = [str(SHARED_BIN / "sphinx-build"), "-W", "--keep-going", "-d", str(build / "doctrees")]
-    builds = [Step([*sphinx, "-b", b, "docs", str(build / b)], env=ONE_THREAD) for b in ("html", "doctest")]
+    return {"sphinx": [Step([*sphinx, "-b", b, "docs", str(build / b)], env=ONE_THREAD) for b in ("html", "doctest")]}
+
+
+def example_jobs() -> Jobs:
+    """Every example (``examples/*.py``) in two jobs of about equal time: every second one, the others."""
     examples = [
         Step([str(SHARED_BIN / "python"), str(example)], env=ONE_THREAD)
         for example in sorted((ROOT / "examples").glob("*.py"))
         if not example.name.startswith("_")
     ]
-    return {"sphinx, examples": builds + examples[1::2], "examples": examples[::2]}
+    return {"examples": examples[::2], "examples, second half": examples[1::2]}
 
 
 LAUNCHER_TESTS = ROOT / "tests" / "launchers"
@@ -241,14 +244,15 @@ def plugin_jobs(pytest: list[str]) -> Jobs:
 # its place here (`dead peers` mostly waits on timeouts: about 50 CPU s).
 MEASURED = {
     "tests/ft": 310,
-    "conformance": 376,
-    "the other tests": 93,
-    "dead peers": 111,
-    "sphinx, examples": 100,
+    "conformance": 284,
+    "the other tests": 150,
+    "dead peers": 250,
+    "sphinx": 39,
     "gang": 74,
     "gang-mesh, gang-jax": 87,
     "launchers": 85,
-    "examples": 76,
+    "examples": 95,
+    "examples, second half": 75,
     "typecheck": 36,
     "plugin project": 6,
 }
@@ -257,11 +261,11 @@ MEASURED = {
 @nox.session(venv_backend="none", name="all")
 def all_checks(session: nox.Session) -> None:
     """Typecheck, every package's tests, the cross-package tests but the slow ones, the plugin
-    project and the docs: one pool of jobs on :data:`LANES` lanes, the longest first (bare ``nox``
-    runs it after ``lint``; ``nox -s slow`` runs the rest).
+    project and the docs' site: one pool of jobs on :data:`LANES` lanes, the longest first (bare
+    ``nox`` runs it after ``lint``; ``nox -s slow`` runs the rest, the examples included).
 
     The same jobs as the sessions ``typecheck``, ``packages``, ``tests(target='integration')`` (less
-    :data:`SLOW_JOBS`), ``plugin`` and ``docs``, in one environment (the shared one; the plugin
+    :data:`SLOW_JOBS`), ``plugin`` and ``docs`` (less its examples), in one environment (the shared one; the plugin
     project is installed there too, where ``nox -s plugin`` gives it an environment holding gang
     alone). One pool instead of five sessions in a row: no lane waits for the other's last job of a
     session.
@@ -283,11 +287,16 @@ def all_checks(session: nox.Session) -> None:
 def slow(session: nox.Session) -> None:
     """The suites bare ``nox`` leaves out because they mostly wait: the fault-tolerance tests
     (``tests/ft``), the dead-peer scenarios (beside the lanes) and the real launchers (see
-    :func:`launchers`), side by side. ``.ci/run`` runs it right after bare ``nox``."""
+    :func:`launchers`), side by side; and in the time their processes leave to the CPU, every example
+    (:func:`example_jobs`). ``.ci/run`` runs it right after bare ``nox``."""
     shared(session)
     share_jax_compilations(session)
     every = integration_jobs()
-    jobs = {**{name: every[name] for name in SLOW_JOBS}, **launcher_jobs(session, session.posargs)}
+    jobs = {
+        **{name: every[name] for name in SLOW_JOBS},
+        **launcher_jobs(session, session.posargs),
+        **example_jobs(),
+    }
     run_side_by_side(session, dict(sorted(jobs.items(), key=lambda job: -MEASURED.get(job[0], 0))))
 
 
@@ -409,11 +418,11 @@ def typecheck(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Build the Sphinx site warning-free, run its doctests, and run every example.
 
-    Two lanes side by side (see :func:`run_side_by_side`): the html and doctest builds and then every
-    second example, and the other examples.
+    Side by side (see :func:`run_side_by_side`): the html and doctest builds, and the examples in two
+    halves (:func:`example_jobs`; bare ``nox`` builds the site, ``nox -s slow`` runs the examples).
     """
     shared(session)  # sphinx, furo, and pytest (the API reference documents the pytest plugin)
-    run_side_by_side(session, docs_jobs())
+    run_side_by_side(session, {**docs_jobs(), **example_jobs()})
 
 
 LANES = 2
