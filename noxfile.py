@@ -375,21 +375,25 @@ def lint(session: nox.Session) -> None:
 
 HISTORY = re.compile(
     r"\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|\d+(st|nd|rd|th)"
-    r"|this|last|earlier|previous|next) sessions?\b",
+    r"|this|last|earlier|previous|next)\s+sessions?\b",
     re.IGNORECASE,
 )
 """A session of work named by its rank (an ordinal) or as "this", "last", "earlier", "previous" or "next" one."""
 HISTORY_ALLOWED = re.compile(r"nox session|pytest session|session\(|session\.|scope=.session", re.IGNORECASE)
-"""Sessions of nox and pytest, which are product terms."""
-DATED = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
-"""An ISO date (YYYY-MM-DD), the mark of a dated run log, in any file but the CHANGELOG."""
+"""Sessions of nox and pytest, which are product terms (checked on the lines of a match)."""
+MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
+DATED = re.compile(
+    rf"\b20\d\d-[01]\d-[0-3]\d\b|\b(?:{MONTHS})\s+(?:[0-3]?\d,?\s+)?20\d\d\b|\b[0-3]?\d\s+(?:{MONTHS})\b"
+)
+"""A date (ISO, YYYY-MM-DD; a day and a month's name; a month's name and a year, with or without its
+day), the mark of a dated run log, in any file but the CHANGELOG."""
 
 
 def history(root: Path = ROOT) -> list[str]:
-    """The lines of the tracked ``.rst``, ``.md`` and ``.py`` files that log how the repository was built.
+    """The places in the tracked ``.rst``, ``.md`` and ``.py`` files that log how the repository was built.
 
-    Each as ``path:line: text``: a numbered or "this/last/..." session (nox and pytest sessions
-    aside), or a date outside ``CHANGELOG.md``.
+    Each as ``path:line: text`` (the lines of the match, which may span a line break): a numbered or
+    "this/last/..." session (nox and pytest sessions aside), or a date outside ``CHANGELOG.md``.
     """
     listed = subprocess.run(
         ["git", "ls-files", "*.rst", "*.md", "*.py"], cwd=root, capture_output=True, text=True, check=True
@@ -399,11 +403,15 @@ def history(root: Path = ROOT) -> list[str]:
         path = root / name
         if not path.is_file():  # deleted in the work tree
             continue
-        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-            session = HISTORY.search(line) and not HISTORY_ALLOWED.search(line)
-            dated = name != "CHANGELOG.md" and DATED.search(line)
-            if session or dated:
-                found.append(f"{name}:{number}: {line.strip()}")
+        text = path.read_text(errors="replace")
+        patterns = [HISTORY] if name == "CHANGELOG.md" else [HISTORY, DATED]
+        for match in (m for pattern in patterns for m in pattern.finditer(text)):
+            first = text.rfind("\n", 0, match.start()) + 1
+            last = text.find("\n", match.end())
+            lines = text[first : len(text) if last < 0 else last]
+            if match.re is HISTORY and HISTORY_ALLOWED.search(lines):
+                continue
+            found.append(f"{name}:{text.count(chr(10), 0, match.start()) + 1}: {' '.join(lines.split())}")
     return found
 
 
@@ -432,13 +440,15 @@ Each job given to it keeps about one core busy on its own (CPU seconds about equ
 seconds, measured with ``/usr/bin/time``), so two of them use the machine without crowding it.
 """
 
-BESIDE = frozenset({"dead peers"})
+BESIDE = frozenset({"dead peers", "replicas' process group"})
 """The jobs that mostly wait, which :func:`run_side_by_side` runs from the start beside the lanes.
 
 The dead-peer scenarios (:data:`DEAD_PEER_TESTS`) wait for gang timeouts and JAX's heartbeat:
 measured with ``/usr/bin/time`` on the 2-core machine they used a quarter to a third of a core (51
 CPU seconds in 219 s of wall time under a load average of 15 to 18; 49 in 136 s under 8 to 12). In
-a lane they would hold it idle; beside the lanes they use what the other jobs leave.
+a lane they would hold it idle; beside the lanes they use what the other jobs leave. So does the
+replicas' process group of ``nox -s versions`` (:data:`VERSION_TESTS`: DDP and FSDP2 across replicas
+under kills, restarts and a new replica, three tests that wait for processes to start and heal).
 """
 
 
@@ -601,14 +611,12 @@ REGISTRY_ONLY = {"PIP_CONFIG_FILE": os.devnull}
 # autograd's hooks, under kills, restarts and a new replica). Left out, as they reach torch only
 # through what these test: the conformance table, reliability (dead peers), the rest of tests/ft
 # (the quorum, healing, DiLoCo), launchers. `nox -s versions -- PATHS` runs other tests instead.
+# Three jobs: the replicas' process group mostly waits (for kills, restarts and heals), so it runs
+# beside the lanes (see BESIDE).
 VERSION_TESTS = {
     "gang": ["packages/gang/tests"],
-    "gang-mesh, gang-jax, FSDP2, replicas' process group": [
-        "packages/gang-mesh/tests",
-        "packages/gang-jax/tests",
-        "tests/test_fsdp_parity.py",
-        "tests/ft/test_ft_process_group.py",
-    ],
+    "gang-mesh, gang-jax, FSDP2": ["packages/gang-mesh/tests", "packages/gang-jax/tests", "tests/test_fsdp_parity.py"],
+    "replicas' process group": ["tests/ft/test_ft_process_group.py"],
 }
 
 

@@ -479,6 +479,100 @@ def diloco_rate(data: Data) -> str:
     return table("Streaming DiLoCo, 3 replicas on test hosts, 2 fragments", header, body, data.run(DILOCO_RATE))
 
 
+DILOCO = "quick_ft_diloco.json"
+DILOCO_CONFIGS = {
+    "localsgd": "LocalSGD",
+    "localsgd_int8": "LocalSGD, ``int8``",
+    "diloco": "DiLoCo",
+    "diloco_int8": "DiLoCo, ``int8``",
+    "diloco_float8": "DiLoCo, ``float8``",
+    "streaming": "Streaming, 2 fragments, delay 1",
+    "streaming_int8": "Streaming, delay 1, ``int8``",
+    "streaming_d2": "Streaming, 2 fragments, delay 2",
+}
+"""The configurations of ``benchmarks.ft_diloco``, in the order of its table (its ``CONFIGS``)."""
+
+
+def _pair(ours: Row, theirs: Row, key: str, digits: int = 0) -> str:
+    """``key`` of gang.ft's row and of torchft's: ``"79 / 97"``."""
+    return f"{ours[key]:.{digits}f} / {theirs[key]:.{digits}f}"
+
+
+def diloco(data: Data) -> str:
+    """gang.ft's LocalSGD and DiLoCo against torchft 0.2's, paired: per outer step, its sync's parts, the bytes."""
+    rows = data.rows(DILOCO)
+    index = by(rows, "impl", "op")
+    body = []
+    for config, what in DILOCO_CONFIGS.items():
+        ours, theirs = (
+            index.get(("gang.ft", f"diloco_{config}_outer_step")),
+            index.get(("torchft", f"diloco_{config}_outer_step")),
+        )
+        sent = index.get(("gang.ft", f"diloco_{config}_bytes")), index.get(("torchft", f"diloco_{config}_bytes"))
+        if ours is None or theirs is None or None in sent:
+            continue
+
+        body.append(
+            [
+                what,
+                f"{ours['time_us'] / 1e3:.0f} / {theirs['time_us'] / 1e3:.0f}",
+                f"{fmt(ours['ratio'], 2)} ({fmt(ours['paired_ratio'], 2)})",
+                _pair(ours, theirs, "sync_ms"),
+                _pair(ours, theirs, "quorum_ms"),
+                _pair(ours, theirs, "vote_ms", 1),
+                f"{ours['pack_ms']:.1f} / {ours['update_ms']:.1f}",
+                " / ".join(f"{row['bytes_sent'] / 1e6:.2f}" for row in sent if row is not None),
+            ]
+        )
+    header = [
+        "configuration",
+        "outer step, ms",
+        "ratio (paired)",
+        "syncs, ms",
+        "of which quorum",
+        "vote",
+        "gang.ft pack / update",
+        "MB sent",
+    ]
+    text = table("Per outer step, gang.ft / torchft 0.2 (medians; 3 replicas)", header, body, data.run(DILOCO))
+    overlap = index.get(("gang.ft", "diloco_overlap"))
+    if overlap is not None:
+        delays = sorted(int(k.removeprefix("outer_ms_delay")) for k in overlap if k.startswith("outer_ms_delay"))
+        cells = [
+            [
+                str(d),
+                f"{overlap[f'outer_ms_delay{d}']:.0f}",
+                f"{overlap[f'sync_ms_delay{d}']:.0f}",
+                f"{overlap[f'waited_ms_delay{d}']:.1f}",
+                fmt(overlap.get(f"hidden_delay{d}"), 2) if d else "\\-",
+            ]
+            for d in delays
+        ]
+        title = f"Streaming DiLoCo's overlap (gang.ft; one fragment's exchange alone: {overlap['exchange_ms']:.1f} ms)"
+        header = ["``fragment_sync_delay``", "outer step, ms", "syncs, ms", "waited at the vote, ms", "share hidden"]
+        text += "\n" + table(title, header, cells, data.run(DILOCO))
+    recovery = []
+    for key, what in (
+        ("kill_to_sync", "``SIGKILL`` to the survivors' next sync"),
+        ("restart_to_sync", "restart (launch) to taking part in a sync"),
+    ):
+        found = [index.get((impl, f"diloco_{key}")) for impl in ("gang.ft", "torchft")]
+        if None in found:
+            continue
+        recovery.append(
+            [what]
+            + [
+                f"{row['time_us'] / 1e6:.2f} s ({', '.join(f'{s:.2f}' for s in row['samples'])})"
+                for row in found
+                if row is not None
+            ]
+        )
+    if recovery:
+        title = "Recovery, DiLoCo, 1 s timeouts (medians; every cycle in brackets)"
+        text += "\n" + table(title, ["figure", "gang.ft", "torchft 0.2"], recovery, data.run(DILOCO))
+    return text
+
+
 def targets(data: Data) -> str:
     """Each target, what the committed results measure, and whether that meets it."""
     quick, traffic_rows = data.rows(QUICK), data.rows(TRAFFIC_FILE)
@@ -669,6 +763,7 @@ TABLES: dict[str, Callable[[Data], str]] = {
     "jax_cost": jax_cost,
     "ft": ft,
     "hsdp": hsdp,
+    "diloco": diloco,
     "diloco_jax": diloco_jax,
     "diloco_rate": diloco_rate,
     "recorded": recorded,
