@@ -690,6 +690,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.ft_diloco", *session.posargs, env={"OMP_NUM_THREADS": "1"})
     # DiLoCo for JAX models against DiLoCo for torch modules, both in the same 3 replica processes.
     session.run("python", "-m", "benchmarks.ft_diloco_jax", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    # What recording one operation costs: gang's flight recorder against torch's own.
+    session.run("python", "-m", "benchmarks.recorder_cost", *session.posargs, env={"OMP_NUM_THREADS": "1"})
     # What quantizing DiLoCo's exchange costs in quality (one process, about a minute of CPU): JSON and a PNG.
     session.run("python", "-m", "benchmarks.ft_diloco_quality", *session.posargs, env={"OMP_NUM_THREADS": "1"})
 

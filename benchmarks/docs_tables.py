@@ -423,6 +423,34 @@ def recorded(data: Data) -> str:
     )
 
 
+RECORDER = "quick_recorder_cost.json"
+
+
+def recorder_cost(data: Data) -> str:
+    """What recording one operation costs, gang's flight recorder and torch's own, per round and their medians."""
+    rows = data.rows(RECORDER)
+    body = [
+        [
+            str(number),
+            f"{row['torch_off_us']:.2f} / {row['torch_on_us']:.2f}",
+            f"{row['torch_recorder_us']:.2f}",
+            f"{row['gang_recorder_us']:.2f}",
+        ]
+        for number, row in enumerate(rows, 1)
+    ]
+    median = statistics.median
+    body.append(
+        [
+            "median",
+            "\\-",
+            f"{median(r['torch_recorder_us'] for r in rows):.2f}",
+            f"{median(r['gang_recorder_us'] for r in rows):.2f}",
+        ]
+    )
+    header = ["round", "torch all_reduce, us: recorder off / on", "torch's recorder, us", "gang's recorder, us"]
+    return table("Recording one operation (a gloo group of one process)", header, body, data.run(RECORDER))
+
+
 # --------------------------------------------------------------------------------------------------
 # The targets, each checked against the results
 # --------------------------------------------------------------------------------------------------
@@ -767,6 +795,7 @@ TABLES: dict[str, Callable[[Data], str]] = {
     "diloco_jax": diloco_jax,
     "diloco_rate": diloco_rate,
     "recorded": recorded,
+    "recorder_cost": recorder_cost,
 }
 """Each table's file name (``perf_<name>.rst``) and the function that writes it."""
 
