@@ -183,3 +183,15 @@ def matching_calls_work(g: Gang) -> list[float]:
 
 def debug_flag(g: Gang) -> bool:
     return g.debug
+
+
+def made_and_closed() -> int:
+    """Create the default gang of fresh processes and close it at once, with no collective between.
+
+    gloo's group constructor can return on one member while another is still inside it; a member
+    that destroyed the group at once then broke the other's constructor ("Connection closed by
+    peer").
+    """
+    root = gang.ProcessGroupGang.create_default_process_group(torch.device("cpu"))
+    root.close()
+    return 1

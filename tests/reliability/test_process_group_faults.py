@@ -9,6 +9,8 @@ in the benchmarks.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -19,11 +21,12 @@ from fault_workers import (
     hang_in_sub_gang,
     killed_mid_stream,
     killed_while_pending,
+    made_and_closed,
     never_arrives,
     store_host_dies,
 )
 
-from gang.testing import WorkerDiedError, World, free_port
+from gang.testing import WorkerDiedError, World, free_port, launch
 
 TIMEOUT = 4.0  # the gangs' collective timeout in these scenarios, in seconds (torch's default: 30 minutes)
 
@@ -124,3 +127,17 @@ def test_close_on_an_error_path_does_not_hang_the_others() -> None:
         report = results[rank]
         assert report["error"] is not None, report
         assert f"`barrier` failed on rank {rank} of a gang of size 4" in report["error"]
+
+
+def test_a_gang_closed_as_soon_as_it_is_made_does_not_break_a_peer_still_making_it() -> None:
+    # The race needs a busy machine to show (the member still inside gloo's constructor must lose
+    # the CPU): six spinning processes beside the two ranks. Without the barrier that ends a gloo
+    # group's creation (gang._torch_groups.settle) about one pair of fresh processes in eight failed.
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(6)]
+    try:
+        for _ in range(40):
+            assert launch(made_and_closed, 2) == [1, 1]
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()

@@ -192,7 +192,21 @@ def new_named_group(global_ranks: list[int], name: str, timeout: timedelta | Non
         return _public_fallback(global_ranks, timeout)
     with suppress(AttributeError, TypeError):  # a changed registry: torch then looks the ranks up itself
         world.pg_group_ranks[pg] = {rank: index for index, rank in enumerate(global_ranks)}
-    return _as_group(pg)
+    group = _as_group(pg)
+    if group is not None and dist.Backend(backend) == dist.Backend.GLOO:
+        settle(group)
+    return group
+
+
+def settle(pg: ProcessGroup) -> None:
+    """Return once every member of ``pg``, a gloo group this process has just created, has created it too.
+
+    gloo's group constructor can return on one member while another is still inside it; destroying
+    the group at once (a gang closed right after it was made, with no collective between) then
+    breaks the other member's constructor with "Connection closed by peer". A barrier on the new
+    group holds each member until all have come out of it. Only gloo groups need it.
+    """
+    dist.barrier(group=pg)
 
 
 def default_timeout(backend: str) -> timedelta:
@@ -218,7 +232,10 @@ def _public_fallback(global_ranks: list[int], timeout: timedelta | None) -> Proc
             RuntimeWarning,
             stacklevel=3,
         )
-    return _as_group(dist.new_group(global_ranks, timeout=timeout, use_local_synchronization=True))
+    group = _as_group(dist.new_group(global_ranks, timeout=timeout, use_local_synchronization=True))
+    if group is not None and dist.get_backend(group) == dist.Backend.GLOO:
+        settle(group)
+    return group
 
 
 def _as_group(pg: object) -> ProcessGroup | None:

@@ -25,6 +25,7 @@ from gang._torch_groups import (
     init_fake_process_group,
     is_fake_backend,
     is_non_member,
+    settle,
 )
 from gang._torch_ops import GROUP_CALLS, TorchHandle, options, real_view
 from gang.address import use_gloo_interface
@@ -325,6 +326,9 @@ class ProcessGroupGang(Gang):
                 # runs every group on its bound device, guessing LOCAL_RANK % GPUs without one.
                 device_id=device if device.type == "cuda" else None,
             )
+            made = dist.group.WORLD
+            if backend == "gloo" and made is not None:
+                settle(made)  # no member may destroy it while another is still creating it
         except Exception as ex:
             if dist.is_initialized():
                 dist.destroy_process_group()
